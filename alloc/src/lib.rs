@@ -1,0 +1,1 @@
+//! cohort-alloc: BFC caching allocator with per-model budgets, memory sources, stats and trace replay.

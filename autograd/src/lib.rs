@@ -1,0 +1,1 @@
+//! cohort-autograd: Reverse-mode differentiation on a tape, nn layers with named parameters.

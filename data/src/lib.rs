@@ -1,0 +1,1 @@
+//! cohort-data: A tf.data-style input pipeline: sources, map, shuffle, batch, prefetch, shared iterators.

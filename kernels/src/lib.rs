@@ -1,0 +1,1 @@
+//! cohort-kernels: Compute kernels on raw buffers: CPU (gemm, rayon) and CUDA (cuBLAS, NVRTC).

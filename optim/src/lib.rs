@@ -1,0 +1,1 @@
+//! cohort-optim: Optimizers (SGD, Adam, AdamW) and learning-rate schedules.

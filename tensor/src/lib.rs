@@ -1,0 +1,1 @@
+//! cohort-tensor: Tensors on the CPU and on CUDA, with storage from the cohort allocator.

@@ -1,0 +1,5 @@
+//! The `cohort` binary.
+
+fn main() -> anyhow::Result<()> {
+    anyhow::bail!("cohort: the trainer is not built yet")
+}
