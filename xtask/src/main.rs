@@ -1,5 +1,35 @@
-//! Developer tasks: `cargo xtask bench`, `cargo xtask gpu-bundle`.
+//! Developer tasks for the cohort workspace.
+//!
+//! - `cargo xtask gpu-bundle`: stripped release binaries (the `cohort` binary, test binaries, bench binaries, this
+//!   tool) plus the reference scripts and traces, in a git-ignored `gpu-bundle/` ready to carry to a GPU machine.
+//! - `cargo xtask bench [--quick] [--reference]`: the allocator trace replays, the criterion benchmarks and the cohort
+//!   throughput benchmark on the best device, with the reference framework run in the same call; one table of ratios
+//!   and JSON under `target/bench/`. On a GPU machine without cargo, run the carried tool as
+//!   `gpu-bundle/xtask bench --bundle gpu-bundle` and it uses the carried binaries instead of cargo.
+
+mod bench;
+mod bundle;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "cohort developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build stripped release binaries for a GPU machine into a folder (default `gpu-bundle/`).
+    GpuBundle(bundle::Args),
+    /// Run the benchmarks and print one table of our figures against the reference frameworks.
+    Bench(bench::Args),
+}
 
 fn main() -> anyhow::Result<()> {
-    anyhow::bail!("xtask: no task yet")
+    match Cli::parse().task {
+        Task::GpuBundle(args) => bundle::run(&args),
+        Task::Bench(args) => bench::run(&args),
+    }
 }

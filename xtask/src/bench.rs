@@ -1,0 +1,335 @@
+//! `cargo xtask bench`: our figures beside the reference frameworks', from one call.
+//!
+//! Three parts: the allocator's trace replays (against PyTorch's published overheads on the same traces), the
+//! criterion benchmarks of every crate (medians and throughputs read back from criterion's JSON), and, with
+//! `--reference`, the PyTorch (GPU) or JAX (CPU) cohort script run in the same call. Results go to
+//! `target/bench/bench.json` and one table on stdout.
+
+use crate::bundle::workspace_root;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A reduced set that finishes within a few minutes on a 2-core CPU.
+    #[arg(long)]
+    quick: bool,
+    /// Also run the reference framework's cohort script (PyTorch on a GPU, JAX on the CPU).
+    #[arg(long)]
+    reference: bool,
+    /// Use the binaries of a `cargo xtask gpu-bundle` folder instead of cargo (for machines without a toolchain).
+    #[arg(long)]
+    bundle: Option<PathBuf>,
+    /// Run on the GPU (criterion benches built with CUDA, PyTorch as reference) rather than the CPU.
+    #[arg(long)]
+    gpu: bool,
+    /// Python interpreter for the reference scripts.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Only criterion benchmarks whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+}
+
+/// PyTorch's best peak-reserved overhead on each shared trace (../shared/traces/README.md), the bar to beat.
+const PYTORCH_BEST_OVERHEAD: [(&str, f64); 3] = [
+    ("transformer-lm", 0.081),
+    ("transformer-varlen", 0.075),
+    ("mlp-grid8", 0.034),
+];
+
+pub fn run(args: &Args) -> Result<()> {
+    let root = workspace_root();
+    let out = if args.bundle.is_some() {
+        args.out.clone()
+    } else {
+        root.join(&args.out)
+    };
+    fs::create_dir_all(&out)?;
+    let mut report = json!({ "quick": args.quick, "gpu": args.gpu });
+
+    report["replay"] = replay(args, &root)?;
+    report["criterion"] = criterion(args, &root, &out)?;
+    if args.reference {
+        report["reference"] = reference(args, &root, &out)?;
+    }
+    let path = out.join("bench.json");
+    fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!("\nresults: {}", path.display());
+    Ok(())
+}
+
+fn traces_dir(args: &Args, root: &Path) -> PathBuf {
+    match &args.bundle {
+        Some(b) => b.join("traces"),
+        None => root.join("../shared/traces"),
+    }
+}
+
+/// Replays every trace with the replay binary's defaults; prints overhead against PyTorch's best.
+fn replay(args: &Args, root: &Path) -> Result<Value> {
+    let mut rows = Vec::new();
+    println!(
+        "{:<22} {:>10} {:>12} {:>14} {:>9} {:>10}",
+        "trace", "events", "our overhead", "PyTorch best", "ratio", "ns/op"
+    );
+    for (name, theirs) in PYTORCH_BEST_OVERHEAD {
+        let trace = traces_dir(args, root).join(format!("{name}.csv.gz"));
+        let mut cmd = match &args.bundle {
+            Some(b) => Command::new(b.join("bin/replay")),
+            None => {
+                let mut c = Command::new("cargo");
+                c.args([
+                    "run",
+                    "--quiet",
+                    "--release",
+                    "-p",
+                    "cohort-alloc",
+                    "--bin",
+                    "replay",
+                    "--",
+                ]);
+                c.current_dir(root);
+                c
+            }
+        };
+        let output = cmd
+            .arg(&trace)
+            .output()
+            .context("running the replay binary")?;
+        if !output.status.success() {
+            bail!(
+                "replay of {} failed: {}",
+                trace.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let line = String::from_utf8_lossy(&output.stdout);
+        let ours: Value =
+            serde_json::from_str(line.trim()).context("parsing the replay binary's JSON line")?;
+        let overhead = ours["overhead"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:<22} {:>10} {:>11.2}% {:>13.1}% {:>8.2}x {:>10.0}",
+            name,
+            ours["events"],
+            overhead * 100.0,
+            theirs * 100.0,
+            theirs / overhead.max(1e-9),
+            ours["ns_per_op"].as_f64().unwrap_or(f64::NAN)
+        );
+        rows.push(json!({ "trace": name, "ours": ours, "pytorch_best_overhead": theirs }));
+    }
+    Ok(Value::Array(rows))
+}
+
+/// Runs the criterion benchmarks (through cargo, or the bundle's bench binaries) and reads back their estimates.
+fn criterion(args: &Args, root: &Path, out: &Path) -> Result<Value> {
+    let home = out.join("criterion").canonicalize().or_else(|_| {
+        fs::create_dir_all(out.join("criterion"))?;
+        out.join("criterion").canonicalize()
+    })?;
+    let mut flags: Vec<String> = vec!["--bench".into()];
+    if args.quick {
+        flags.extend(
+            [
+                "--warm-up-time",
+                "0.5",
+                "--measurement-time",
+                "1.5",
+                "--sample-size",
+                "10",
+            ]
+            .map(String::from),
+        );
+    }
+    if let Some(f) = &args.filter {
+        flags.push(f.clone());
+    }
+    match &args.bundle {
+        Some(bundle) => {
+            let manifest: Value =
+                serde_json::from_str(&fs::read_to_string(bundle.join("MANIFEST.json"))?)?;
+            for b in manifest["benches"].as_array().into_iter().flatten() {
+                let dir = root_of_bundle(bundle)?.join(b["package_dir"].as_str().unwrap_or(""));
+                let exe = bundle
+                    .canonicalize()?
+                    .join(b["file"].as_str().unwrap_or(""));
+                let status = Command::new(&exe)
+                    .args(&flags)
+                    .current_dir(&dir)
+                    .env("CRITERION_HOME", &home)
+                    .status()?;
+                if !status.success() {
+                    eprintln!("warning: {} exited with {status}", exe.display());
+                }
+            }
+        }
+        None => {
+            let mut cmd = Command::new("cargo");
+            cmd.args(["bench", "--workspace"])
+                .current_dir(root)
+                .env("CRITERION_HOME", &home);
+            if args.gpu {
+                cmd.args([
+                    "--features",
+                    "cohort-kernels/cuda,cohort-tensor/cuda,cohort-alloc/cuda",
+                ]);
+            }
+            let status = cmd
+                .arg("--")
+                .args(&flags[1..])
+                .status()
+                .context("running cargo bench")?;
+            if !status.success() {
+                bail!("cargo bench failed");
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    collect_estimates(&home, &mut rows)?;
+    rows.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    println!(
+        "\n{:<58} {:>14} {:>18}",
+        "benchmark", "median", "throughput"
+    );
+    for r in &rows {
+        println!(
+            "{:<58} {:>14} {:>18}",
+            r["id"].as_str().unwrap_or(""),
+            format_ns(r["median_ns"].as_f64().unwrap_or(f64::NAN)),
+            r["throughput"].as_str().unwrap_or("")
+        );
+    }
+    Ok(Value::Array(rows))
+}
+
+/// The repository root on a GPU machine: the bundle folder sits in it.
+fn root_of_bundle(bundle: &Path) -> Result<PathBuf> {
+    Ok(bundle
+        .canonicalize()?
+        .parent()
+        .context("bundle folder has a parent")?
+        .to_path_buf())
+}
+
+fn collect_estimates(dir: &Path, rows: &mut Vec<Value>) -> Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n == "new") {
+                let est: Value =
+                    serde_json::from_str(&fs::read_to_string(path.join("estimates.json"))?)?;
+                let bench: Value =
+                    serde_json::from_str(&fs::read_to_string(path.join("benchmark.json"))?)?;
+                let median = est["median"]["point_estimate"].as_f64().unwrap_or(f64::NAN);
+                rows.push(json!({
+                    "id": bench["full_id"],
+                    "median_ns": median,
+                    "throughput": throughput(&bench["throughput"], median),
+                }));
+            } else {
+                collect_estimates(&path, rows)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn throughput(t: &Value, median_ns: f64) -> String {
+    let per_s = |n: f64| n / (median_ns * 1e-9);
+    if let Some(n) = t["Elements"].as_f64() {
+        format!("{:.3e} elem/s", per_s(n))
+    } else if let Some(n) = t["Bytes"].as_f64() {
+        format!("{:.2} GB/s", per_s(n) / 1e9)
+    } else {
+        String::new()
+    }
+}
+
+fn format_ns(ns: f64) -> String {
+    match ns {
+        n if n < 1e3 => format!("{n:.1} ns"),
+        n if n < 1e6 => format!("{:.2} µs", n / 1e3),
+        n if n < 1e9 => format!("{:.2} ms", n / 1e6),
+        n => format!("{:.2} s", n / 1e9),
+    }
+}
+
+/// Runs the reference script of the device (PyTorch cohort on a GPU, JAX on the CPU) and returns its figures
+/// keyed `loop-N` / `fused-N` in model-steps/s.
+fn reference(args: &Args, root: &Path, out: &Path) -> Result<Value> {
+    let dir = match &args.bundle {
+        Some(b) => b.join("reference"),
+        None => root.join("../shared/bench"),
+    };
+    let script = dir.join(if args.gpu {
+        "torch_mlp_cohort.py"
+    } else {
+        "jax_cpu_mlp_cohort.py"
+    });
+    let json_out = out.join("reference.json");
+    let output = Command::new(&args.python)
+        .arg(&script)
+        .arg(&json_out)
+        .env("PYTHONUNBUFFERED", "1")
+        .output()
+        .with_context(|| format!("running {} {}", args.python, script.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    print!("\n{text}");
+    if !output.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(parse_reference(&text))
+}
+
+/// Both scripts print lines like `mlp fused n= 16:  11736 model-steps/s` or `jax-cpu vmap n=  4:  512.0 model-steps/s`.
+fn parse_reference(text: &str) -> Value {
+    let mut map = serde_json::Map::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(pos) = words.iter().position(|w| w.starts_with("n=")) else {
+            continue;
+        };
+        let mode = match words.get(pos.wrapping_sub(1)) {
+            Some(&"vmap") | Some(&"fused") => "fused",
+            Some(&"loop") => "loop",
+            _ => continue,
+        };
+        let rest: Vec<&str> = words[pos..]
+            .iter()
+            .flat_map(|w| w.split(['=', ':']))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let n = rest.get(1).and_then(|n| n.parse::<u32>().ok());
+        let rate = rest.get(2).and_then(|r| r.parse::<f64>().ok());
+        if let (Some(n), Some(rate)) = (n, rate) {
+            map.insert(format!("{mode}-{n}"), json!(rate));
+        }
+    }
+    Value::Object(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_reference_formats() {
+        let text = "mlp loop  n=  4:        593 model-steps/s  peak_alloc=12 MiB  loss=2.1\n\
+                    jax-cpu vmap n= 16:    612.5 model-steps/s\nnoise line\n";
+        let v = parse_reference(text);
+        assert_eq!(v["loop-4"], json!(593.0));
+        assert_eq!(v["fused-16"], json!(612.5));
+        assert_eq!(v.as_object().map(|m| m.len()), Some(2));
+    }
+}
