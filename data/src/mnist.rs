@@ -1,0 +1,183 @@
+//! The MNIST handwritten digits: loading the IDX files of one split.
+//!
+//! `data/mnist/` of this repository holds 8,000 training and 2,000 test digits in the original layout; the full
+//! 60,000/10,000 files of the MNIST distribution read unchanged with the same functions.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::idx::read_idx;
+
+/// Which half of MNIST.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Split {
+    /// `train-images-idx3-ubyte` / `train-labels-idx1-ubyte`.
+    Train,
+    /// `t10k-images-idx3-ubyte` / `t10k-labels-idx1-ubyte`.
+    Test,
+}
+
+impl Split {
+    fn prefix(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Test => "t10k",
+        }
+    }
+}
+
+/// One split of MNIST as raw bytes: `len` images of `rows x cols` pixels (0-255) and their labels (0-9).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mnist {
+    /// Pixels, row-major `[len, rows, cols]`.
+    pub pixels: Vec<u8>,
+    /// Labels, one per image.
+    pub labels: Vec<u8>,
+    /// Number of images.
+    pub len: usize,
+    /// Image height (28).
+    pub rows: usize,
+    /// Image width (28).
+    pub cols: usize,
+}
+
+/// The directory of the digits bundled with this repository (`data/mnist`).
+pub fn bundled_mnist_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("mnist")
+}
+
+/// `dir/<name>.gz` when it exists, else `dir/<name>`.
+fn find(dir: &Path, name: &str) -> PathBuf {
+    let gz = dir.join(format!("{name}.gz"));
+    if gz.exists() { gz } else { dir.join(name) }
+}
+
+impl Mnist {
+    /// Load one split from `dir`, which holds `train-images-idx3-ubyte[.gz]` and the other three files.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a missing file, [`Error::Idx`] for a corrupt one, [`Error::Shape`] when the images are not
+    /// 3-D `u8`, the labels not 1-D `u8`, their counts differ, or a label is above 9.
+    pub fn load(dir: impl AsRef<Path>, split: Split) -> Result<Mnist> {
+        let dir = dir.as_ref();
+        let images_path = find(dir, &format!("{}-images-idx3-ubyte", split.prefix()));
+        let labels_path = find(dir, &format!("{}-labels-idx1-ubyte", split.prefix()));
+        let images = read_idx(&images_path)?;
+        let labels = read_idx(&labels_path)?;
+        let shape_err = |reason: String| Error::Shape {
+            op: "Mnist::load",
+            reason,
+        };
+        if images.dims.len() != 3 || images.as_u8().is_none() {
+            return Err(shape_err(format!(
+                "{}: expected 3-D u8 images, found dims {:?} of {:?}",
+                images_path.display(),
+                images.dims,
+                images.dtype()
+            )));
+        }
+        if labels.dims.len() != 1 || labels.as_u8().is_none() {
+            return Err(shape_err(format!(
+                "{}: expected 1-D u8 labels, found dims {:?} of {:?}",
+                labels_path.display(),
+                labels.dims,
+                labels.dtype()
+            )));
+        }
+        let (len, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
+        if labels.dims[0] != len {
+            return Err(shape_err(format!(
+                "{} holds {len} images but {} holds {} labels",
+                images_path.display(),
+                labels_path.display(),
+                labels.dims[0]
+            )));
+        }
+        let labels = labels.into_u8().unwrap_or_default();
+        if let Some(i) = labels.iter().position(|&l| l > 9) {
+            return Err(shape_err(format!(
+                "{}: label {} of record {i} is not a digit 0-9",
+                labels_path.display(),
+                labels[i]
+            )));
+        }
+        Ok(Mnist {
+            pixels: images.into_u8().unwrap_or_default(),
+            labels,
+            len,
+            rows,
+            cols,
+        })
+    }
+
+    /// Pixels per image (`rows * cols`, 784).
+    pub fn image_size(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// All images as `f32` in `[0, 1]` (pixel / 255), row-major `[len, rows * cols]`.
+    pub fn images_f32(&self) -> Vec<f32> {
+        self.pixels.iter().map(|&p| f32::from(p) / 255.0).collect()
+    }
+
+    /// All labels as `i32`.
+    pub fn labels_i32(&self) -> Vec<i32> {
+        self.labels.iter().map(|&l| i32::from(l)).collect()
+    }
+}
+
+/// Load one split of MNIST from `dir` as `(images, labels)`: images `f32` in `[0, 1]`, row-major `[n, 784]`;
+/// labels `i32` in `0..10`, `n` of them. [`bundled_mnist_dir`] gives the digits shipped with this repository.
+///
+/// # Errors
+/// As [`Mnist::load`].
+pub fn load_mnist(dir: impl AsRef<Path>, split: Split) -> Result<(Vec<f32>, Vec<i32>)> {
+    let m = Mnist::load(dir, split)?;
+    Ok((m.images_f32(), m.labels_i32()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_digits_load() {
+        let m = Mnist::load(bundled_mnist_dir(), Split::Train).unwrap();
+        assert_eq!((m.len, m.rows, m.cols), (8000, 28, 28));
+        assert_eq!(m.pixels.len(), 8000 * 784);
+        let (x, y) = load_mnist(bundled_mnist_dir(), Split::Test).unwrap();
+        assert_eq!((x.len(), y.len()), (2000 * 784, 2000));
+        assert!(x.iter().all(|v| (0.0..=1.0).contains(v)));
+        // about 200 of each class in the test split
+        for c in 0..10 {
+            let n = y.iter().filter(|&&l| l == c).count();
+            assert!((150..=250).contains(&n), "class {c}: {n}");
+        }
+        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64;
+        assert!((0.1..0.16).contains(&mean), "mean pixel {mean}");
+    }
+
+    #[test]
+    fn missing_dir_names_the_file() {
+        let e = Mnist::load("/no/such/dir", Split::Train).unwrap_err();
+        assert!(e.to_string().contains("train-images-idx3-ubyte"), "{e}");
+    }
+
+    #[test]
+    fn label_count_mismatch_is_an_error() {
+        use crate::idx::{IdxArray, IdxData, encode_idx};
+        let dir = tempfile::tempdir().unwrap();
+        let imgs = IdxArray {
+            dims: vec![2, 2, 2],
+            data: IdxData::U8(vec![0; 8]),
+        };
+        let labs = IdxArray {
+            dims: vec![3],
+            data: IdxData::U8(vec![1, 2, 3]),
+        };
+        std::fs::write(dir.path().join("t10k-images-idx3-ubyte"), encode_idx(&imgs)).unwrap();
+        std::fs::write(dir.path().join("t10k-labels-idx1-ubyte"), encode_idx(&labs)).unwrap();
+        let e = Mnist::load(dir.path(), Split::Test).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e}");
+    }
+}
