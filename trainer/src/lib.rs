@@ -1,1 +1,35 @@
-//! cohort-trainer: Train a cohort of models in one process: schedules, checkpoints, logs; the cohort binary.
+//! cohort-trainer: train a cohort of models in one process.
+//!
+//! A [`Cohort`](cohort::Cohort) runs members (each a model, an optimizer, a batch size, data and a memory budget)
+//! under a schedule, writes per-member checkpoints, TensorBoard event files and `metrics.jsonl`, recovers from
+//! out-of-memory errors member by member, and reports a summary table, `summary.json` and PNG plots. The `cohort`
+//! binary is its command line.
+//!
+//! ```
+//! use cohort_trainer::config::Config;
+//! let config = Config::parse(
+//!     r#"
+//!     [[member]]
+//!     name = "mlp"
+//!     model = { layers = [{ linear = 64, act = "relu" }, { linear = 10 }] }
+//!     optimizer = { adam = { lr = [1e-3, 3e-3] } }
+//!     "#,
+//!     "example.toml",
+//! )
+//! .unwrap();
+//! let names: Vec<&str> = config.members.iter().map(|m| m.name.as_str()).collect();
+//! assert_eq!(names, ["mlp-lr1e-3", "mlp-lr3e-3"]);
+//! ```
+
+pub mod checkpoint;
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod metrics;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod run_dir;
+pub mod tensorboard;
+
+pub use error::{Error, Result};

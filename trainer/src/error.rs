@@ -1,0 +1,148 @@
+//! The trainer's error type.
+
+use std::path::PathBuf;
+
+/// A `Result` with the trainer's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong while configuring, running, checkpointing or reporting a cohort.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A config file is not valid: names the file, the key and what is accepted.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+
+    /// Two members would write to the same directory.
+    #[error(
+        "members \"{first}\" and \"{second}\" would write checkpoints to the same directory {}\n  \
+         give each member its own name (the directory is runs/<run>/<member>)",
+        dir.display()
+    )]
+    SharedDirectory {
+        /// One member.
+        first: String,
+        /// The other member.
+        second: String,
+        /// The directory both would use.
+        dir: PathBuf,
+    },
+
+    /// Another process (or member) holds the lock of a member directory.
+    #[error(
+        "member directory {} is in use by another process (pid {pid}, lock file {})\n  \
+         two members (or two runs) may never share a directory: stop the other run or use another run name",
+        dir.display(),
+        lock.display()
+    )]
+    DirectoryLocked {
+        /// The member directory.
+        dir: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+        /// The process holding it.
+        pid: u32,
+    },
+
+    /// An I/O error on a named path.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {}: {message}", path.display())]
+    Checkpoint {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+
+    /// No usable checkpoint was found where one was expected.
+    #[error("no valid checkpoint in {}: {reason}", dir.display())]
+    NoCheckpoint {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Why none is usable.
+        reason: String,
+    },
+
+    /// A resumed run's config differs from the one its checkpoints were written with.
+    #[error(
+        "cannot resume member \"{member}\": its config differs from the checkpoint's in {}\n  \
+         resume with the config the run was started with, or start a new run",
+        differences.join("; ")
+    )]
+    IncompatibleResume {
+        /// The member.
+        member: String,
+        /// Each difference: `key: checkpoint value -> config value`.
+        differences: Vec<String>,
+    },
+
+    /// A run directory is not one cohort wrote.
+    #[error("{} is not a cohort run directory: {reason}", dir.display())]
+    NotARun {
+        /// The directory.
+        dir: PathBuf,
+        /// What is missing.
+        reason: String,
+    },
+
+    /// A member ran out of memory and could not recover.
+    #[error("member \"{member}\" ran out of memory and could not recover: {message}")]
+    OutOfMemory {
+        /// The member.
+        member: String,
+        /// The allocator's explanation and what was tried.
+        message: String,
+    },
+
+    /// A control-file entry is invalid.
+    #[error("{}: {message}", path.display())]
+    Control {
+        /// The control file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+
+    /// Writing a PNG plot failed.
+    #[error("plot {}: {message}", path.display())]
+    Plot {
+        /// The image file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+
+    /// JSON (de)serialization failed.
+    #[error("{context}: {source}")]
+    Json {
+        /// What was being (de)serialized.
+        context: String,
+        /// The underlying error.
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    /// An I/O error on `path`.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A JSON error while handling `context`.
+    pub(crate) fn json(context: impl Into<String>, source: serde_json::Error) -> Self {
+        Error::Json {
+            context: context.into(),
+            source,
+        }
+    }
+}

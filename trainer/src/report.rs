@@ -1,0 +1,173 @@
+//! The end-of-run summary: a table for people and `summary.json` for programs.
+
+use std::fmt::{self, Write as _};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One member's line of the summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberSummary {
+    /// The member's name.
+    pub name: String,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// Epochs completed.
+    pub epochs: u64,
+    /// Mean training loss over the last logged interval.
+    pub final_loss: f64,
+    /// Accuracy on the test split at the end.
+    pub test_accuracy: Option<f64>,
+    /// Peak bytes held by the member's allocator tenant.
+    pub peak_memory_bytes: u64,
+    /// Optimizer steps per second of training time (warm-up excluded).
+    pub model_steps_per_s: f64,
+    /// Out-of-memory events the member recovered from (or died of).
+    pub oom_events: u64,
+    /// Batch size at the end (smaller than configured after OOM shrinking).
+    pub batch: usize,
+    /// The device it ended on.
+    pub device: String,
+    /// The fused group it trained in, if any (the other members' names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fused_with: Vec<String>,
+    /// Why it stopped early, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+}
+
+/// The whole run's summary (`runs/<run>/summary.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The run directory.
+    pub run_dir: String,
+    /// The device.
+    pub device: String,
+    /// The schedule.
+    pub schedule: String,
+    /// Wall-clock seconds of this process's run.
+    pub wall_seconds: f64,
+    /// Each member.
+    pub members: Vec<MemberSummary>,
+}
+
+/// `1,880`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `3.1 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+impl Summary {
+    /// Writes `summary.json` atomically.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::json("summary", e))?;
+        crate::checkpoint::write_atomic(path, &json)
+    }
+
+    /// Reads a `summary.json`.
+    ///
+    /// # Errors
+    /// I/O or JSON errors naming the file.
+    pub fn read(path: &Path) -> Result<Summary> {
+        let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        serde_json::from_slice(&text).map_err(|e| Error::json(path.display().to_string(), e))
+    }
+
+    /// The member with the best test accuracy.
+    pub fn best(&self) -> Option<&MemberSummary> {
+        self.members
+            .iter()
+            .filter(|m| m.test_accuracy.is_some())
+            .max_by(|a, b| {
+                a.test_accuracy
+                    .partial_cmp(&b.test_accuracy)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
+    }
+}
+
+impl fmt::Display for Summary {
+    /// The table: member, steps, final loss, test accuracy, peak memory, model-steps/s, OOM events.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self
+            .members
+            .iter()
+            .map(|m| m.name.len())
+            .max()
+            .unwrap_or(6)
+            .max(6);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<w$}  {:>7}  {:>10}  {:>8}  {:>10}  {:>8}  {:>10}  device",
+            "member", "steps", "final loss", "test acc", "peak mem", "steps/s", "OOM events",
+        );
+        for m in &self.members {
+            let acc = m
+                .test_accuracy
+                .map_or("-".to_string(), |a| format!("{a:.4}"));
+            let mut device = m.device.clone();
+            if let Some(s) = &m.stopped {
+                let _ = write!(device, " ({s})");
+            }
+            if !m.fused_with.is_empty() {
+                let _ = write!(device, " fused×{}", m.fused_with.len() + 1);
+            }
+            let _ = writeln!(
+                out,
+                "{:<w$}  {:>7}  {:>10.4}  {:>8}  {:>10}  {:>8}  {:>10}  {}",
+                m.name,
+                thousands(m.steps),
+                m.final_loss,
+                acc,
+                bytes(m.peak_memory_bytes),
+                thousands(m.model_steps_per_s.round() as u64),
+                m.oom_events,
+                device
+            );
+        }
+        f.write_str(out.trim_end())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(thousands(1880), "1,880");
+        assert_eq!(thousands(250), "250");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(bytes(3 * 1024 * 1024 + 100 * 1024), "3.1 MiB");
+        assert_eq!(bytes(512), "512 B");
+    }
+}

@@ -1,0 +1,187 @@
+//! Config parsing: grid expansion, errors that name the file, the key and what is accepted, and the refusal of two
+//! members sharing a directory.
+
+use cohort_trainer::Error;
+use cohort_trainer::config::{Config, OptimizerConfig, ScheduleKind};
+use cohort_trainer::run_dir::RunDir;
+
+fn parse(text: &str) -> Result<Config, String> {
+    Config::parse(text, "grid.toml").map_err(|e| e.to_string())
+}
+
+const MEMBER: &str = r#"
+[[member]]
+name = "mlp"
+model = { layers = [{ linear = 32, act = "relu" }, { linear = 10 }] }
+"#;
+
+#[test]
+fn a_list_expands_into_one_member_per_value() {
+    let c = parse(&format!(
+        "{MEMBER}optimizer = {{ adam = {{ lr = [1e-3, 3e-3, 1e-2] }} }}\n"
+    ))
+    .unwrap();
+    let names: Vec<&str> = c.members.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["mlp-lr1e-3", "mlp-lr3e-3", "mlp-lr0.01"]);
+    let lrs: Vec<f64> = c.members.iter().map(|m| m.optimizer.lr()).collect();
+    assert_eq!(lrs, [1e-3, 3e-3, 1e-2]);
+    assert_eq!(
+        c.members[0].grid,
+        vec![("lr".to_string(), "1e-3".to_string())]
+    );
+}
+
+#[test]
+fn several_lists_expand_into_their_product() {
+    let c = parse(&format!(
+        "{MEMBER}optimizer = {{ sgd = {{ lr = [0.1, 0.05], momentum = 0.9 }} }}\nbatch = [32, 64, 128]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.members.len(), 6);
+    let names: Vec<&str> = c.members.iter().map(|m| m.name.as_str()).collect();
+    assert!(names.contains(&"mlp-batch32-lr0.1"), "{names:?}");
+    assert!(names.contains(&"mlp-batch128-lr0.05"), "{names:?}");
+    for m in &c.members {
+        assert!(matches!(m.optimizer, OptimizerConfig::Sgd { momentum, .. } if momentum == 0.9));
+    }
+    let mut pairs: Vec<(usize, String)> = c
+        .members
+        .iter()
+        .map(|m| (m.batch, format!("{}", m.optimizer.lr())))
+        .collect();
+    pairs.sort();
+    pairs.dedup();
+    assert_eq!(pairs.len(), 6, "every combination once");
+}
+
+#[test]
+fn a_list_inside_a_layer_expands_too() {
+    let c = parse(
+        r#"
+[[member]]
+name = "mlp"
+model = { layers = [{ linear = [64, 128], act = "relu" }, { linear = 10 }] }
+"#,
+    )
+    .unwrap();
+    let names: Vec<&str> = c.members.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["mlp-linear64", "mlp-linear128"]);
+}
+
+#[test]
+fn the_default_job_and_every_example_parse() {
+    let d = Config::default_job().unwrap();
+    assert!(d.members.len() >= 3);
+    assert!(d.members.iter().any(|m| m.name == "cnn"));
+    let dir =
+        std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("../examples");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            Config::from_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 3, "examples/ holds {n} configs");
+}
+
+#[test]
+fn a_wrong_type_names_the_file_the_member_and_the_key() {
+    let e = parse(&format!(
+        "{MEMBER}optimizer = {{ adam = {{ lr = \"fast\" }} }}\n"
+    ))
+    .unwrap_err();
+    assert_eq!(
+        e,
+        "grid.toml: [[member]] 1, key \"optimizer.adam.lr\": expected a number or a list of numbers, found \"fast\""
+    );
+}
+
+#[test]
+fn unknown_keys_list_what_is_accepted() {
+    let e = parse(&format!("{MEMBER}batchsize = 32\n")).unwrap_err();
+    assert!(
+        e.starts_with("grid.toml: [[member]] 1, key \"batchsize\": unknown key; accepted here:"),
+        "{e}"
+    );
+    assert!(e.contains("batch,"), "{e}");
+    let e = parse(&format!("[run]\nschedule = \"round-robin\"\n{MEMBER}")).unwrap_err();
+    assert!(
+        e.contains("[run], key \"schedule\"") && e.contains("\"epoch-sliced\""),
+        "{e}"
+    );
+    let e = parse(&format!("[run]\nepochs = 0\n{MEMBER}")).unwrap_err();
+    assert!(e.contains("key \"epochs\": expected an integer ≥ 1"), "{e}");
+    let e = parse(&format!("{MEMBER}memory = {{ limit = \"lots\" }}\n")).unwrap_err();
+    assert!(
+        e.contains("key \"memory.limit\"") && e.contains("\"2GiB\""),
+        "{e}"
+    );
+    let e = parse(&format!(
+        "{MEMBER}model = {{ layers = [{{ linear = 10, act = \"swish\" }}] }}\n"
+    ));
+    assert!(e.is_err());
+}
+
+#[test]
+fn a_bad_layer_and_missing_data_say_what_is_accepted() {
+    let e = parse("[[member]]\nname = \"m\"\nmodel = { layers = [{ lstm = 10 }] }\n").unwrap_err();
+    assert!(
+        e.contains("key \"model.layers[0]\"") && e.contains("linear, conv, maxpool"),
+        "{e}"
+    );
+    let e = parse(&format!("{MEMBER}data = \"cifar\"\n")).unwrap_err();
+    assert!(e.contains("key \"data\": no [data.cifar] table"), "{e}");
+    let e = parse("[run]\nepochs = 3\n").unwrap_err();
+    assert!(e.contains("no [[member]] table"), "{e}");
+}
+
+#[test]
+fn a_syntax_error_names_the_file() {
+    let e = parse("[run\nepochs = 3\n").unwrap_err();
+    assert!(e.starts_with("grid.toml: not valid TOML"), "{e}");
+}
+
+#[test]
+fn schedules_parse() {
+    for (s, k, fuse) in [
+        ("lockstep", ScheduleKind::Lockstep, false),
+        ("epoch-sliced", ScheduleKind::EpochSliced, false),
+        ("weighted", ScheduleKind::Weighted, false),
+        ("fused", ScheduleKind::Lockstep, true),
+    ] {
+        let c = parse(&format!(
+            "[run]\nschedule = \"{s}\"\nfuse = false\n{MEMBER}"
+        ))
+        .unwrap();
+        assert_eq!(c.run.schedule, k);
+        assert_eq!(c.run.fuse, fuse);
+    }
+}
+
+#[test]
+fn two_members_with_one_directory_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[run]\ndir = \"{}\"\nname = \"grid\"\n{MEMBER}optimizer = {{ adam = {{ lr = [1e-3, 3e-3] }} }}\n\
+         [[member]]\nname = \"mlp-lr1e-3\"\nmodel = {{ layers = [{{ linear = 10 }}] }}\n",
+        tmp.path().display()
+    );
+    let c = Config::parse(&text, "grid.toml").unwrap();
+    let err = RunDir::create(&c).unwrap_err();
+    assert!(matches!(err, Error::SharedDirectory { .. }));
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("members \"mlp-lr1e-3\" and \"mlp-lr1e-3\" would write checkpoints to the same directory"),
+        "{msg}"
+    );
+    assert!(msg.contains("give each member its own name"), "{msg}");
+    // Names equal but for case collide on case-insensitive file systems: refused as well.
+    let text = text.replace("name = \"mlp-lr1e-3\"", "name = \"MLP-lr1e-3\"");
+    let c = Config::parse(&text, "grid.toml").unwrap();
+    assert!(matches!(
+        RunDir::create(&c),
+        Err(Error::SharedDirectory { .. })
+    ));
+}
