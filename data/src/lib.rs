@@ -14,3 +14,20 @@ pub mod mnist;
 pub use error::{Error, Result};
 pub use idx::{IdxArray, IdxData, IdxType, read_idx};
 pub use mnist::{Mnist, Split, bundled_mnist_dir, load_mnist};
+pub mod array;
+pub mod dataset;
+pub mod map;
+pub mod prefetch;
+pub mod rng;
+pub mod share;
+
+pub use array::{Array, ArrayData, Slices, Stack};
+pub use dataset::{Cardinality, Dataset, Iter, Position};
+pub use rng::Rng;
+pub use share::{ShareOptions, SharedIter};
+pub mod csv;
+pub mod synthetic;
+pub mod text;
+
+pub use csv::{CsvOptions, CsvTable, read_csv};
+pub use text::{LabeledText, Vocabulary, text_lines, tokenize};

@@ -41,9 +41,27 @@ pub struct Mnist {
     pub cols: usize,
 }
 
-/// The directory of the digits bundled with this repository (`data/mnist`).
+/// The directory of the digits bundled with this repository (`data/mnist`), found at run time (tests run from a
+/// copied tree): the first of `$COHORT_DATA_DIR/mnist`, `$COHORT_DATA_DIR`, `$CARGO_MANIFEST_DIR/../data/mnist`,
+/// `$CARGO_MANIFEST_DIR/mnist`, `./data/mnist`, `./mnist`, `../data/mnist` that holds the training images; else the
+/// folder where this crate was built (loading then names what is missing).
 pub fn bundled_mnist_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("mnist")
+    let mut candidates = Vec::new();
+    if let Some(d) = std::env::var_os("COHORT_DATA_DIR") {
+        let d = PathBuf::from(d);
+        candidates.push(d.join("mnist"));
+        candidates.push(d);
+    }
+    if let Some(d) = std::env::var_os("CARGO_MANIFEST_DIR") {
+        let d = PathBuf::from(d);
+        candidates.push(d.join("../data/mnist"));
+        candidates.push(d.join("mnist"));
+    }
+    candidates.extend(["data/mnist", "mnist", "../data/mnist"].map(PathBuf::from));
+    candidates
+        .into_iter()
+        .find(|d| find(d, "train-images-idx3-ubyte").exists())
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("mnist"))
 }
 
 /// `dir/<name>.gz` when it exists, else `dir/<name>`.

@@ -1,0 +1,254 @@
+//! Text: lines of a file, a whitespace tokenizer, and a vocabulary that maps tokens to ids (for a text classifier:
+//! lines of `label<TAB>text` become `(token ids, label)` examples, batched with `padded_batch`).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use crate::array::Array;
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+
+/// Split text into lowercase tokens at whitespace, trimming ASCII punctuation at both ends of each token.
+pub fn tokenize(text: &str) -> Vec<String> {
+    text.split_whitespace()
+        .map(|w| {
+            w.trim_matches(|c: char| c.is_ascii_punctuation())
+                .to_lowercase()
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// The lines of a text file, read lazily on each pass (trailing `\r` removed).
+pub fn text_lines(path: impl AsRef<Path>) -> Dataset<String> {
+    let path = path.as_ref().to_path_buf();
+    let name = path.display().to_string();
+    Dataset::from_iter_fn(name, move || {
+        let p = path.clone();
+        let file = std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?;
+        Ok(BufReader::new(file).lines().map(move |l| {
+            l.map(|s| s.trim_end_matches('\r').to_string())
+                .map_err(|e| Error::io(&p, e))
+        }))
+    })
+}
+
+/// A mapping from tokens to ids: `0` is padding (`<pad>`), `1` unknown (`<unk>`), then tokens by decreasing
+/// frequency (ties alphabetical, so the same corpus always gives the same ids). Serializable, to be saved with a
+/// model.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Vocabulary {
+    tokens: Vec<String>,
+    #[serde(skip)]
+    ids: HashMap<String, i32>,
+}
+
+impl Vocabulary {
+    /// Id of the padding token.
+    pub const PAD: i32 = 0;
+    /// Id of tokens not in the vocabulary.
+    pub const UNK: i32 = 1;
+
+    /// Count the tokens of `texts` and keep those seen at least `min_count` times, at most `max_size` ids in all
+    /// (counting `<pad>` and `<unk>`).
+    pub fn build<'a>(
+        texts: impl IntoIterator<Item = &'a str>,
+        min_count: usize,
+        max_size: usize,
+    ) -> Self {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for t in texts {
+            for tok in tokenize(t) {
+                *counts.entry(tok).or_default() += 1;
+            }
+        }
+        let mut by_freq: Vec<(String, usize)> = counts
+            .into_iter()
+            .filter(|(_, c)| *c >= min_count.max(1))
+            .collect();
+        by_freq.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut tokens = vec!["<pad>".to_string(), "<unk>".to_string()];
+        tokens.extend(
+            by_freq
+                .into_iter()
+                .map(|(t, _)| t)
+                .take(max_size.saturating_sub(2)),
+        );
+        Self::from_tokens(tokens)
+    }
+
+    /// A vocabulary whose ids are the positions of `tokens` (which should start with `<pad>`, `<unk>`).
+    pub fn from_tokens(tokens: Vec<String>) -> Self {
+        let ids = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as i32))
+            .collect();
+        Vocabulary { tokens, ids }
+    }
+
+    /// Rebuild the lookup table after deserializing.
+    pub fn reindexed(self) -> Self {
+        Self::from_tokens(self.tokens)
+    }
+
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether it holds no token at all.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The id of a token (`UNK` when absent).
+    pub fn id(&self, token: &str) -> i32 {
+        if self.ids.is_empty() && !self.tokens.is_empty() {
+            return self
+                .tokens
+                .iter()
+                .position(|t| t == token)
+                .map_or(Self::UNK, |i| i as i32);
+        }
+        self.ids.get(token).copied().unwrap_or(Self::UNK)
+    }
+
+    /// The token of an id.
+    pub fn token(&self, id: i32) -> Option<&str> {
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| self.tokens.get(i))
+            .map(String::as_str)
+    }
+
+    /// Tokenize and look up `text`, cut to at most `max_len` ids: an `i32` array `[len]`.
+    pub fn encode(&self, text: &str, max_len: usize) -> Array {
+        let ids: Vec<i32> = tokenize(text)
+            .iter()
+            .take(max_len)
+            .map(|t| self.id(t))
+            .collect();
+        let n = ids.len();
+        Array::from_i32(ids, &[n]).unwrap_or_else(|_| Array::scalar_i32(Self::UNK))
+    }
+}
+
+/// Parse a `label<TAB>text` line (or `label text`: the first whitespace-separated field is the label).
+///
+/// # Errors
+/// [`Error::Csv`] naming `path` and `line` when the label is not an integer or the line is empty.
+pub fn parse_labeled_line(line: &str, path: &Path, line_no: usize) -> Result<(i32, String)> {
+    let t = line.trim_start();
+    let (label, text) = t.split_once(['\t', ' ']).unwrap_or((t, ""));
+    let label = label.trim().parse::<i32>().map_err(|_| Error::Csv {
+        path: PathBuf::from(path),
+        line: line_no,
+        column: 1,
+        reason: format!("label {label:?} is not an integer (expected `label<TAB>text`)"),
+    })?;
+    Ok((label, text.trim().to_string()))
+}
+
+/// A labelled text corpus read in full: the lines of a `label<TAB>text` file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LabeledText {
+    /// The texts.
+    pub texts: Vec<String>,
+    /// Their labels.
+    pub labels: Vec<i32>,
+}
+
+impl LabeledText {
+    /// Read a `label<TAB>text` file; blank lines are skipped.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be read, [`Error::Csv`] for a line without an integer label.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let content = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut out = LabeledText {
+            texts: Vec::new(),
+            labels: Vec::new(),
+        };
+        for (i, l) in content.lines().enumerate() {
+            if l.trim().is_empty() {
+                continue;
+            }
+            let (label, text) = parse_labeled_line(l, path, i + 1)?;
+            out.labels.push(label);
+            out.texts.push(text);
+        }
+        Ok(out)
+    }
+
+    /// A vocabulary of these texts.
+    pub fn vocabulary(&self, min_count: usize, max_size: usize) -> Vocabulary {
+        Vocabulary::build(self.texts.iter().map(String::as_str), min_count, max_size)
+    }
+
+    /// `(token ids [len], label [])` examples, encoded on the fly with `vocab`, cut to `max_len` tokens; batch them
+    /// with `padded_batch(n, Vocabulary::PAD as f64, ..)`.
+    pub fn dataset(&self, vocab: &Vocabulary, max_len: usize) -> Dataset<(Array, Array)> {
+        let vocab = vocab.clone();
+        Dataset::from_vec(self.texts.clone())
+            .zip(&Dataset::from_vec(self.labels.clone()))
+            .map_named("encode_text", 1, move |(text, label)| {
+                Ok((vocab.encode(&text, max_len), Array::scalar_i32(label)))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_and_vocabulary() {
+        assert_eq!(
+            tokenize("Hello, world!  The END."),
+            vec!["hello", "world", "the", "end"]
+        );
+        let v = Vocabulary::build(["a b b c", "b c d"], 2, 100);
+        assert_eq!(v.token(0), Some("<pad>"));
+        assert_eq!(v.id("b"), 2, "most frequent first");
+        assert_eq!(v.id("c"), 3);
+        assert_eq!(v.id("a"), Vocabulary::UNK, "below min_count");
+        assert_eq!(v.encode("b zzz c b", 3).as_i32().unwrap(), &[2, 1, 3]);
+        let json = serde_json::to_string(&v).unwrap();
+        let back: Vocabulary = serde_json::from_str::<Vocabulary>(&json)
+            .unwrap()
+            .reindexed();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn labeled_file_to_padded_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.tsv");
+        std::fs::write(&p, "1\tgood movie\n0\tbad bad film here\n\n1\tgood\n").unwrap();
+        let corpus = LabeledText::read(&p).unwrap();
+        assert_eq!(corpus.labels, vec![1, 0, 1]);
+        let vocab = corpus.vocabulary(1, 50);
+        let ds = corpus
+            .dataset(&vocab, 8)
+            .padded_batch(2, f64::from(Vocabulary::PAD), false);
+        let batches: Vec<(Array, Array)> = ds.iter().map(|b| b.unwrap()).collect();
+        assert_eq!(batches[0].0.shape(), &[2, 4]);
+        assert_eq!(batches[0].0.as_i32().unwrap()[2..4], [0, 0]);
+        assert_eq!(batches[1].1.as_i32().unwrap(), &[1]);
+        let lines: Vec<String> = text_lines(&p).iter().map(|l| l.unwrap()).collect();
+        assert_eq!(lines.len(), 4);
+        std::fs::write(&p, "x\tno label\n").unwrap();
+        let e = LabeledText::read(&p).unwrap_err();
+        assert!(e.to_string().contains("line 1"), "{e}");
+        assert!(
+            text_lines(dir.path().join("none"))
+                .iter()
+                .next()
+                .unwrap()
+                .is_err()
+        );
+    }
+}
