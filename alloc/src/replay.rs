@@ -1,0 +1,393 @@
+//! Trace replay: real allocation sequences (`op,id,bytes` CSV, optionally gzip) through the allocator on a
+//! simulated device, with the figures that compare it to PyTorch's caching allocator.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bfc::{Bfc, Block};
+use crate::config::{Config, DEFAULT_IDLE_PAGE_SLACK, Policy};
+use crate::error::{Error, Result};
+use crate::sim::SimMemory;
+use crate::tenant::TenantId;
+
+/// One line of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceOp {
+    /// Allocate block `id` of `bytes`.
+    Alloc {
+        /// The block's id (unique in the trace).
+        id: u64,
+        /// Its size.
+        bytes: u64,
+    },
+    /// Free block `id`.
+    Free {
+        /// The block's id.
+        id: u64,
+    },
+}
+
+/// A parsed, checked trace.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    /// Where it came from.
+    pub name: String,
+    /// The operations in order.
+    pub ops: Vec<TraceOp>,
+    /// Highest sum of live block sizes.
+    pub peak_live_bytes: u64,
+}
+
+/// Reads a trace file; `.gz` files (or any file starting with the gzip magic) are decompressed.
+///
+/// # Errors
+/// [`Error::Trace`] with the path and line number of the first bad line, or the I/O error.
+pub fn read_trace(path: &Path) -> Result<Trace> {
+    let name = path.display().to_string();
+    let io = |e: std::io::Error| Error::Trace {
+        path: name.clone(),
+        line: 0,
+        detail: e.to_string(),
+    };
+    let mut file = BufReader::new(File::open(path).map_err(io)?);
+    let magic = file.fill_buf().map_err(io)?;
+    let gz = magic.len() >= 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    let reader: Box<dyn Read> = if gz {
+        Box::new(flate2::read::MultiGzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    parse_trace(BufReader::new(reader), &name)
+}
+
+/// Parses a trace: an optional `op,id,bytes` header, then `a,ID,BYTES` and `f,ID,0` lines (text after `#` and
+/// blank lines are ignored).
+///
+/// # Errors
+/// [`Error::Trace`] naming the line: an unknown op, a number that does not parse, an id allocated twice while live,
+/// a free of an id that is not live.
+pub fn parse_trace(reader: impl BufRead, name: &str) -> Result<Trace> {
+    let err = |line: usize, detail: String| Error::Trace {
+        path: name.to_string(),
+        line,
+        detail,
+    };
+    let mut ops = Vec::new();
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut now, mut peak) = (0u64, 0u64);
+    for (n, line) in reader.lines().enumerate() {
+        let lineno = n + 1;
+        let line = line.map_err(|e| err(lineno, e.to_string()))?;
+        let text = line.split('#').next().unwrap_or("").trim();
+        if text.is_empty() || (lineno == 1 && text.replace(' ', "") == "op,id,bytes") {
+            continue;
+        }
+        let fields: Vec<&str> = text.split(',').map(str::trim).collect();
+        if fields.len() != 3 {
+            return Err(err(
+                lineno,
+                format!("expected 3 fields `op,id,bytes`, found {:?}", text),
+            ));
+        }
+        let id: u64 = fields[1].parse().map_err(|_| {
+            err(
+                lineno,
+                format!("id {:?} is not a non-negative integer", fields[1]),
+            )
+        })?;
+        let bytes: u64 = fields[2].parse().map_err(|_| {
+            err(
+                lineno,
+                format!("bytes {:?} is not a non-negative integer", fields[2]),
+            )
+        })?;
+        match fields[0] {
+            "a" => {
+                if live.insert(id, bytes).is_some() {
+                    return Err(err(
+                        lineno,
+                        format!("block {id} allocated again while live"),
+                    ));
+                }
+                now += bytes;
+                peak = peak.max(now);
+                ops.push(TraceOp::Alloc { id, bytes });
+            }
+            "f" => {
+                let Some(b) = live.remove(&id) else {
+                    return Err(err(
+                        lineno,
+                        format!("free of block {id}, which is not live"),
+                    ));
+                };
+                now -= b;
+                ops.push(TraceOp::Free { id });
+            }
+            other => {
+                return Err(err(
+                    lineno,
+                    format!("op {other:?} is neither `a` (alloc) nor `f` (free)"),
+                ));
+            }
+        }
+    }
+    Ok(Trace {
+        name: name.to_string(),
+        ops,
+        peak_live_bytes: peak,
+    })
+}
+
+/// How the replayed allocator gets its memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayPolicy {
+    /// Best fit over one stitched virtual range of 2 MiB physical pages (the CUDA VMM design); the default, since it
+    /// wastes the least.
+    #[default]
+    Stitched,
+    /// Segments reserved on demand (cuMemAlloc regions).
+    Growth,
+    /// One segment of the whole limit up front (TensorFlow's default).
+    Preallocate,
+}
+
+impl fmt::Display for ReplayPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReplayPolicy::Stitched => "stitched",
+            ReplayPolicy::Growth => "growth",
+            ReplayPolicy::Preallocate => "preallocate",
+        })
+    }
+}
+
+impl FromStr for ReplayPolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "stitched" => Ok(ReplayPolicy::Stitched),
+            "growth" => Ok(ReplayPolicy::Growth),
+            "preallocate" => Ok(ReplayPolicy::Preallocate),
+            _ => Err(Error::InvalidConfig {
+                setting: "policy",
+                value: s.into(),
+                expected: "stitched, growth or preallocate",
+            }),
+        }
+    }
+}
+
+/// Settings of a replay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplayOptions {
+    /// How memory is obtained.
+    pub policy: ReplayPolicy,
+    /// Hard limit in bytes (default: the simulated device's capacity).
+    pub limit: Option<u64>,
+    /// Simulated device capacity (default: an H200's 143,771 MiB).
+    pub capacity: u64,
+    /// Times the trace is replayed on the same allocator (blocks left live are freed between passes).
+    pub passes: u32,
+    /// Training steps in one pass, for the per-step figures.
+    pub steps: Option<u64>,
+    /// Stitched policy: idle-page slack.
+    pub idle_page_slack: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            policy: ReplayPolicy::Stitched,
+            limit: None,
+            capacity: 143_771 << 20,
+            passes: 1,
+            steps: None,
+            idle_page_slack: DEFAULT_IDLE_PAGE_SLACK,
+        }
+    }
+}
+
+/// Source activity of one pass.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PassReport {
+    /// 1-based.
+    pub pass: u32,
+    /// All source calls (reserves, releases, page map calls, page releases).
+    pub source_calls: u64,
+    /// Regions reserved.
+    pub source_reserves: u64,
+    /// Regions released.
+    pub source_releases: u64,
+    /// Physical pages moved.
+    pub page_moves: u64,
+    /// Physical pages created.
+    pub page_creates: u64,
+    /// Page moves per training step (when the step count is known).
+    pub page_moves_per_step: Option<f64>,
+    /// Highest reserved bytes so far.
+    pub peak_reserved_bytes: u64,
+    /// Failed allocations.
+    pub ooms: u64,
+}
+
+/// The figures of a replay; the binary prints it as one line of JSON.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// The trace.
+    pub trace: String,
+    /// The policy.
+    pub policy: ReplayPolicy,
+    /// Lines replayed per pass.
+    pub events: u64,
+    /// Highest live bytes of the trace (as recorded, before rounding).
+    pub peak_live_bytes: u64,
+    /// Highest reserved bytes of the allocator over all passes.
+    pub peak_reserved_bytes: u64,
+    /// peak reserved / peak live − 1.
+    pub overhead: f64,
+    /// Regions reserved, all passes.
+    pub source_reserves: u64,
+    /// Regions released, all passes.
+    pub source_releases: u64,
+    /// All source calls, all passes.
+    pub source_calls: u64,
+    /// Physical pages moved, all passes (stitched).
+    pub page_moves: u64,
+    /// Physical pages created, all passes (stitched).
+    pub page_creates: u64,
+    /// Failed allocations, all passes.
+    pub ooms: u64,
+    /// Mean wall time of one alloc or free, nanoseconds.
+    pub ns_per_op: f64,
+    /// Stitched policy: the idle-page slack used.
+    pub idle_page_slack: u64,
+    /// Per pass.
+    pub passes: Vec<PassReport>,
+}
+
+/// Replays `trace` on a fresh allocator over a [`SimMemory`] as `options` say.
+///
+/// # Errors
+/// Only a source failure (a bug the simulation caught); out-of-memory is counted in `ooms`, not an error.
+pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
+    let mut builder = Config::builder().idle_page_slack(options.idle_page_slack);
+    if let Some(l) = options.limit {
+        builder = builder.limit_bytes(l);
+    }
+    if options.policy == ReplayPolicy::Preallocate {
+        builder = builder.policy(Policy::Preallocate { fraction: 1.0 });
+    }
+    let config = builder.build()?;
+    let source = match options.policy {
+        ReplayPolicy::Stitched => SimMemory::stitched(options.capacity),
+        _ => SimMemory::new(options.capacity),
+    };
+    let bfc = Bfc::new(source, config)?;
+    let max_id = trace
+        .ops
+        .iter()
+        .map(|op| match *op {
+            TraceOp::Alloc { id, .. } | TraceOp::Free { id } => id,
+        })
+        .max()
+        .unwrap_or(0);
+    // Ids are dense in real traces; a table indexed by id keeps the timed loop free of hashing.
+    let dense = max_id < 16 * trace.ops.len() as u64 + 1024;
+    let mut table: Vec<Option<Block>> = Vec::new();
+    let mut map: HashMap<u64, Block> = HashMap::new();
+    if dense {
+        table.resize_with(max_id as usize + 1, || None);
+    }
+    let mut passes = Vec::new();
+    let mut elapsed_ns = 0u128;
+    let mut ops = 0u64;
+    let mut before = bfc.counters();
+    for pass in 1..=options.passes.max(1) {
+        let start = Instant::now();
+        for op in &trace.ops {
+            match *op {
+                TraceOp::Alloc { id, bytes } => {
+                    if let Ok(block) = bfc.alloc(bytes as usize, TenantId::DEFAULT) {
+                        if dense {
+                            table[id as usize] = Some(block);
+                        } else {
+                            map.insert(id, block);
+                        }
+                    }
+                }
+                TraceOp::Free { id } => {
+                    let block = if dense {
+                        table[id as usize].take()
+                    } else {
+                        map.remove(&id)
+                    };
+                    if let Some(block) = block {
+                        bfc.free(block);
+                    }
+                }
+            }
+        }
+        elapsed_ns += start.elapsed().as_nanos();
+        ops += trace.ops.len() as u64;
+        if pass < options.passes {
+            for block in table.iter_mut().filter_map(Option::take) {
+                bfc.free(block);
+            }
+            for (_, block) in map.drain() {
+                bfc.free(block);
+            }
+        }
+        let now = bfc.counters();
+        let moves = now.page_moves - before.page_moves;
+        passes.push(PassReport {
+            pass,
+            source_calls: now.source_calls() - before.source_calls(),
+            source_reserves: now.source_reserves - before.source_reserves,
+            source_releases: now.source_releases - before.source_releases,
+            page_moves: moves,
+            page_creates: now.page_creates - before.page_creates,
+            page_moves_per_step: options
+                .steps
+                .filter(|&s| s > 0)
+                .map(|s| moves as f64 / s as f64),
+            peak_reserved_bytes: now.peak_reserved,
+            ooms: now.ooms - before.ooms,
+        });
+        before = now;
+    }
+    let c = bfc.counters();
+    let peak_live = trace.peak_live_bytes;
+    Ok(ReplayReport {
+        trace: trace.name.clone(),
+        policy: options.policy,
+        events: trace.ops.len() as u64,
+        peak_live_bytes: peak_live,
+        peak_reserved_bytes: c.peak_reserved,
+        overhead: if peak_live == 0 {
+            0.0
+        } else {
+            c.peak_reserved as f64 / peak_live as f64 - 1.0
+        },
+        source_reserves: c.source_reserves,
+        source_releases: c.source_releases,
+        source_calls: c.source_calls(),
+        page_moves: c.page_moves,
+        page_creates: c.page_creates,
+        ooms: c.ooms,
+        ns_per_op: if ops == 0 {
+            0.0
+        } else {
+            elapsed_ns as f64 / ops as f64
+        },
+        idle_page_slack: options.idle_page_slack,
+        passes,
+    })
+}
