@@ -13,7 +13,7 @@ pub mod mnist;
 
 pub use error::{Error, Result};
 pub use idx::{IdxArray, IdxData, IdxType, read_idx};
-pub use mnist::{Mnist, Split, bundled_mnist_dir, load_mnist};
+pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};
 pub mod array;
 pub mod dataset;
 pub mod map;

@@ -4,9 +4,58 @@
 //! 60,000/10,000 files of the MNIST distribution read unchanged with the same functions.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crate::array::Array;
+use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::idx::read_idx;
+
+/// How a batch of images is shaped.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Layout {
+    /// `[B, rows * cols]` (784): for MLPs.
+    #[default]
+    Flat,
+    /// `[B, 1, rows, cols]` (NCHW): for convolutions.
+    Image,
+}
+
+/// The MNIST input pipeline's settings: shuffle the whole split each epoch (seeded), batch, decode and normalise
+/// each batch on `workers` threads, and prefetch.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MnistConfig {
+    /// Examples per batch.
+    pub batch_size: usize,
+    /// Shuffle seed (each epoch a new order derived from it).
+    pub seed: u64,
+    /// Whether to shuffle at all (evaluation: no).
+    pub shuffle: bool,
+    /// Drop the last, smaller batch.
+    pub drop_remainder: bool,
+    /// Shape of the image batches.
+    pub layout: Layout,
+    /// Threads that decode and normalise batches (1: on the producing thread).
+    pub workers: usize,
+    /// Batches kept ready by a background thread (0: none).
+    pub prefetch: usize,
+}
+
+impl Default for MnistConfig {
+    fn default() -> Self {
+        MnistConfig {
+            batch_size: 256,
+            seed: 0,
+            shuffle: true,
+            drop_remainder: false,
+            layout: Layout::Flat,
+            workers: 1,
+            prefetch: 2,
+        }
+    }
+}
 
 /// Which half of MNIST.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -138,6 +187,62 @@ impl Mnist {
         self.pixels.iter().map(|&p| f32::from(p) / 255.0).collect()
     }
 
+    /// A batch of the examples at `indices`: images `f32` in `[0, 1]` shaped by `layout`, labels `i32 [B]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an index past the end.
+    pub fn gather(&self, indices: &[i64], layout: Layout) -> Result<(Array, Array)> {
+        let size = self.image_size();
+        let mut x = Vec::with_capacity(indices.len() * size);
+        let mut y = Vec::with_capacity(indices.len());
+        for &i in indices {
+            let i = usize::try_from(i)
+                .ok()
+                .filter(|&i| i < self.len)
+                .ok_or_else(|| Error::InvalidArgument {
+                    op: "Mnist::gather",
+                    reason: format!("index {i} of a split of {} images", self.len),
+                })?;
+            x.extend(
+                self.pixels[i * size..(i + 1) * size]
+                    .iter()
+                    .map(|&p| f32::from(p) * (1.0 / 255.0)),
+            );
+            y.push(i32::from(self.labels[i]));
+        }
+        let b = indices.len();
+        let x = match layout {
+            Layout::Flat => Array::from_f32(x, &[b, size])?,
+            Layout::Image => Array::from_f32(x, &[b, 1, self.rows, self.cols])?,
+        };
+        Ok((x, Array::from_i32(y, &[b])?))
+    }
+
+    /// The batches of this split as host arrays `(images, labels)`, per `config`: a shuffled index stream, batched,
+    /// then decoded and normalised batch by batch (no per-example copies), then prefetched.
+    pub fn batches(self: &Arc<Self>, config: &MnistConfig) -> Dataset<(Array, Array)> {
+        let mut idx = Dataset::range(0, self.len as i64);
+        if config.shuffle {
+            idx = idx.shuffle(self.len.max(1), config.seed);
+        }
+        let me = Arc::clone(self);
+        let layout = config.layout;
+        let name = format!(
+            "mnist_gather({},{:?},{}x{})",
+            self.len, layout, self.rows, self.cols
+        );
+        let ds = idx
+            .batch(config.batch_size, config.drop_remainder)
+            .map_named(&name, config.workers, move |ix: Vec<i64>| {
+                me.gather(&ix, layout)
+            });
+        if config.prefetch > 0 {
+            ds.prefetch(config.prefetch)
+        } else {
+            ds
+        }
+    }
+
     /// All labels as `i32`.
     pub fn labels_i32(&self) -> Vec<i32> {
         self.labels.iter().map(|&l| i32::from(l)).collect()
@@ -173,6 +278,45 @@ mod tests {
         }
         let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64;
         assert!((0.1..0.16).contains(&mean), "mean pixel {mean}");
+    }
+
+    #[test]
+    fn batches_cover_the_split_once_per_epoch() {
+        let m = Arc::new(Mnist::load(bundled_mnist_dir(), Split::Test).unwrap());
+        let cfg = MnistConfig {
+            batch_size: 300,
+            layout: Layout::Image,
+            workers: 2,
+            ..MnistConfig::default()
+        };
+        let ds = m.batches(&cfg);
+        let mut it = ds.iter();
+        let mut label_counts = [0usize; 10];
+        let mut n = 0;
+        for b in it.by_ref() {
+            let (x, y) = b.unwrap();
+            assert_eq!(&x.shape()[1..], &[1, 28, 28]);
+            n += y.shape()[0];
+            for &l in y.as_i32().unwrap() {
+                label_counts[l as usize] += 1;
+            }
+        }
+        assert_eq!(n, 2000);
+        let want: Vec<usize> = (0..10)
+            .map(|c| m.labels.iter().filter(|&&l| l == c).count())
+            .collect();
+        assert_eq!(label_counts.to_vec(), want);
+        let pos = it.position();
+        let first_a = it.next().unwrap().unwrap();
+        let first_b = m
+            .batches(&cfg)
+            .iter_from(&pos)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert!(first_a == first_b, "epoch 1 reproducible from its position");
+        assert!(m.gather(&[2000], Layout::Flat).is_err());
     }
 
     #[test]

@@ -1,0 +1,169 @@
+//! The MNIST input pipeline against a plain loop, the per-batch overhead of the adapters, and `share(2)` against
+//! one pipeline and two independent pipelines.
+//!
+//! The share comparison consumes in lockstep on one thread, as the trainer's lockstep schedule does: each step, each
+//! member takes its next batch. The pipelines there have no prefetch thread, so their work is visible: two
+//! independent pipelines decode every batch twice, `share(2)` once.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cohort_data::{Dataset, Layout, Mnist, MnistConfig, Split, bundled_mnist_dir};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+const BATCH: usize = 256;
+
+fn mnist() -> Arc<Mnist> {
+    Arc::new(Mnist::load(bundled_mnist_dir(), Split::Train).expect("bundled MNIST digits"))
+}
+
+fn touch(x: &cohort_data::Array) -> f32 {
+    x.as_f32().map_or(0.0, |v| v[0] + v[v.len() - 1])
+}
+
+fn bench_pipeline(c: &mut Criterion) {
+    let m = mnist();
+    let batches = m.len.div_ceil(BATCH) as u64;
+    let mut g = c.benchmark_group("mnist_epoch");
+    g.throughput(Throughput::Elements(batches));
+    g.sample_size(20).measurement_time(Duration::from_secs(4));
+
+    // the floor: a plain loop over a pre-built, normalised array, copying each batch out
+    let pre = m.images_f32();
+    g.bench_function("cpu_plain_loop", |b| {
+        b.iter(|| {
+            let mut s = 0.0;
+            for chunk in pre.chunks(BATCH * 784) {
+                let batch = chunk.to_vec();
+                s += batch[0] + batch[batch.len() - 1];
+            }
+            black_box(s)
+        });
+    });
+
+    for (name, workers, prefetch) in [
+        ("cpu_pipeline_inline", 1, 0),
+        ("cpu_pipeline_prefetch2", 1, 2),
+        ("cpu_pipeline_2workers_prefetch2", 2, 2),
+    ] {
+        let cfg = MnistConfig {
+            batch_size: BATCH,
+            workers,
+            prefetch,
+            ..MnistConfig::default()
+        };
+        let ds = m.batches(&cfg);
+        let mut it = ds.iter();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut s = 0.0;
+                for batch in it.by_ref() {
+                    s += touch(&batch.expect("batch").0);
+                }
+                black_box(s)
+            });
+        });
+    }
+    g.finish();
+}
+
+fn bench_overhead(c: &mut Criterion) {
+    let mut g = c.benchmark_group("per_batch_overhead");
+    const N: i64 = 2000;
+    g.throughput(Throughput::Elements(N as u64));
+    g.sample_size(20).measurement_time(Duration::from_secs(3));
+    g.bench_function("cpu_plain_iter", |b| {
+        b.iter(|| black_box((0..N).map(black_box).sum::<i64>()));
+    });
+    let plain = Dataset::range(0, N);
+    g.bench_function("cpu_source", |b| {
+        b.iter(|| black_box(plain.iter().map(|x| x.unwrap_or(0)).sum::<i64>()));
+    });
+    let mapped = Dataset::range(0, N).map(Ok);
+    g.bench_function("cpu_map", |b| {
+        b.iter(|| black_box(mapped.iter().map(|x| x.unwrap_or(0)).sum::<i64>()));
+    });
+    let pre = Dataset::range(0, N).map(Ok).prefetch(8);
+    g.bench_function("cpu_map_prefetch", |b| {
+        b.iter(|| black_box(pre.iter().map(|x| x.unwrap_or(0)).sum::<i64>()));
+    });
+    let par = Dataset::range(0, N).map_parallel(2, Ok);
+    g.bench_function("cpu_map_parallel2", |b| {
+        b.iter(|| black_box(par.iter().map(|x| x.unwrap_or(0)).sum::<i64>()));
+    });
+    let shared = Dataset::range(0, N);
+    g.bench_function("cpu_share1", |b| {
+        b.iter(|| {
+            let mut c = shared.share(1).expect("share");
+            black_box(c[0].by_ref().map(|x| x.map_or(0, |v| *v)).sum::<i64>())
+        });
+    });
+    g.finish();
+}
+
+fn bench_share(c: &mut Criterion) {
+    let m = mnist();
+    let batches = m.len.div_ceil(BATCH) as u64;
+    let cfg = MnistConfig {
+        batch_size: BATCH,
+        workers: 1,
+        prefetch: 0,
+        layout: Layout::Flat,
+        ..MnistConfig::default()
+    };
+    let mut g = c.benchmark_group("two_members");
+    g.throughput(Throughput::Elements(batches));
+    g.sample_size(20).measurement_time(Duration::from_secs(4));
+
+    let one = m.batches(&cfg);
+    g.bench_function("cpu_one_pipeline", |b| {
+        b.iter(|| {
+            let mut s = 0.0;
+            for batch in one.iter() {
+                s += touch(&batch.expect("batch").0);
+            }
+            black_box(s)
+        });
+    });
+
+    let (p1, p2) = (
+        m.batches(&cfg),
+        m.batches(&MnistConfig {
+            seed: 1,
+            ..cfg.clone()
+        }),
+    );
+    g.bench_function("cpu_two_independent", |b| {
+        b.iter(|| {
+            let (mut a, mut b) = (p1.iter(), p2.iter());
+            let mut s = 0.0;
+            while let (Some(x), Some(y)) = (a.next(), b.next()) {
+                s += touch(&x.expect("batch").0) + touch(&y.expect("batch").0);
+            }
+            black_box(s)
+        });
+    });
+
+    let shared = m.batches(&cfg);
+    g.bench_function("cpu_share2", |b| {
+        b.iter(|| {
+            let mut cs = shared
+                .share_with(cohort_data::ShareOptions {
+                    epochs: Some(1),
+                    ..cohort_data::ShareOptions::new(2)
+                })
+                .expect("share");
+            let (mut a, mut rest) = (cs.remove(0), cs);
+            let mut s = 0.0;
+            while let (Some(x), Some(y)) = (a.next(), rest[0].next()) {
+                s += touch(&x.expect("batch").0) + touch(&y.expect("batch").0);
+            }
+            black_box(s)
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_pipeline, bench_overhead, bench_share);
+criterion_main!(benches);
