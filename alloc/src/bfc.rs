@@ -733,10 +733,45 @@ impl<S: MemorySource> Inner<S> {
         rounded: u64,
         tenant: TenantId,
     ) -> std::result::Result<u32, PlaceError> {
-        let Some(i) = self.bins.best_fit(&self.chunks.v, rounded) else {
+        let Some(first) = self.bins.best_fit(&self.chunks.v, rounded) else {
             return Err(PlaceError::Oom(OomCause::Fragmentation));
         };
-        let i = self.carve(i, rounded, tenant);
+        // Page-aware best fit: among the few smallest free chunks that fit, take the one (and the end of it) whose
+        // pages are already backed, so that a block lands where physical memory is, instead of pulling pages
+        // away from where the next step will want them.
+        let pt = self
+            .pages
+            .as_ref()
+            .expect("stitched layout has a page table");
+        let mut best = (first, false, u64::MAX);
+        let mut cand = Some(first);
+        let mut seen = 0;
+        while let Some(i) = cand {
+            let c = self.chunks.v[i as usize];
+            let (a, b) = pt.span(c.ptr, rounded);
+            let front = pt.demand(a, b).0;
+            if front < best.2 {
+                best = (i, false, front);
+            }
+            if self.config.placement_candidates > 1 && c.size > rounded && best.2 > 0 {
+                let (a, b) = pt.span(c.ptr + c.size - rounded, rounded);
+                let back = pt.demand(a, b).0;
+                if back < best.2 {
+                    best = (i, true, back);
+                }
+            }
+            seen += 1;
+            if best.2 == 0 || seen >= self.config.placement_candidates {
+                break;
+            }
+            cand = self.bins.successor(&self.chunks.v, i);
+        }
+        let (i, at_end, _) = best;
+        let i = if at_end {
+            self.carve_end(i, rounded, tenant)
+        } else {
+            self.carve(i, rounded, tenant)
+        };
         let ptr = self.chunks.v[i as usize].ptr;
         match self.back_pages(ptr, rounded) {
             Ok(()) => Ok(i),
@@ -746,6 +781,34 @@ impl<S: MemorySource> Inner<S> {
                 Err(e)
             }
         }
+    }
+
+    /// Like [`carve`](Self::carve), but the block takes the end of free chunk `i`.
+    fn carve_end(&mut self, i: u32, rounded: u64, tenant: TenantId) -> u32 {
+        let c = self.chunks.v[i as usize];
+        if c.size - rounded < GRANULE {
+            return self.carve(i, rounded, tenant);
+        }
+        self.bins.remove(&mut self.chunks.v, i);
+        let u = self.chunks.add(Chunk {
+            ptr: c.ptr + c.size - rounded,
+            size: rounded,
+            prev: i,
+            next: c.next,
+            left: NIL,
+            right: NIL,
+            region: c.region,
+            tenant: tenant.0,
+            state: State::Used,
+        });
+        if c.next != NIL {
+            self.chunks.v[c.next as usize].prev = u;
+        }
+        let ci = &mut self.chunks.v[i as usize];
+        ci.next = u;
+        ci.size -= rounded;
+        self.bins.insert(&mut self.chunks.v, i);
+        u
     }
 
     /// Makes every page under `[ptr, ptr + len)` backed and counts the block on them.

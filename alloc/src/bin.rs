@@ -227,6 +227,38 @@ impl Bins {
         Some(n)
     }
 
+    /// The free chunk after `i` in (size, address) order, across bins.
+    pub fn successor(&self, ch: &[Chunk], i: u32) -> Option<u32> {
+        let k = key(ch, i);
+        let b = bin_of(k.0);
+        let mut n = self.roots[b];
+        let mut best = NIL;
+        while n != NIL {
+            if key(ch, n) > k {
+                best = n;
+                n = ch[n as usize].left;
+            } else {
+                n = ch[n as usize].right;
+            }
+        }
+        if best != NIL {
+            return Some(best);
+        }
+        let above = if b + 1 >= NBINS {
+            0
+        } else {
+            self.bitmap & !((1u64 << (b + 1)) - 1)
+        };
+        if above == 0 {
+            return None;
+        }
+        let mut n = self.roots[above.trailing_zeros() as usize];
+        while ch[n as usize].left != NIL {
+            n = ch[n as usize].left;
+        }
+        Some(n)
+    }
+
     /// Size of the largest free chunk (0 when none).
     pub fn largest(&self, ch: &[Chunk]) -> u64 {
         if self.bitmap == 0 {

@@ -14,8 +14,8 @@ mod tenant;
 
 pub use bfc::{Bfc, Block};
 pub use config::{
-    Backend, Config, ConfigBuilder, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_PREALLOCATE_FRACTION,
-    DeviceSelector, Limit, Policy, parse_bytes,
+    Backend, Config, ConfigBuilder, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_PLACEMENT_CANDIDATES,
+    DEFAULT_PREALLOCATE_FRACTION, DeviceSelector, Limit, Policy, parse_bytes,
 };
 pub use error::{Error, OomCause, OutOfMemory, Result};
 pub use events::{Event, EventKind};

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::bfc::{Bfc, Block};
-use crate::config::{Config, DEFAULT_IDLE_PAGE_SLACK, Policy};
+use crate::config::{Config, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_PLACEMENT_CANDIDATES, Policy};
 use crate::error::{Error, Result};
 use crate::sim::SimMemory;
 use crate::tenant::TenantId;
@@ -200,6 +200,8 @@ pub struct ReplayOptions {
     pub steps: Option<u64>,
     /// Stitched policy: idle-page slack.
     pub idle_page_slack: u64,
+    /// Stitched policy: free chunks examined for backed pages.
+    pub placement_candidates: usize,
 }
 
 impl Default for ReplayOptions {
@@ -211,6 +213,7 @@ impl Default for ReplayOptions {
             passes: 1,
             steps: None,
             idle_page_slack: DEFAULT_IDLE_PAGE_SLACK,
+            placement_candidates: DEFAULT_PLACEMENT_CANDIDATES,
         }
     }
 }
@@ -230,6 +233,10 @@ pub struct PassReport {
     pub page_moves: u64,
     /// Physical pages created.
     pub page_creates: u64,
+    /// Map calls (one per contiguous run of pages; each costs one cuMemSetAccess on a GPU).
+    pub map_calls: u64,
+    /// Map calls per training step (when the step count is known).
+    pub map_calls_per_step: Option<f64>,
     /// Page moves per training step (when the step count is known).
     pub page_moves_per_step: Option<f64>,
     /// Highest reserved bytes so far.
@@ -278,7 +285,9 @@ pub struct ReplayReport {
 /// # Errors
 /// Only a source failure (a bug the simulation caught); out-of-memory is counted in `ooms`, not an error.
 pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
-    let mut builder = Config::builder().idle_page_slack(options.idle_page_slack);
+    let mut builder = Config::builder()
+        .idle_page_slack(options.idle_page_slack)
+        .placement_candidates(options.placement_candidates);
     if let Some(l) = options.limit {
         builder = builder.limit_bytes(l);
     }
@@ -354,6 +363,11 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
             source_releases: now.source_releases - before.source_releases,
             page_moves: moves,
             page_creates: now.page_creates - before.page_creates,
+            map_calls: now.map_calls - before.map_calls,
+            map_calls_per_step: options
+                .steps
+                .filter(|&s| s > 0)
+                .map(|s| (now.map_calls - before.map_calls) as f64 / s as f64),
             page_moves_per_step: options
                 .steps
                 .filter(|&s| s > 0)
