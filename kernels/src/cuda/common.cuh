@@ -1,0 +1,120 @@
+// Helpers shared by every kernel source; prepended to each .cu file before NVRTC compiles it.
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define MAX_RANK 8
+#define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
+
+// Must match StridedShape in gpu.rs: an iteration shape and up to three stride sets (elements).
+struct Strided {
+    u32 rank;
+    u32 flags;  // bit 0: all operands contiguous
+    u64 shape[MAX_RANK];
+    u64 s[3][MAX_RANK];
+};
+
+// Offsets of linear (row-major) index i in each of the three stride sets.
+__device__ __forceinline__ void strided_offsets(const Strided& st, u64 i, u64* o0, u64* o1, u64* o2) {
+    u64 a = 0, b = 0, c = 0;
+#pragma unroll
+    for (int k = 0; k < MAX_RANK; ++k) {
+        const int d = MAX_RANK - 1 - k;
+        if (d < (int)st.rank) {
+            const u64 dim = st.shape[d];
+            const u64 idx = i % dim;
+            i /= dim;
+            a += idx * st.s[0][d];
+            b += idx * st.s[1][d];
+            c += idx * st.s[2][d];
+        }
+    }
+    *o0 = a;
+    *o1 = b;
+    *o2 = c;
+}
+
+#define GRID_STRIDE(i, n) \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+// Index errors: the first one is recorded in a 4-word flag the host reads at its next sync.
+#define OP_INDEX_SELECT 0
+#define OP_INDEX_ADD 1
+#define OP_GATHER_LAST 2
+#define OP_ONE_HOT 3
+#define OP_MAX_POOL_BACKWARD 4
+#define OP_SCATTER_ADD_LAST 5
+__device__ __forceinline__ void report_index_error(int* flag, int op, i64 index, i64 size) {
+    if (atomicCAS(flag, 0, 1) == 0) {
+        flag[1] = op;
+        flag[2] = (int)index;
+        flag[3] = (int)size;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum / max; blockDim.x must be a multiple of 32. Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float sh[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : 0.0f;
+        v = warp_sum(v);
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float sh[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : NEG_INF;
+        v = warp_max(v);
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+// Half-precision conversions without cuda_fp16.h (round to nearest even, like the `half` crate).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}

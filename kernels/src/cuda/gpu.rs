@@ -1,0 +1,824 @@
+//! The per-device context: driver context, streams, cuBLAS handle, NVRTC module cache.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use cudarc::cublas::{result as blas_result, sys as blas_sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result as drv, sys};
+use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
+
+use crate::{Error, Result};
+
+/// Most dimensions a strided or broadcasting kernel handles (matches `MAX_RANK` in `common.cuh`).
+pub(crate) const MAX_RANK: usize = 8;
+
+/// Helpers every `.cu` source is compiled with (prepended to it).
+const COMMON: &str = include_str!("common.cuh");
+
+/// Wraps a driver, NVRTC or cuBLAS failure into the crate's error, naming what was attempted.
+pub(crate) fn cuda_err(what: &str, e: impl fmt::Debug) -> Error {
+    Error::Cuda(format!("{what} failed: {e:?}"))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave the protected maps inconsistent
+    // (each insert is one call), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether the CUDA driver library (`libcuda.so`) can be loaded on this machine.
+///
+/// Checked once per process; no driver function is called.
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to open the shared library; no symbol of it is called.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+fn init_driver() -> Result<()> {
+    static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        if !driver_present() {
+            return Err(
+                "no CUDA driver found (libcuda.so could not be loaded): install the NVIDIA \
+                        driver or use the CPU device"
+                    .to_string(),
+            );
+        }
+        drv::init().map_err(|e| {
+            format!(
+                "cuInit failed ({e:?}): the driver is installed but no usable GPU was found; check \
+                     nvidia-smi and CUDA_VISIBLE_DEVICES"
+            )
+        })
+    })
+    .clone()
+    .map_err(Error::Cuda)
+}
+
+/// Number of CUDA devices the driver sees; 0 where no driver is installed.
+///
+/// # Errors
+/// The driver is present but fails to initialise or to count its devices.
+pub fn device_count() -> Result<usize> {
+    if !driver_present() {
+        return Ok(0);
+    }
+    init_driver()?;
+    let n = drv::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// One `.cu` file of an op family, compiled by NVRTC the first time one of its kernels runs.
+#[derive(Debug)]
+pub(crate) struct KernelSource {
+    /// Module name (the file name without `.cu`); unique across the crate.
+    pub name: &'static str,
+    /// The file's text (`include_str!`).
+    pub code: &'static str,
+}
+
+impl KernelSource {
+    fn full_source(&self) -> String {
+        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.code)
+    }
+
+    /// Compiles the source to PTX for `arch` (`compute_90`, ...; `None`: NVRTC's default).
+    pub(crate) fn compile(&self, arch: Option<&'static str>) -> Result<Ptx> {
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { nvrtc::sys::is_culib_present() } {
+            return Err(Error::Cuda(
+                "NVRTC (libnvrtc.so.13) was not found: install the CUDA 13 toolkit's runtime \
+                 compiler or put its lib folder on LD_LIBRARY_PATH"
+                    .to_string(),
+            ));
+        }
+        let opts = CompileOptions {
+            arch,
+            name: Some(format!("{}.cu", self.name)),
+            options: vec!["--std=c++17".to_string()],
+            ..Default::default()
+        };
+        nvrtc::compile_ptx_with_opts(self.full_source(), opts).map_err(|e| match e {
+            CompileError::CompileError { log, .. } => Error::Cuda(format!(
+                "NVRTC could not compile {}.cu:\n{}",
+                self.name,
+                log.to_string_lossy()
+            )),
+            other => cuda_err(&format!("NVRTC on {}.cu", self.name), other),
+        })
+    }
+}
+
+/// PTX per (module, arch), shared by every device of the process: each source is compiled once.
+fn ptx_for(src: &'static KernelSource, arch: Option<&'static str>) -> Result<Ptx> {
+    type PtxCache = HashMap<(&'static str, Option<&'static str>), Ptx>;
+    static CACHE: OnceLock<Mutex<PtxCache>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(p) = lock(cache).get(&(src.name, arch)) {
+        return Ok(p.clone());
+    }
+    let ptx = src.compile(arch)?;
+    lock(cache).insert((src.name, arch), ptx.clone());
+    Ok(ptx)
+}
+
+fn arch_of(cc: (i32, i32)) -> Option<&'static str> {
+    Some(match cc {
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (10, 3) => "compute_103",
+        (11, 0) => "compute_110",
+        (12, 0) => "compute_120",
+        (12, 1) => "compute_121",
+        _ => return None,
+    })
+}
+
+/// A kernel launch geometry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Launch {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared: u32,
+}
+
+/// Shape and up to three stride sets of a strided or broadcasting kernel (`Strided` in `common.cuh`).
+///
+/// Strides are in elements; a stride of 0 broadcasts that dimension.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StridedShape {
+    pub rank: u32,
+    /// Bit 0: every operand is contiguous with the output shape (no index arithmetic needed).
+    pub flags: u32,
+    pub shape: [u64; MAX_RANK],
+    pub strides: [[u64; MAX_RANK]; 3],
+}
+
+impl StridedShape {
+    /// Builds the descriptor for an iteration over `shape` (row-major), one stride set per operand.
+    ///
+    /// # Errors
+    /// More than [`MAX_RANK`] dimensions, or a stride set of another length.
+    pub(crate) fn new(shape: &[usize], strides: &[&[usize]]) -> Result<Self> {
+        if shape.len() > MAX_RANK {
+            return Err(Error::Cuda(format!(
+                "strided kernels handle at most {MAX_RANK} dimensions, got shape {shape:?}"
+            )));
+        }
+        let mut s = StridedShape {
+            rank: shape.len() as u32,
+            flags: 0,
+            shape: [1; MAX_RANK],
+            strides: [[0; MAX_RANK]; 3],
+        };
+        for (d, &n) in shape.iter().enumerate() {
+            s.shape[d] = n as u64;
+        }
+        let contiguous = contiguous_strides(shape);
+        let mut all_contiguous = true;
+        for (k, st) in strides.iter().enumerate().take(3) {
+            if st.len() != shape.len() {
+                return Err(Error::Cuda(format!(
+                    "stride set {st:?} does not match shape {shape:?}"
+                )));
+            }
+            for (d, &v) in st.iter().enumerate() {
+                s.strides[k][d] = v as u64;
+                if shape[d] > 1 && v != contiguous[d] {
+                    all_contiguous = false;
+                }
+            }
+        }
+        if all_contiguous {
+            s.flags |= 1;
+        }
+        Ok(s)
+    }
+}
+
+/// Row-major strides of a contiguous tensor of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut st = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        st[d] = st[d + 1] * shape[d + 1];
+    }
+    st
+}
+
+/// Strides of an operand of `src_shape` broadcast (numpy rules, aligned at the right) to `out_shape`.
+pub(crate) fn broadcast_strides(src_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>> {
+    if src_shape.len() > out_shape.len() {
+        return Err(Error::Cuda(format!(
+            "cannot broadcast {src_shape:?} to {out_shape:?}"
+        )));
+    }
+    let own = contiguous_strides(src_shape);
+    let lead = out_shape.len() - src_shape.len();
+    let mut st = vec![0; out_shape.len()];
+    for (d, &n) in src_shape.iter().enumerate() {
+        if n == out_shape[lead + d] {
+            st[lead + d] = if n == 1 { 0 } else { own[d] };
+        } else if n != 1 {
+            return Err(Error::Cuda(format!(
+                "cannot broadcast {src_shape:?} to {out_shape:?}"
+            )));
+        }
+    }
+    Ok(st)
+}
+
+struct Blas(blas_sys::cublasHandle_t);
+
+// SAFETY: the handle is only used under the Gpu's mutex, one thread at a time.
+unsafe impl Send for Blas {}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by cublasCreate and is destroyed once.
+        let _ = unsafe { blas_result::destroy_handle(self.0) };
+    }
+}
+
+/// A device allocation owned outright (cuMemAlloc / cuMemFree): scratch space, tests, benches.
+///
+/// Tensors do not use it: their storage comes from the caching allocator.
+pub struct DeviceBuffer {
+    ptr: u64,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceBuffer({:#x}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+impl DeviceBuffer {
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: ptr came from cuMemAlloc in this context and is freed once; cuMemFree
+            // waits for work still using it.
+            let _ = unsafe { drv::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// Names of the ops that can report an index error through the device flag (`OP_*` in `common.cuh`).
+const FLAG_OPS: [&str; 6] = [
+    "index_select",
+    "index_add",
+    "gather_last",
+    "one_hot",
+    "max_pool2d_backward",
+    "scatter_add_last",
+];
+
+/// One CUDA device as the kernels see it.
+///
+/// Everything is enqueued on [`Gpu::compute_stream`]; [`Gpu::htod_prefetch`] uses the copy
+/// stream and orders it against the compute stream with events.
+pub struct Gpu {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    compute: Arc<CudaStream>,
+    copy: Arc<CudaStream>,
+    arch: Option<&'static str>,
+    sm_count: u32,
+    name: String,
+    blas: Mutex<Option<Blas>>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    scratch: Mutex<Option<DeviceBuffer>>,
+    flag: DeviceBuffer,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .field("sm_count", &self.sm_count)
+            .finish()
+    }
+}
+
+impl Gpu {
+    /// The context of device `ordinal`, created on first use and shared by the whole process.
+    ///
+    /// # Errors
+    /// No driver (`libcuda.so` missing), no such device, or the driver refused a context.
+    pub fn get(ordinal: usize) -> Result<Arc<Gpu>> {
+        static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+        let gpus = GPUS.get_or_init(Default::default);
+        let mut map = lock(gpus);
+        if let Some(g) = map.get(&ordinal) {
+            return Ok(g.clone());
+        }
+        init_driver()?;
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::Cuda(format!(
+                "cuda:{ordinal} does not exist: the driver sees {count} device(s)"
+            )));
+        }
+        let gpu = Arc::new(Gpu::create(ordinal)?);
+        map.insert(ordinal, gpu.clone());
+        Ok(gpu)
+    }
+
+    fn create(ordinal: usize) -> Result<Gpu> {
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| cuda_err("creating the CUDA context", e))?;
+        let compute = ctx
+            .new_stream()
+            .map_err(|e| cuda_err("creating the compute stream", e))?;
+        let copy = ctx
+            .new_stream()
+            .map_err(|e| cuda_err("creating the copy stream", e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| cuda_err("reading the compute capability", e))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| cuda_err("reading the multiprocessor count", e))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
+        // SAFETY: a fresh 16-byte allocation in the current (just bound) context.
+        let flag_ptr = unsafe { drv::malloc_sync(16) }
+            .map_err(|e| cuda_err("allocating the error flag", e))?;
+        let flag = DeviceBuffer {
+            ptr: flag_ptr,
+            bytes: 16,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: flag_ptr holds 16 bytes = 4 words.
+        unsafe { drv::memset_d8_sync(flag_ptr, 0, 16) }
+            .map_err(|e| cuda_err("clearing the error flag", e))?;
+        Ok(Gpu {
+            ordinal,
+            ctx,
+            compute,
+            copy,
+            arch: arch_of(cc),
+            sm_count: sm_count.max(1) as u32,
+            name,
+            blas: Mutex::new(None),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(None),
+            flag,
+        })
+    }
+
+    /// The device's ordinal (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// The driver context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every op runs on.
+    pub fn compute_stream(&self) -> &Arc<CudaStream> {
+        &self.compute
+    }
+
+    /// The stream host-to-device prefetches run on.
+    pub fn copy_stream(&self) -> &Arc<CudaStream> {
+        &self.copy
+    }
+
+    /// Makes this device's context current on the calling thread.
+    ///
+    /// # Errors
+    /// The driver refuses (a previous asynchronous error is reported here too).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the CUDA context", e))
+    }
+
+    /// Waits for all work on both streams, then reports an index error a kernel may have flagged.
+    ///
+    /// # Errors
+    /// A kernel failed, or an index kernel met an out-of-range index.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.copy
+            .synchronize()
+            .map_err(|e| cuda_err("synchronizing the copy stream", e))?;
+        self.compute
+            .synchronize()
+            .map_err(|e| cuda_err("synchronizing the compute stream", e))?;
+        self.check_flag()
+    }
+
+    fn check_flag(&self) -> Result<()> {
+        let mut words = [0i32; 4];
+        // SAFETY: the flag buffer holds 4 words; the compute stream is idle (caller synchronized).
+        unsafe { drv::memcpy_dtoh_sync(&mut words, self.flag.ptr) }
+            .map_err(|e| cuda_err("reading the kernel error flag", e))?;
+        if words[0] == 0 {
+            return Ok(());
+        }
+        // SAFETY: as above.
+        unsafe { drv::memset_d8_sync(self.flag.ptr, 0, 16) }
+            .map_err(|e| cuda_err("clearing the kernel error flag", e))?;
+        Err(Error::IndexOutOfRange {
+            op: FLAG_OPS.get(words[1] as usize).copied().unwrap_or("index"),
+            index: i64::from(words[2]),
+            size: usize::try_from(words[3]).unwrap_or(0),
+        })
+    }
+
+    /// Address of the 4-word flag index kernels set on an out-of-range index.
+    pub(crate) fn flag_ptr(&self) -> u64 {
+        self.flag.ptr
+    }
+
+    /// Allocates `bytes` (at least 1) of device memory owned by the returned buffer.
+    ///
+    /// # Errors
+    /// The device is out of memory.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        self.bind()?;
+        // SAFETY: plain allocation in the bound context.
+        let ptr = unsafe { drv::malloc_sync(bytes.max(1)) }
+            .map_err(|e| cuda_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
+    /// by every op (safe because all of them are ordered on the compute stream).
+    pub(crate) fn with_scratch<R>(
+        &self,
+        bytes: usize,
+        f: impl FnOnce(u64) -> Result<R>,
+    ) -> Result<R> {
+        let mut guard = lock(&self.scratch);
+        let big_enough = guard.as_ref().is_some_and(|b| b.bytes >= bytes);
+        if !big_enough {
+            // Work still queued may read the old area: cuMemFree (in Drop) waits for it.
+            guard.take();
+            *guard = Some(self.alloc(bytes.next_power_of_two().max(1 << 16))?);
+        }
+        let ptr = guard.as_ref().map(|b| b.ptr).unwrap_or_default();
+        f(ptr)
+    }
+
+    /// Copies host bytes to device address `dst`, ordered on the compute stream.
+    ///
+    /// # Safety
+    /// `dst` must address at least `src.len()` bytes of this device's memory.
+    ///
+    /// # Errors
+    /// The driver rejects the copy.
+    pub unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: caller guarantees dst; a pageable source is staged before the call returns,
+        // so `src` may be dropped right after.
+        unsafe { drv::memcpy_htod_async(dst, src, self.compute.cu_stream()) }
+            .map_err(|e| cuda_err("copying host to device", e))
+    }
+
+    /// Copies host bytes to `dst` on the copy stream: it starts after the compute stream's work
+    /// queued so far (the block may have just been freed by it) and the compute stream's later
+    /// work waits for it.
+    ///
+    /// # Safety
+    /// As [`Gpu::htod`].
+    ///
+    /// # Errors
+    /// The driver rejects the copy or an event.
+    pub unsafe fn htod_prefetch(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let before = self
+            .compute
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        self.copy
+            .wait(&before)
+            .map_err(|e| cuda_err("ordering the copy stream", e))?;
+        // SAFETY: caller guarantees dst; see `htod` for the source.
+        unsafe { drv::memcpy_htod_async(dst, src, self.copy.cu_stream()) }
+            .map_err(|e| cuda_err("copying host to device", e))?;
+        let after = self
+            .copy
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        self.compute
+            .wait(&after)
+            .map_err(|e| cuda_err("ordering the compute stream", e))
+    }
+
+    /// Copies device bytes at `src` to the host, waiting for all queued work first.
+    ///
+    /// # Safety
+    /// `src` must address at least `dst.len()` bytes of this device's memory.
+    ///
+    /// # Errors
+    /// A queued kernel failed or flagged a bad index, or the copy failed.
+    pub unsafe fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        if !dst.is_empty() {
+            // SAFETY: caller guarantees src.
+            unsafe { drv::memcpy_dtoh_async(dst, src, self.compute.cu_stream()) }
+                .map_err(|e| cuda_err("copying device to host", e))?;
+        }
+        self.compute
+            .synchronize()
+            .map_err(|e| cuda_err("waiting for the compute stream", e))?;
+        self.check_flag()
+    }
+
+    /// Copies `bytes` bytes from `src` to `dst` on the device.
+    ///
+    /// # Safety
+    /// Both addresses must hold `bytes` bytes of this device's memory.
+    ///
+    /// # Errors
+    /// The driver rejects the copy.
+    pub unsafe fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: caller guarantees both ranges.
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.compute.cu_stream()) }
+            .map_err(|e| cuda_err("copying device to device", e))
+    }
+
+    /// Fills `count` elements of `elem_bytes` (1, 2, 4) bytes at `dst` with the bit pattern `bits`.
+    ///
+    /// # Safety
+    /// `dst` must hold `count * elem_bytes` bytes and be aligned to `elem_bytes`.
+    ///
+    /// # Errors
+    /// Another element size, or the driver rejects the fill.
+    pub unsafe fn fill(&self, dst: u64, bits: u32, elem_bytes: usize, count: usize) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let s = self.compute.cu_stream();
+        // SAFETY: caller guarantees the range and alignment.
+        let r = unsafe {
+            match elem_bytes {
+                1 => sys::cuMemsetD8Async(dst, bits as u8, count, s),
+                2 => sys::cuMemsetD16Async(dst, bits as u16, count, s),
+                4 => sys::cuMemsetD32Async(dst, bits, count, s),
+                8 if bits == 0 => sys::cuMemsetD32Async(dst, 0, count * 2, s),
+                _ => {
+                    return Err(Error::Cuda(format!(
+                        "fill: elements of {elem_bytes} bytes are not supported (1, 2 or 4)"
+                    )));
+                }
+            }
+        };
+        r.result().map_err(|e| cuda_err("cuMemset", e))
+    }
+
+    /// Zeroes `bytes` bytes at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must hold `bytes` bytes.
+    ///
+    /// # Errors
+    /// The driver rejects the fill.
+    pub unsafe fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.fill(dst, 0, 1, bytes) }
+    }
+
+    /// A kernel of `src`, loading (and on first use in the process, compiling) its module.
+    pub(crate) fn function(
+        &self,
+        src: &'static KernelSource,
+        name: &'static str,
+    ) -> Result<CudaFunction> {
+        if let Some(f) = lock(&self.functions).get(name) {
+            return Ok(f.clone());
+        }
+        let module = {
+            let cached = lock(&self.modules).get(src.name).cloned();
+            match cached {
+                Some(m) => m,
+                None => {
+                    let ptx = ptx_for(src, self.arch)?;
+                    let m = self
+                        .ctx
+                        .load_module(ptx)
+                        .map_err(|e| cuda_err(&format!("loading module {}.cu", src.name), e))?;
+                    lock(&self.modules).insert(src.name, m.clone());
+                    m
+                }
+            }
+        };
+        let f = module
+            .load_function(name)
+            .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))?;
+        lock(&self.functions).insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// A 1-D grid-stride launch over `n` items with `block` threads per block.
+    pub(crate) fn grid(&self, n: usize, block: u32) -> Launch {
+        let blocks = n
+            .div_ceil(block as usize)
+            .clamp(1, self.sm_count as usize * 16) as u32;
+        Launch {
+            grid: (blocks, 1, 1),
+            block: (block, 1, 1),
+            shared: 0,
+        }
+    }
+
+    /// Launches kernel `name` of `src` on the compute stream.
+    ///
+    /// # Safety
+    /// `args` must point at values whose types and order match the kernel's parameters, and
+    /// every device address among them must be valid for what the kernel reads and writes.
+    pub(crate) unsafe fn launch(
+        &self,
+        src: &'static KernelSource,
+        name: &'static str,
+        cfg: Launch,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let f = self.function(src, name)?;
+        self.bind()?;
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            drv::launch_kernel(
+                f.cu_function(),
+                cfg.grid,
+                cfg.block,
+                cfg.shared,
+                self.compute.cu_stream(),
+                args,
+            )
+        }
+        .map_err(|e| cuda_err(&format!("launching {name}"), e))
+    }
+
+    /// Runs `f` with the device's cuBLAS handle (created on first use, bound to the compute stream).
+    pub(crate) fn with_blas<R>(
+        &self,
+        f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>,
+    ) -> Result<R> {
+        let mut guard = lock(&self.blas);
+        if guard.is_none() {
+            // SAFETY: only tries to open the shared library.
+            if !unsafe { blas_sys::is_culib_present() } {
+                return Err(Error::Cuda(
+                    "cuBLAS (libcublas.so.13) was not found: install the CUDA 13 toolkit's cuBLAS \
+                     or put its lib folder on LD_LIBRARY_PATH"
+                        .to_string(),
+                ));
+            }
+            self.bind()?;
+            let handle = blas_result::create_handle().map_err(|e| cuda_err("cublasCreate", e))?;
+            let blas = Blas(handle);
+            // SAFETY: both handles are live; the stream outlives the Gpu's handle.
+            unsafe { blas_result::set_stream(handle, self.compute.cu_stream() as _) }
+                .map_err(|e| cuda_err("cublasSetStream", e))?;
+            *guard = Some(blas);
+        }
+        self.bind()?;
+        let handle = guard.as_ref().map(|b| b.0).unwrap_or(std::ptr::null_mut());
+        f(handle)
+    }
+}
+
+/// Builds the argument array of a kernel launch from local variables (each one is borrowed, so
+/// it must outlive the launch call).
+macro_rules! kernel_args {
+    ($($a:ident),* $(,)?) => {
+        [$( (&$a) as *const _ as *mut ::std::ffi::c_void ),*]
+    };
+}
+pub(crate) use kernel_args;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_strides_follow_numpy() {
+        assert_eq!(broadcast_strides(&[3], &[2, 3]).unwrap(), vec![0, 1]);
+        assert_eq!(broadcast_strides(&[2, 1], &[2, 3]).unwrap(), vec![1, 0]);
+        assert_eq!(broadcast_strides(&[2, 3], &[2, 3]).unwrap(), vec![3, 1]);
+        assert!(broadcast_strides(&[4], &[2, 3]).is_err());
+    }
+
+    #[test]
+    fn strided_shape_detects_contiguous_operands() {
+        let s = StridedShape::new(&[2, 3], &[&[3, 1], &[3, 1]]).unwrap();
+        assert_eq!(s.flags & 1, 1);
+        let s = StridedShape::new(&[2, 3], &[&[3, 1], &[0, 1]]).unwrap();
+        assert_eq!(s.flags & 1, 0);
+        assert!(StridedShape::new(&[1; 9], &[]).is_err());
+    }
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        match Gpu::get(0) {
+            Ok(g) => assert!(driver_present(), "got {g:?} without a driver"),
+            Err(e) => assert!(e.to_string().contains("cuda"), "{e}"),
+        }
+    }
+}
+
+/// Element types the CUDA kernels know (the tensor crate maps its `DType` onto these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CudaType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 32-bit signed integer (labels, indices).
+    I32,
+    /// Byte (masks).
+    U8,
+}
+
+impl CudaType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            CudaType::F32 | CudaType::I32 => 4,
+            CudaType::F16 | CudaType::BF16 => 2,
+            CudaType::U8 => 1,
+        }
+    }
+
+    /// The name used in kernel names (`add_f32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaType::F32 => "f32",
+            CudaType::F16 => "f16",
+            CudaType::BF16 => "bf16",
+            CudaType::I32 => "i32",
+            CudaType::U8 => "u8",
+        }
+    }
+}
+
+/// The error for an op asked of a type it has no kernel for.
+pub(crate) fn unsupported(op: &str, ty: CudaType) -> Error {
+    Error::Cuda(format!(
+        "{op} has no CUDA kernel for {}: cast to f32 first",
+        ty.name()
+    ))
+}
+
+/// Whether every address is 16-byte aligned (four-wide float loads).
+pub(crate) fn aligned16(ptrs: &[u64]) -> bool {
+    ptrs.iter().all(|p| p % 16 == 0)
+}

@@ -1,0 +1,56 @@
+//! The CUDA device layer: one [`Gpu`] per device (context, a compute stream, a copy stream,
+//! a cuBLAS handle and a cache of NVRTC-compiled kernel modules).
+//!
+//! Kernels take raw device addresses (`u64`), because tensors hold blocks of the device's
+//! caching allocator, not one driver allocation each. Every op of the `<family>/cuda.rs`
+//! files enqueues on the device's compute stream and returns without waiting.
+//!
+//! Built without the `cuda` feature, [`Gpu::get`] still exists and reports
+//! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda); built with it but run
+//! where no driver is installed, it reports that no driver was found. Neither panics.
+
+#[cfg(not(feature = "cuda"))]
+mod absent;
+#[cfg(feature = "cuda")]
+mod gpu;
+
+#[cfg(not(feature = "cuda"))]
+pub use absent::{Gpu, device_count, driver_present};
+#[cfg(feature = "cuda")]
+pub use gpu::{CudaType, DeviceBuffer, Gpu, device_count, driver_present};
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::{
+    KernelSource, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err,
+    kernel_args, unsupported,
+};
+
+/// Every kernel source of the crate.
+#[cfg(feature = "cuda")]
+fn all_sources() -> [&'static KernelSource; 10] {
+    [
+        &crate::binary::cuda::SRC,
+        &crate::unary::cuda::SRC,
+        &crate::reduce::cuda::SRC,
+        &crate::softmax::cuda::SRC,
+        &crate::index::cuda::SRC,
+        &crate::copy::cuda::SRC,
+        &crate::copy::cuda::CAST_SRC,
+        &crate::conv::cuda::SRC,
+        &crate::pool::cuda::SRC,
+        &crate::optim::cuda::SRC,
+    ]
+}
+
+/// Compiles every `.cu` source to PTX for `arch` (`"compute_90"`; `None`: NVRTC's default)
+/// without touching a GPU: NVRTC is a host library. Returns how many sources compiled.
+///
+/// # Errors
+/// NVRTC is missing, or a source does not compile (the error carries NVRTC's log).
+#[cfg(feature = "cuda")]
+pub fn compile_kernels(arch: Option<&'static str>) -> crate::Result<usize> {
+    let sources = all_sources();
+    for s in sources {
+        s.compile(arch)?;
+    }
+    Ok(sources.len())
+}

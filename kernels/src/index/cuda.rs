@@ -1,0 +1,177 @@
+//! CUDA index ops (`index.cu`). An out-of-range index is skipped on the device and reported as
+//! [`crate::Error::IndexOutOfRange`] by the next [`Gpu::synchronize`] or device-to-host copy.
+
+use crate::Result;
+use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args, unsupported};
+
+pub(crate) static SRC: KernelSource = KernelSource {
+    name: "index",
+    code: include_str!("index.cu"),
+};
+
+fn by_width(ty: CudaType, w4: &'static str, w2: &'static str, w1: &'static str) -> &'static str {
+    match ty.size() {
+        4 => w4,
+        2 => w2,
+        _ => w1,
+    }
+}
+
+/// `out[o, i, :] = src[o, idx[i], :]`; `src` is `[outer, dim, inner]`, `idx` `nidx` i32.
+///
+/// # Safety
+/// `src` holds `outer * dim * inner` elements of `ty`, `idx` `nidx` i32, `out`
+/// `outer * nidx * inner` elements of `ty`.
+///
+/// # Errors
+/// A launch failure (bad indices are reported at the next synchronisation).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn index_select(
+    gpu: &Gpu,
+    ty: CudaType,
+    src: u64,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    idx: u64,
+    nidx: usize,
+    out: u64,
+) -> Result<()> {
+    let name = by_width(
+        ty,
+        "index_select_u32",
+        "index_select_u16",
+        "index_select_u8",
+    );
+    let n = outer * nidx * inner;
+    if n == 0 {
+        return Ok(());
+    }
+    let (o, d, k, i) = (outer as u64, dim as u64, nidx as u64, inner as u64);
+    let flag = gpu.flag_ptr();
+    let mut args = kernel_args![o, d, k, i, src, idx, out, flag];
+    // SAFETY: matches `index_select_<w>(u64, u64, u64, u64, const T*, const int*, T*, int*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
+}
+
+/// `dst[o, idx[i], :] += src[o, i, :]` (repeated indices accumulate, in no fixed order).
+///
+/// # Safety
+/// `dst` holds `outer * dim * inner` elements of `ty`, `idx` `nidx` i32, `src`
+/// `outer * nidx * inner` elements of `ty`.
+///
+/// # Errors
+/// `ty` is not f32 or i32, or a launch failure.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn index_add(
+    gpu: &Gpu,
+    ty: CudaType,
+    dst: u64,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    idx: u64,
+    nidx: usize,
+    src: u64,
+) -> Result<()> {
+    let name = match ty {
+        CudaType::F32 => "index_add_f32",
+        CudaType::I32 => "index_add_i32",
+        other => return Err(unsupported("index_add", other)),
+    };
+    let n = outer * nidx * inner;
+    if n == 0 {
+        return Ok(());
+    }
+    let (o, d, k, i) = (outer as u64, dim as u64, nidx as u64, inner as u64);
+    let flag = gpu.flag_ptr();
+    let mut args = kernel_args![o, d, k, i, dst, idx, src, flag];
+    // SAFETY: matches `index_add_<t>(u64, u64, u64, u64, T*, const int*, const T*, int*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
+}
+
+/// `out[r] = src[r, idx[r]]`; `src` is `[rows, cols]` of a 4-byte type.
+///
+/// # Safety
+/// `src` holds `rows * cols` elements, `idx` and `out` `rows` each.
+///
+/// # Errors
+/// `ty` is not 4 bytes wide, or a launch failure.
+pub unsafe fn gather_last(
+    gpu: &Gpu,
+    ty: CudaType,
+    src: u64,
+    rows: usize,
+    cols: usize,
+    idx: u64,
+    out: u64,
+) -> Result<()> {
+    if ty.size() != 4 {
+        return Err(unsupported("gather_last", ty));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let (r, c) = (rows as u64, cols as u64);
+    let flag = gpu.flag_ptr();
+    let mut args = kernel_args![r, c, src, idx, out, flag];
+    // SAFETY: matches `gather_last_u32(u64, u64, const u32*, const int*, u32*, int*)`.
+    unsafe { gpu.launch(&SRC, "gather_last_u32", gpu.grid(rows, 256), &mut args) }
+}
+
+/// `dst[r, idx[r]] += src[r]` for f32 (the backward of [`gather_last`]).
+///
+/// # Safety
+/// `dst` holds `rows * cols` f32, `idx` and `src` `rows` each.
+///
+/// # Errors
+/// A launch failure.
+pub unsafe fn scatter_add_last(
+    gpu: &Gpu,
+    dst: u64,
+    rows: usize,
+    cols: usize,
+    idx: u64,
+    src: u64,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let (r, c) = (rows as u64, cols as u64);
+    let flag = gpu.flag_ptr();
+    let mut args = kernel_args![r, c, dst, idx, src, flag];
+    // SAFETY: matches `scatter_add_last_f32(u64, u64, float*, const int*, const float*, int*)`.
+    unsafe { gpu.launch(&SRC, "scatter_add_last_f32", gpu.grid(rows, 256), &mut args) }
+}
+
+/// `out` (`[rows, classes]` of `ty`) = one-hot rows of `labels` (`rows` i32).
+///
+/// # Safety
+/// `labels` holds `rows` i32, `out` `rows * classes` elements of `ty`.
+///
+/// # Errors
+/// `ty` is not f32, i32 or u8, or a launch failure.
+pub unsafe fn one_hot(
+    gpu: &Gpu,
+    ty: CudaType,
+    labels: u64,
+    rows: usize,
+    classes: usize,
+    out: u64,
+) -> Result<()> {
+    let name = match ty {
+        CudaType::F32 => "one_hot_f32",
+        CudaType::I32 => "one_hot_i32",
+        CudaType::U8 => "one_hot_u8",
+        other => return Err(unsupported("one_hot", other)),
+    };
+    let n = rows * classes;
+    if n == 0 {
+        return Ok(());
+    }
+    let (r, c) = (rows as u64, classes as u64);
+    let flag = gpu.flag_ptr();
+    let mut args = kernel_args![r, c, labels, out, flag];
+    // SAFETY: matches `one_hot_<t>(u64, u64, const int*, T*, int*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
+}

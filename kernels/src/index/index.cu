@@ -1,0 +1,103 @@
+// Index ops. Indices are i32; an index outside its dim is skipped and reported through `flag`.
+
+// out[o, i, r] = src[o, idx[i], r]; src is [outer, dim, inner], out [outer, nidx, inner].
+template <typename T>
+__device__ void index_select(u64 outer, u64 dim, u64 nidx, u64 inner, const T* src, const int* idx, T* out, int* flag) {
+    const u64 n = outer * nidx * inner;
+    GRID_STRIDE(t, n) {
+        const u64 r = t % inner;
+        const u64 i = (t / inner) % nidx;
+        const u64 o = t / (inner * nidx);
+        const int k = idx[i];
+        if (k < 0 || (u64)k >= dim) {
+            report_index_error(flag, OP_INDEX_SELECT, k, (i64)dim);
+            out[t] = (T)0;
+        } else {
+            out[t] = src[(o * dim + (u64)k) * inner + r];
+        }
+    }
+}
+#define INDEX_SELECT(TNAME, T)                                                                       \
+    extern "C" __global__ void index_select_##TNAME(u64 outer, u64 dim, u64 nidx, u64 inner,         \
+                                                    const T* src, const int* idx, T* out, int* flag) { \
+        index_select<T>(outer, dim, nidx, inner, src, idx, out, flag);                               \
+    }
+INDEX_SELECT(u32, u32)
+INDEX_SELECT(u16, u16)
+INDEX_SELECT(u8, u8)
+
+// dst[o, idx[i], r] += src[o, i, r]; dst is [outer, dim, inner], src [outer, nidx, inner].
+template <typename T>
+__device__ void index_add(u64 outer, u64 dim, u64 nidx, u64 inner, T* dst, const int* idx, const T* src, int* flag) {
+    const u64 n = outer * nidx * inner;
+    GRID_STRIDE(t, n) {
+        const u64 r = t % inner;
+        const u64 i = (t / inner) % nidx;
+        const u64 o = t / (inner * nidx);
+        const int k = idx[i];
+        if (k < 0 || (u64)k >= dim) {
+            report_index_error(flag, OP_INDEX_ADD, k, (i64)dim);
+        } else {
+            atomicAdd(&dst[(o * dim + (u64)k) * inner + r], src[t]);
+        }
+    }
+}
+extern "C" __global__ void index_add_f32(u64 outer, u64 dim, u64 nidx, u64 inner, float* dst, const int* idx,
+                                         const float* src, int* flag) {
+    index_add<float>(outer, dim, nidx, inner, dst, idx, src, flag);
+}
+extern "C" __global__ void index_add_i32(u64 outer, u64 dim, u64 nidx, u64 inner, int* dst, const int* idx,
+                                         const int* src, int* flag) {
+    index_add<int>(outer, dim, nidx, inner, dst, idx, src, flag);
+}
+
+// out[r] = src[r, idx[r]]; src is [rows, cols].
+template <typename T>
+__device__ void gather_last(u64 rows, u64 cols, const T* src, const int* idx, T* out, int* flag) {
+    GRID_STRIDE(r, rows) {
+        const int k = idx[r];
+        if (k < 0 || (u64)k >= cols) {
+            report_index_error(flag, OP_GATHER_LAST, k, (i64)cols);
+            out[r] = (T)0;
+        } else {
+            out[r] = src[r * cols + (u64)k];
+        }
+    }
+}
+extern "C" __global__ void gather_last_u32(u64 rows, u64 cols, const u32* src, const int* idx, u32* out, int* flag) {
+    gather_last<u32>(rows, cols, src, idx, out, flag);
+}
+
+// dst[r, idx[r]] += src[r].
+extern "C" __global__ void scatter_add_last_f32(u64 rows, u64 cols, float* dst, const int* idx, const float* src,
+                                                int* flag) {
+    GRID_STRIDE(r, rows) {
+        const int k = idx[r];
+        if (k < 0 || (u64)k >= cols) {
+            report_index_error(flag, OP_SCATTER_ADD_LAST, k, (i64)cols);
+        } else {
+            atomicAdd(&dst[r * cols + (u64)k], src[r]);
+        }
+    }
+}
+
+// out[r, c] = labels[r] == c; out is [rows, classes].
+template <typename T>
+__device__ void one_hot(u64 rows, u64 classes, const int* labels, T* out, int* flag) {
+    const u64 n = rows * classes;
+    GRID_STRIDE(t, n) {
+        const u64 r = t / classes, c = t % classes;
+        const int l = labels[r];
+        if (c == 0 && (l < 0 || (u64)l >= classes)) report_index_error(flag, OP_ONE_HOT, l, (i64)classes);
+        out[t] = (l >= 0 && (u64)l == c) ? (T)1 : (T)0;
+    }
+}
+extern "C" __global__ void one_hot_f32(u64 rows, u64 classes, const int* labels, float* out, int* flag) {
+    one_hot<float>(rows, classes, labels, out, flag);
+}
+extern "C" __global__ void one_hot_i32(u64 rows, u64 classes, const int* labels, int* out, int* flag) {
+    one_hot<int>(rows, classes, labels, out, flag);
+}
+extern "C" __global__ void one_hot_u8(u64 rows, u64 classes, const int* labels, u8* out, int* flag) {
+    one_hot<u8>(rows, classes, labels, out, flag);
+}

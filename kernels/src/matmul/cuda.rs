@@ -1,0 +1,187 @@
+//! CUDA matrix products through cuBLAS: SGEMM (fp32, no TF32) and, for f16 / bf16, GemmEx with
+//! fp32 accumulation; batches as one strided-batched call.
+//!
+//! cuBLAS is column-major: the row-major `out = op(lhs)·op(rhs)` is computed as the column-major
+//! `outᵀ = op(rhs)ᵀ·op(lhs)ᵀ`, which needs no copy.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+
+use super::MatmulShape;
+use crate::cuda::{CudaType, Gpu, cuda_err, unsupported};
+use crate::{Error, Result};
+
+fn int(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| {
+        Error::Cuda(format!(
+            "matmul: {what} = {v} exceeds cuBLAS's 32-bit limit; split the product"
+        ))
+    })
+}
+
+/// The cuBLAS call `s` maps to: (transa, transb, m, n, k, lda, ldb, batch, stride_a, stride_b,
+/// stride_c), with A = rhs and B = lhs (see the module docs).
+struct Plan {
+    op_a: cublasOperation_t,
+    op_b: cublasOperation_t,
+    m: i32,
+    n: i32,
+    k: i32,
+    lda: i32,
+    ldb: i32,
+    ldc: i32,
+    batch: i32,
+    stride_a: i64,
+    stride_b: i64,
+    stride_c: i64,
+}
+
+fn plan(s: &MatmulShape) -> Result<Plan> {
+    let mut s = *s;
+    // [b, m, k] · [k, n] with a shared rhs and a plain lhs: one GEMM with b·m rows.
+    if s.batch > 1 && !s.trans_lhs && s.rhs_batch_stride == 0 && s.lhs_batch_stride == s.m * s.k {
+        s.m *= s.batch;
+        s.batch = 1;
+    }
+    let (op_a, lda) = if s.trans_rhs {
+        (cublasOperation_t::CUBLAS_OP_T, s.k)
+    } else {
+        (cublasOperation_t::CUBLAS_OP_N, s.n)
+    };
+    let (op_b, ldb) = if s.trans_lhs {
+        (cublasOperation_t::CUBLAS_OP_T, s.m)
+    } else {
+        (cublasOperation_t::CUBLAS_OP_N, s.k)
+    };
+    Ok(Plan {
+        op_a,
+        op_b,
+        m: int("n", s.n)?,
+        n: int("m", s.m)?,
+        k: int("k", s.k)?,
+        lda: int("leading dimension", lda.max(1))?,
+        ldb: int("leading dimension", ldb.max(1))?,
+        ldc: int("n", s.n.max(1))?,
+        batch: int("batch", s.batch)?,
+        stride_a: s.rhs_batch_stride as i64,
+        stride_b: s.lhs_batch_stride as i64,
+        stride_c: (s.m * s.n) as i64,
+    })
+}
+
+/// `out[b] = op(lhs[b])·op(rhs[b])` for every batch entry (`out` contiguous `[batch, m, n]`).
+/// f32 runs SGEMM; f16 and bf16 run GemmEx with fp32 accumulation.
+///
+/// # Safety
+/// `lhs`, `rhs` and `out` must hold what `s` describes, in type `ty`, on this device; `out` must
+/// not overlap the inputs.
+///
+/// # Errors
+/// Another type, a dimension beyond 2³¹, or a cuBLAS failure.
+pub unsafe fn matmul(
+    gpu: &Gpu,
+    ty: CudaType,
+    lhs: u64,
+    rhs: u64,
+    out: u64,
+    s: &MatmulShape,
+) -> Result<()> {
+    if s.batch == 0 || s.m == 0 || s.n == 0 {
+        return Ok(());
+    }
+    if s.k == 0 {
+        // SAFETY: out holds batch·m·n elements of ty.
+        return unsafe { gpu.zero(out, s.batch * s.m * s.n * ty.size()) };
+    }
+    let p = plan(s)?;
+    let alpha = 1.0f32;
+    let beta = 0.0f32;
+    gpu.with_blas(|h| {
+        match ty {
+            CudaType::F32 => {
+                // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
+                // the call (host pointer mode).
+                unsafe {
+                    if p.batch == 1 {
+                        cudarc::cublas::result::sgemm(
+                            h,
+                            p.op_a,
+                            p.op_b,
+                            p.m,
+                            p.n,
+                            p.k,
+                            &alpha,
+                            rhs as *const f32,
+                            p.lda,
+                            lhs as *const f32,
+                            p.ldb,
+                            &beta,
+                            out as *mut f32,
+                            p.ldc,
+                        )
+                    } else {
+                        cudarc::cublas::result::sgemm_strided_batched(
+                            h,
+                            p.op_a,
+                            p.op_b,
+                            p.m,
+                            p.n,
+                            p.k,
+                            &alpha,
+                            rhs as *const f32,
+                            p.lda,
+                            p.stride_a,
+                            lhs as *const f32,
+                            p.ldb,
+                            p.stride_b,
+                            &beta,
+                            out as *mut f32,
+                            p.ldc,
+                            p.stride_c,
+                            p.batch,
+                        )
+                    }
+                }
+                .map_err(|e| cuda_err("cublasSgemm", e))
+            }
+            CudaType::F16 | CudaType::BF16 => {
+                let dt = if ty == CudaType::F16 {
+                    cudaDataType::CUDA_R_16F
+                } else {
+                    cudaDataType::CUDA_R_16BF
+                };
+                // SAFETY: as above.
+                unsafe {
+                    cudarc::cublas::result::gemm_strided_batched_ex(
+                        h,
+                        p.op_a,
+                        p.op_b,
+                        p.m,
+                        p.n,
+                        p.k,
+                        (&alpha) as *const f32 as *const c_void,
+                        rhs as *const c_void,
+                        dt,
+                        p.lda,
+                        p.stride_a,
+                        lhs as *const c_void,
+                        dt,
+                        p.ldb,
+                        p.stride_b,
+                        (&beta) as *const f32 as *const c_void,
+                        out as *mut c_void,
+                        dt,
+                        p.ldc,
+                        p.stride_c,
+                        p.batch,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
+            }
+            other => Err(unsupported("matmul", other)),
+        }
+    })
+}

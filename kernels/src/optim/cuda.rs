@@ -1,0 +1,235 @@
+//! CUDA fused optimizer steps (`optim.cu`): one launch updates up to 24 parameter ranges, each
+//! with one learning rate per member, so a whole model (or a fused cohort) steps in a few launches.
+
+use super::{AdamParams, SgdParams};
+use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
+use crate::{Error, Result};
+
+pub(crate) static SRC: KernelSource = KernelSource {
+    name: "optim",
+    code: include_str!("optim.cu"),
+};
+
+const MT_MAX: usize = 24;
+const MT_RATES: usize = 256;
+const MT_CHUNK: usize = 4096;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MtEntry {
+    p: u64,
+    g: u64,
+    a: u64,
+    b: u64,
+    n: u64,
+    per_member: u64,
+    rate0: u32,
+    pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MtTable {
+    count: u32,
+    pad: u32,
+    block_start: [u64; MT_MAX + 1],
+    e: [MtEntry; MT_MAX],
+    rates: [f32; 2 * MT_RATES],
+}
+
+impl MtTable {
+    fn new() -> Self {
+        MtTable {
+            count: 0,
+            pad: 0,
+            block_start: [0; MT_MAX + 1],
+            e: [MtEntry::default(); MT_MAX],
+            rates: [0.0; 2 * MT_RATES],
+        }
+    }
+}
+
+/// The device buffers of one parameter: f32 `param` and `grad`, and the optimizer state
+/// (`state1`: SGD's momentum buffer or Adam's m; `state2`: Adam's v), all `len` long.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamBuffers<'a> {
+    /// The parameter, updated in place.
+    pub param: u64,
+    /// Its gradient.
+    pub grad: u64,
+    /// Momentum buffer (SGD) or first moment (Adam); 0 when unused.
+    pub state1: u64,
+    /// Second moment (Adam); 0 when unused.
+    pub state2: u64,
+    /// Elements.
+    pub len: usize,
+    /// One learning rate, or one per member (`len` splits into `lrs.len()` equal parts).
+    pub lrs: &'a [f64],
+}
+
+/// Packs ranges of members into launch tables; `rate` turns a learning rate into the kernel's
+/// (first, second) per-member values.
+fn pack(
+    params: &[ParamBuffers<'_>],
+    rate: impl Fn(f64) -> (f32, f32),
+    mut launch: impl FnMut(&MtTable, usize) -> Result<()>,
+) -> Result<()> {
+    let mut t = MtTable::new();
+    let mut blocks = 0usize;
+    let mut rates_used = 0usize;
+    let mut flush = |t: &mut MtTable, blocks: &mut usize, rates_used: &mut usize| -> Result<()> {
+        if t.count > 0 {
+            t.block_start[t.count as usize] = *blocks as u64;
+            launch(t, *blocks)?;
+        }
+        *t = MtTable::new();
+        *blocks = 0;
+        *rates_used = 0;
+        Ok(())
+    };
+    for pb in params {
+        if pb.len == 0 {
+            continue;
+        }
+        let members = pb.lrs.len();
+        if members == 0 || pb.len % members != 0 {
+            return Err(Error::Cuda(format!(
+                "optimizer step: {} learning rates do not split {} elements into equal members",
+                members, pb.len
+            )));
+        }
+        let per = pb.len / members;
+        let mut m0 = 0;
+        while m0 < members {
+            if t.count as usize == MT_MAX || rates_used == MT_RATES {
+                flush(&mut t, &mut blocks, &mut rates_used)?;
+            }
+            let take = (members - m0).min(MT_RATES - rates_used);
+            let off = (m0 * per * 4) as u64;
+            let n = take * per;
+            let k = t.count as usize;
+            let at = |ptr: u64| if ptr == 0 { 0 } else { ptr + off };
+            t.e[k] = MtEntry {
+                p: at(pb.param),
+                g: at(pb.grad),
+                a: at(pb.state1),
+                b: at(pb.state2),
+                n: n as u64,
+                per_member: per as u64,
+                rate0: rates_used as u32,
+                pad: 0,
+            };
+            for (j, &lr) in pb.lrs[m0..m0 + take].iter().enumerate() {
+                let (x, y) = rate(lr);
+                t.rates[2 * (rates_used + j)] = x;
+                t.rates[2 * (rates_used + j) + 1] = y;
+            }
+            t.block_start[k] = blocks as u64;
+            blocks += n.div_ceil(MT_CHUNK);
+            t.count += 1;
+            rates_used += take;
+            m0 += take;
+        }
+    }
+    flush(&mut t, &mut blocks, &mut rates_used)
+}
+
+fn table_launch(blocks: usize) -> Result<Launch> {
+    let grid = u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| {
+            Error::Cuda(format!(
+                "optimizer step: {blocks} blocks exceed the grid limit"
+            ))
+        })?;
+    Ok(Launch {
+        grid: (grid, 1, 1),
+        block: (256, 1, 1),
+        shared: 0,
+    })
+}
+
+/// One SGD step over every parameter in `params` (PyTorch semantics, zero-initialised momentum
+/// buffer, as in `cpu::sgd_step`); `h.lrs` is ignored in favour of each parameter's own `lrs`.
+///
+/// # Safety
+/// Each [`ParamBuffers`] must describe live f32 buffers of `len` elements on this device
+/// (`state1` too when `h.momentum != 0`).
+///
+/// # Errors
+/// Rates that do not split a parameter evenly, a missing momentum buffer, or a launch failure.
+pub unsafe fn sgd_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>) -> Result<()> {
+    let use_buf: u32 = u32::from(h.momentum != 0.0);
+    if use_buf == 1 && params.iter().any(|p| p.state1 == 0 && p.len > 0) {
+        return Err(Error::Cuda(
+            "sgd_step: momentum needs a momentum buffer for every parameter".into(),
+        ));
+    }
+    let wd = h.weight_decay as f32;
+    let mom = h.momentum as f32;
+    let damp = (1.0 - h.dampening) as f32;
+    let nesterov = u32::from(h.nesterov);
+    pack(
+        params,
+        |lr| (lr as f32, 1.0),
+        |t, blocks| {
+            let table = *t;
+            let mut args = kernel_args![table, wd, mom, damp, nesterov, use_buf];
+            // SAFETY: matches `sgd_f32(MtTable, float, float, float, u32, u32)`; buffers per the caller.
+            unsafe { gpu.launch(&SRC, "sgd_f32", table_launch(blocks)?, &mut args) }
+        },
+    )
+}
+
+/// One Adam / AdamW step over every parameter in `params` (PyTorch semantics, as in
+/// `cpu::adam_step`); `h.lrs` is ignored in favour of each parameter's own `lrs`.
+///
+/// # Safety
+/// Each [`ParamBuffers`] must describe live f32 buffers of `len` elements on this device, with
+/// `state1` (m) and `state2` (v).
+///
+/// # Errors
+/// Rates that do not split a parameter evenly, missing moments, or a launch failure.
+pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'_>) -> Result<()> {
+    if params
+        .iter()
+        .any(|p| (p.state1 == 0 || p.state2 == 0) && p.len > 0)
+    {
+        return Err(Error::Cuda(
+            "adam_step: every parameter needs both moment buffers".into(),
+        ));
+    }
+    let step = h.step.max(1) as i32;
+    let bc1 = 1.0 - h.beta1.powi(step);
+    let bc2 = 1.0 - h.beta2.powi(step);
+    let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
+    let (one_b1, one_b2) = ((1.0 - h.beta1) as f32, (1.0 - h.beta2) as f32);
+    let eps = h.eps as f32;
+    let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+    let l2 = if h.decoupled {
+        0.0
+    } else {
+        h.weight_decay as f32
+    };
+    let (wd, decoupled) = (h.weight_decay, h.decoupled);
+    pack(
+        params,
+        |lr| {
+            (
+                (lr / bc1) as f32,
+                if decoupled {
+                    (1.0 - lr * wd) as f32
+                } else {
+                    1.0
+                },
+            )
+        },
+        |t, blocks| {
+            let table = *t;
+            let mut args = kernel_args![table, b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2];
+            // SAFETY: matches `adam_f32(MtTable, float x7)`; buffers per the caller.
+            unsafe { gpu.launch(&SRC, "adam_f32", table_launch(blocks)?, &mut args) }
+        },
+    )
+}

@@ -1,0 +1,76 @@
+// Multi-tensor optimizer steps: one launch updates up to MT_MAX parameter ranges. Block b works on
+// chunk (b - block_start[k]) of entry k; each entry has one rate pair per member (lr table).
+
+#define MT_MAX 24
+#define MT_RATES 256
+#define MT_CHUNK 4096
+
+// Must match MtEntry / MtTable in optim/cuda.rs.
+struct MtEntry {
+    u64 p, g, a, b;    // param, grad, state 1, state 2 (0 when unused)
+    u64 n;             // elements
+    u64 per_member;    // elements per member (n when one rate)
+    u32 rate0;         // first rate pair of this entry in `rates`
+    u32 pad;
+};
+struct MtTable {
+    u32 count;
+    u32 pad;
+    u64 block_start[MT_MAX + 1];
+    MtEntry e[MT_MAX];
+    float rates[2 * MT_RATES];  // per member: (lr or step size, decoupled shrink factor)
+};
+
+__device__ __forceinline__ int mt_entry(const MtTable& t, u64 b) {
+    int k = 0;
+    while (k + 1 < (int)t.count && b >= t.block_start[k + 1]) ++k;
+    return k;
+}
+
+// SGD, PyTorch semantics with a zero-initialised buffer (see cpu.rs).
+extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u32 nesterov, u32 use_buf) {
+    const int k = mt_entry(t, blockIdx.x);
+    const MtEntry e = t.e[k];
+    float* p = (float*)e.p;
+    const float* g = (const float*)e.g;
+    float* buf = (float*)e.a;
+    const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
+    const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const float lr = t.rates[2 * (e.rate0 + i / e.per_member)];
+        const float pv = p[i];
+        float gv = g[i] + wd * pv;
+        if (use_buf) {
+            const float b = mom * buf[i] + damp * gv;
+            buf[i] = b;
+            gv = nesterov ? gv + mom * b : b;
+        }
+        p[i] = pv - lr * gv;
+    }
+}
+
+// Adam / AdamW: rates hold (lr / bias_correction1, 1 - lr·wd when decoupled else 1); l2 = wd for Adam.
+extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1, float one_b2, float eps,
+                                    float inv_sqrt_bc2, float l2) {
+    const int k = mt_entry(t, blockIdx.x);
+    const MtEntry e = t.e[k];
+    float* p = (float*)e.p;
+    const float* g = (const float*)e.g;
+    float* m = (float*)e.a;
+    float* v = (float*)e.b;
+    const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
+    const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const u32 r = e.rate0 + (u32)(i / e.per_member);
+        const float step_size = t.rates[2 * r];
+        const float shrink = t.rates[2 * r + 1];
+        const float pv = p[i];
+        const float gv = g[i] + l2 * pv;
+        const float mv = b1 * m[i] + one_b1 * gv;
+        const float vv = b2 * v[i] + one_b2 * gv * gv;
+        m[i] = mv;
+        v[i] = vv;
+        const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
+        p[i] = pv * shrink - step_size * mv / denom;
+    }
+}

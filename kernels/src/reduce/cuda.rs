@@ -1,0 +1,169 @@
+//! CUDA reductions along one dim (`reduce.cu`), two-pass where one pass would leave the GPU idle.
+
+use super::{ReduceOp, ReduceShape};
+use crate::cuda::{CudaType, Gpu, KernelSource, Launch, kernel_args, unsupported};
+use crate::{Error, Result};
+
+pub(crate) static SRC: KernelSource = KernelSource {
+    name: "reduce",
+    code: include_str!("reduce.cu"),
+};
+
+const BLOCK: u32 = 256;
+
+fn names(op: ReduceOp, ty: CudaType) -> Option<(&'static str, &'static str)> {
+    Some(match (op, ty) {
+        (ReduceOp::Sum | ReduceOp::Mean, CudaType::F32) => ("sum_rows_f32", "sum_cols_f32"),
+        (ReduceOp::Max, CudaType::F32) => ("max_rows_f32", "max_cols_f32"),
+        (ReduceOp::Min, CudaType::F32) => ("min_rows_f32", "min_cols_f32"),
+        (ReduceOp::Sum, CudaType::I32) => ("sum_rows_i32", "sum_cols_i32"),
+        (ReduceOp::Max, CudaType::I32) => ("max_rows_i32", "max_cols_i32"),
+        (ReduceOp::Min, CudaType::I32) => ("min_rows_i32", "min_cols_i32"),
+        _ => return None,
+    })
+}
+
+fn grid_limit(what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&v| v <= i32::MAX as u32)
+        .ok_or_else(|| Error::Cuda(format!("{what}: {n} blocks exceed the grid limit")))
+}
+
+/// Reduces `x` (`[outer, dim, inner]`, type `ty`) along `dim` into `out` (`[outer, inner]`).
+/// An empty `dim` gives the op's identity (0 for sums; the lowest / highest value for max / min).
+///
+/// # Safety
+/// `x` must hold `outer * dim * inner` elements and `out` `outer * inner`, on this device.
+///
+/// # Errors
+/// No kernel for the pair (f32: all; i32: sum, max, min), or a launch failure.
+pub unsafe fn reduce(
+    gpu: &Gpu,
+    op: ReduceOp,
+    ty: CudaType,
+    x: u64,
+    out: u64,
+    s: ReduceShape,
+) -> Result<()> {
+    let (rows_k, cols_k) = names(op, ty).ok_or_else(|| unsupported(op.name(), ty))?;
+    let outputs = s.outer * s.inner;
+    if outputs == 0 {
+        return Ok(());
+    }
+    let scale: f32 = if op == ReduceOp::Mean && s.dim > 0 {
+        (1.0 / s.dim as f64) as f32
+    } else {
+        1.0
+    };
+    // Enough independent pieces to fill the device: split `dim` when there are few outputs.
+    let target = gpu.sm_count() as usize * 8;
+    let pieces = if s.inner == 1 {
+        s.outer
+    } else {
+        outputs.div_ceil(BLOCK as usize)
+    };
+    let max_splits = (s.dim / 1024).max(1);
+    let splits = if pieces >= target {
+        1
+    } else {
+        target.div_ceil(pieces).min(max_splits).min(65_535)
+    };
+    let elem = ty.size();
+    let run = |x: u64,
+               out: u64,
+               outer: usize,
+               dim: usize,
+               inner: usize,
+               splits: usize,
+               scale: f32|
+     -> Result<()> {
+        let chunk = dim.div_ceil(splits).max(1) as u64;
+        if inner == 1 {
+            let cfg = Launch {
+                grid: (grid_limit("reduce", outer)?, splits as u32, 1),
+                block: (BLOCK, 1, 1),
+                shared: 0,
+            };
+            let d = dim as u64;
+            let mut args = kernel_args![d, chunk, x, out, scale];
+            // SAFETY: matches `<op>_rows_<t>(u64, u64, const T*, T*, float)`.
+            unsafe { gpu.launch(&SRC, rows_k, cfg, &mut args) }
+        } else {
+            let cfg = Launch {
+                grid: (
+                    grid_limit("reduce", (outer * inner).div_ceil(BLOCK as usize))?,
+                    splits as u32,
+                    1,
+                ),
+                block: (BLOCK, 1, 1),
+                shared: 0,
+            };
+            let (o, d, i) = (outer as u64, dim as u64, inner as u64);
+            let mut args = kernel_args![o, d, i, chunk, x, out, scale];
+            // SAFETY: matches `<op>_cols_<t>(u64, u64, u64, u64, const T*, T*, float)`.
+            unsafe { gpu.launch(&SRC, cols_k, cfg, &mut args) }
+        }
+    };
+    if splits == 1 {
+        return run(x, out, s.outer, s.dim, s.inner, 1, scale);
+    }
+    gpu.with_scratch(outputs * splits * elem, |partial| {
+        run(x, partial, s.outer, s.dim, s.inner, splits, 1.0)?;
+        if s.inner == 1 {
+            // partial is [outer, splits]
+            run(partial, out, s.outer, splits, 1, 1, scale)
+        } else {
+            // partial is [splits, outer * inner]
+            run(partial, out, 1, splits, outputs, 1, scale)
+        }
+    })
+}
+
+/// Index (i32) of the first largest element of `x` (`[outer, dim, inner]`) along `dim`.
+///
+/// # Safety
+/// `x` must hold `outer * dim * inner` elements of `ty`, `out` `outer * inner` i32.
+///
+/// # Errors
+/// `ty` is not f32 or i32, or a launch failure.
+pub unsafe fn argmax(gpu: &Gpu, ty: CudaType, x: u64, out: u64, s: ReduceShape) -> Result<()> {
+    let (rows_k, cols_k) = match ty {
+        CudaType::F32 => ("argmax_rows_f32", "argmax_cols_f32"),
+        CudaType::I32 => ("argmax_rows_i32", "argmax_cols_i32"),
+        other => return Err(unsupported("argmax", other)),
+    };
+    let outputs = s.outer * s.inner;
+    if outputs == 0 {
+        return Ok(());
+    }
+    if s.dim == 0 {
+        // SAFETY: out holds `outputs` i32.
+        return unsafe { gpu.fill(out, 0, 4, outputs) };
+    }
+    if s.inner == 1 {
+        let cfg = Launch {
+            grid: (grid_limit("argmax", s.outer)?, 1, 1),
+            block: (BLOCK, 1, 1),
+            shared: 0,
+        };
+        let d = s.dim as u64;
+        let mut args = kernel_args![d, x, out];
+        // SAFETY: matches `argmax_rows_<t>(u64, const T*, int*)`.
+        unsafe { gpu.launch(&SRC, rows_k, cfg, &mut args) }
+    } else {
+        let cfg = Launch {
+            grid: (
+                grid_limit("argmax", outputs.div_ceil(BLOCK as usize))?,
+                1,
+                1,
+            ),
+            block: (BLOCK, 1, 1),
+            shared: 0,
+        };
+        let (o, d, i) = (s.outer as u64, s.dim as u64, s.inner as u64);
+        let mut args = kernel_args![o, d, i, x, out];
+        // SAFETY: matches `argmax_cols_<t>(u64, u64, u64, const T*, int*)`.
+        unsafe { gpu.launch(&SRC, cols_k, cfg, &mut args) }
+    }
+}

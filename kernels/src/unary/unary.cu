@@ -1,0 +1,43 @@
+// Element-wise unary float ops: <op>_f32(n, p, x, out), p the op's scalar (0 when it has none).
+// Flag `vec` (host: x and out 16-byte aligned, n % 4 == 0) moves four elements per load.
+
+template <typename F>
+__device__ __forceinline__ void unary_apply(u64 n, u32 vec, const float* x, float* out, F f) {
+    if (vec) {
+        const u64 n4 = n / 4;
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        float4* o4 = reinterpret_cast<float4*>(out);
+        GRID_STRIDE(i, n4) {
+            const float4 v = x4[i];
+            o4[i] = make_float4(f(v.x), f(v.y), f(v.z), f(v.w));
+        }
+    } else {
+        GRID_STRIDE(i, n) { out[i] = f(x[i]); }
+    }
+}
+
+#define UNARY(NAME, EXPR)                                                                           \
+    extern "C" __global__ void NAME##_f32(u64 n, u32 vec, float p, const float* x, float* out) {   \
+        unary_apply(n, vec, x, out, [=](float v) -> float { return (EXPR); });          \
+    }
+
+__device__ __forceinline__ float gelu_tanh(float v) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+}
+
+UNARY(neg, -v)
+UNARY(relu, v > 0.0f ? v : 0.0f)
+UNARY(gelu, gelu_tanh(v))
+UNARY(tanh, tanhf(v))
+UNARY(sigmoid, 1.0f / (1.0f + expf(-v)))
+UNARY(exp, expf(v))
+UNARY(log, logf(v))
+UNARY(sqrt, sqrtf(v))
+UNARY(abs, fabsf(v))
+UNARY(square, v * v)
+UNARY(add_scalar, v + p)
+UNARY(mul_scalar, v * p)
+UNARY(powf, powf(v, p))
+UNARY(gt_scalar, v > p ? 1.0f : 0.0f)
+UNARY(lt_scalar, v < p ? 1.0f : 0.0f)
