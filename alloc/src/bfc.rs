@@ -23,8 +23,8 @@ pub struct Block {
     pub ptr: u64,
     /// Usable bytes.
     pub size: u64,
-    chunk: u32,
-    tenant: TenantId,
+    pub(crate) chunk: u32,
+    pub(crate) tenant: TenantId,
 }
 
 impl Block {
@@ -591,9 +591,13 @@ impl<S: MemorySource> Inner<S> {
     }
 
     fn shortage_cause(&self, rounded: u64) -> OomCause {
-        if self.bins.bytes >= rounded
-            || self.limit - self.c.reserved.min(self.limit) + self.bins.bytes >= rounded
-        {
+        let may_grow = !self.caches() || self.config.policy == Policy::Growth;
+        let room = if may_grow {
+            self.limit.saturating_sub(self.c.reserved)
+        } else {
+            0
+        };
+        if self.bins.bytes + room >= rounded {
             OomCause::Fragmentation
         } else {
             OomCause::DeviceFull

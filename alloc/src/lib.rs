@@ -23,3 +23,6 @@ pub use sim::{SimCounters, SimMemory};
 pub use source::{MemorySource, PagedMemory, Region, SourceError};
 pub use stats::{Counters, MemoryReport, TenantReport, fmt_bytes};
 pub use tenant::{TenantId, TenantLimits};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,604 @@
+//! Unit tests of policies, trim, tenants, configuration errors, the OOM report, stats and events.
+
+use crate::replay::{ReplayOptions, ReplayPolicy, parse_trace, replay};
+use crate::*;
+
+const MIB: u64 = 1 << 20;
+
+fn sim(limit: u64) -> Bfc<SimMemory> {
+    Bfc::new(
+        SimMemory::new(1 << 34),
+        Config::builder().limit_bytes(limit).build().unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn rounds_aligns_and_reuses_cached_memory_without_source_calls() {
+    let bfc = sim(64 * MIB);
+    let a = bfc.alloc(1, TenantId::DEFAULT).unwrap();
+    assert_eq!(a.size, 256);
+    assert_eq!(a.ptr % 256, 0);
+    let b = bfc.alloc(1000, TenantId::DEFAULT).unwrap();
+    assert_eq!(b.size, 1024);
+    assert_eq!(
+        b.ptr,
+        a.ptr + 256,
+        "best fit splits the first region in address order"
+    );
+    let calls = bfc.counters().source_calls();
+    for _ in 0..1000 {
+        let x = bfc.alloc(4096, TenantId::DEFAULT).unwrap();
+        bfc.free(x);
+    }
+    assert_eq!(
+        bfc.counters().source_calls(),
+        calls,
+        "cached alloc + free makes no source call"
+    );
+    bfc.free(a);
+    bfc.free(b);
+    bfc.check_invariants().unwrap();
+    assert_eq!(bfc.stats().cached_free, bfc.counters().reserved);
+}
+
+#[test]
+fn coalescing_never_grows_the_pool() {
+    let bfc = sim(64 * MIB);
+    let blocks: Vec<Block> = (0..8)
+        .map(|_| bfc.alloc(128 << 10, TenantId::DEFAULT).unwrap())
+        .collect();
+    let reserved = bfc.counters().reserved;
+    // Free every other block, then the rest: neighbours merge into one chunk.
+    let (even, odd): (Vec<_>, Vec<_>) = blocks
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    for (_, b) in even {
+        bfc.free(b);
+    }
+    bfc.check_invariants().unwrap();
+    for (_, b) in odd {
+        bfc.free(b);
+    }
+    bfc.check_invariants().unwrap();
+    let big = bfc.alloc((1024 << 10) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(
+        bfc.counters().reserved,
+        reserved,
+        "a merged chunk serves the large request"
+    );
+    bfc.free(big);
+    let s = bfc.stats();
+    assert_eq!(s.fragmentation, 0.0);
+    assert_eq!(s.largest_free_block.min(s.cached_free), s.cached_free);
+}
+
+#[test]
+fn growth_regions_are_sized_by_request_class() {
+    let bfc = sim(1 << 30);
+    let small = bfc.alloc(1000, TenantId::DEFAULT).unwrap();
+    assert_eq!(bfc.counters().reserved, 2 * MIB);
+    let mid = bfc.alloc((3 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(bfc.counters().reserved, 22 * MIB);
+    let large = bfc.alloc((33 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(bfc.counters().reserved, 22 * MIB + 34 * MIB);
+    assert_eq!(bfc.counters().source_reserves, 3);
+    for b in [small, mid, large] {
+        bfc.free(b);
+    }
+    assert_eq!(bfc.trim(), 56 * MIB);
+    let c = bfc.counters();
+    assert_eq!(
+        (c.reserved, c.source_releases, c.peak_reserved),
+        (0, 3, 56 * MIB)
+    );
+}
+
+#[test]
+fn preallocate_reserves_once_and_never_grows() {
+    let config = Config::builder()
+        .limit_bytes(100 * MIB)
+        .preallocate(0.5)
+        .build()
+        .unwrap();
+    let bfc = Bfc::new(SimMemory::new(1 << 34), config).unwrap();
+    let a = bfc.alloc(1024, TenantId::DEFAULT).unwrap();
+    assert_eq!(bfc.counters().reserved, 50 * MIB);
+    assert_eq!(bfc.counters().source_reserves, 1);
+    let e = bfc
+        .alloc((60 * MIB) as usize, TenantId::DEFAULT)
+        .unwrap_err();
+    let oom = e.out_of_memory().unwrap();
+    assert_eq!(oom.cause, OomCause::DeviceFull);
+    assert_eq!(bfc.counters().source_reserves, 1);
+    bfc.free(a);
+}
+
+#[test]
+fn hard_limit_in_bytes_and_percent() {
+    let bfc = sim(10 * MIB);
+    let a = bfc.alloc((8 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    let e = bfc
+        .alloc((4 * MIB) as usize, TenantId::DEFAULT)
+        .unwrap_err();
+    assert_eq!(e.out_of_memory().unwrap().cause, OomCause::DeviceFull);
+    assert!(bfc.counters().reserved <= 10 * MIB);
+    bfc.free(a);
+    let too_big = bfc
+        .alloc((11 * MIB) as usize, TenantId::DEFAULT)
+        .unwrap_err();
+    assert_eq!(too_big.out_of_memory().unwrap().cause, OomCause::TooLarge);
+
+    let pct = Config::builder().limit_percent(25.0).build().unwrap();
+    let bfc = Bfc::new(SimMemory::new(400 * MIB), pct).unwrap();
+    assert_eq!(bfc.limit(), 100 * MIB);
+}
+
+#[test]
+fn oom_trims_cached_regions_and_retries_once() {
+    let bfc = sim(40 * MIB);
+    // Fill the limit with 20 MiB regions of medium blocks, free them: all cached.
+    let blocks: Vec<Block> = (0..4)
+        .map(|_| bfc.alloc((9 * MIB) as usize, TenantId::DEFAULT).unwrap())
+        .collect();
+    for b in blocks {
+        bfc.free(b);
+    }
+    assert_eq!(bfc.counters().reserved, 40 * MIB);
+    // 30 MiB fits no cached chunk (regions never merge) and the limit leaves no room: trim, then it fits.
+    let big = bfc.alloc((30 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    let c = bfc.counters();
+    assert_eq!(c.trims, 1);
+    assert_eq!(c.ooms, 0);
+    assert_eq!(c.source_releases, 2);
+    bfc.free(big);
+}
+
+#[test]
+fn fragmentation_is_the_cause_when_free_bytes_are_split() {
+    let config = Config::builder()
+        .limit_bytes(4 * MIB)
+        .preallocate(1.0)
+        .build()
+        .unwrap();
+    let bfc = Bfc::new(SimMemory::new(1 << 30), config).unwrap();
+    let blocks: Vec<Block> = (0..16)
+        .map(|_| bfc.alloc(256 << 10, TenantId::DEFAULT).unwrap())
+        .collect();
+    let mut keep = Vec::new();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if i % 2 == 0 {
+            bfc.free(b);
+        } else {
+            keep.push(b);
+        }
+    }
+    let e = bfc.alloc(MIB as usize, TenantId::DEFAULT).unwrap_err();
+    let oom = e.out_of_memory().unwrap();
+    assert_eq!(oom.cause, OomCause::Fragmentation);
+    assert_eq!(oom.largest_free_block, 256 << 10);
+    assert!(
+        (oom.fragmentation - 0.875).abs() < 1e-9,
+        "{}",
+        oom.fragmentation
+    );
+    let text = e.to_string();
+    assert!(text.contains("fragmentation 87.5 %"), "{text}");
+    assert!(text.contains("trim()"), "{text}");
+    for b in keep {
+        bfc.free(b);
+    }
+}
+
+#[test]
+fn tenant_limit_fails_that_tenant_alone_with_a_full_report() {
+    let bfc = sim(64 * MIB);
+    let cnn = bfc.add_tenant("cnn", TenantLimits::limit(2 * MIB)).unwrap();
+    let mlp = bfc.add_tenant("mlp", TenantLimits::unlimited()).unwrap();
+    let a = bfc.alloc((1536 << 10) as usize, cnn).unwrap();
+    let e = bfc.alloc(MIB as usize, cnn).unwrap_err();
+    let oom = e.out_of_memory().unwrap().clone();
+    assert_eq!(oom.cause, OomCause::TenantLimit);
+    assert_eq!(oom.tenant_name, "cnn");
+    assert_eq!(oom.requested, MIB);
+    assert_eq!(oom.tenant_in_use, 1536 << 10);
+    assert_eq!(oom.tenant_limit, Some(2 * MIB));
+    assert_eq!(oom.limit, 64 * MIB);
+    assert!(oom.device_free > 0);
+    let text = e.to_string();
+    for needle in [
+        "tenant \"cnn\" asked 1.00 MiB",
+        "1.50 MiB of its 2.00 MiB limit",
+        "cause: tenant limit",
+        "raise this tenant's limit",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from {text}");
+    }
+    // The other tenant is unaffected.
+    let b = bfc.alloc((8 * MIB) as usize, mlp).unwrap();
+    let s = bfc.stats();
+    assert_eq!(s.tenants[cnn.index()].ooms, 1);
+    assert_eq!(s.tenants[mlp.index()].ooms, 0);
+    assert_eq!(s.counters.ooms, 1);
+    assert_eq!(
+        s.counters.trims, 0,
+        "a tenant limit is not helped by trimming"
+    );
+    bfc.free(a);
+    bfc.free(b);
+}
+
+#[test]
+fn reserves_are_kept_and_unused_memory_is_borrowed() {
+    let bfc = sim(32 * MIB);
+    let main = bfc
+        .add_tenant("main", TenantLimits::unlimited().with_reserve(16 * MIB))
+        .unwrap();
+    let side = bfc.add_tenant("side", TenantLimits::unlimited()).unwrap();
+    // side may borrow everything except main's reserve.
+    let s1 = bfc.alloc((15 * MIB) as usize, side).unwrap();
+    let e = bfc.alloc((2 * MIB) as usize, side).unwrap_err();
+    let oom = e.out_of_memory().unwrap();
+    assert_eq!(oom.cause, OomCause::ReservedByOthers);
+    assert_eq!(oom.reserved_for_others, 16 * MIB);
+    // main gets its reserve, and once it uses it, the rest is shared.
+    let m = bfc.alloc((16 * MIB) as usize, main).unwrap();
+    bfc.free(s1);
+    let s2 = bfc.alloc((16 * MIB) as usize, side).unwrap();
+    bfc.check_invariants().unwrap();
+    bfc.free(m);
+    bfc.free(s2);
+    assert!(matches!(
+        bfc.add_tenant("greedy", TenantLimits::unlimited().with_reserve(20 * MIB)),
+        Err(Error::InvalidTenant { .. })
+    ));
+    assert!(matches!(
+        bfc.add_tenant("odd", TenantLimits::limit(MIB).with_reserve(2 * MIB)),
+        Err(Error::InvalidTenant { .. })
+    ));
+    assert!(matches!(
+        bfc.alloc(1, TenantId(99)),
+        Err(Error::UnknownTenant(_))
+    ));
+    bfc.set_tenant_limits(main, TenantLimits::unlimited())
+        .unwrap();
+    let all = bfc.alloc((32 * MIB) as usize, side).unwrap();
+    bfc.free(all);
+    assert_eq!(bfc.tenant("side"), Some(side));
+    assert_eq!(bfc.tenant_stats(side).unwrap().peak_in_use, 32 * MIB);
+}
+
+#[test]
+fn foreign_and_double_free_are_errors() {
+    let a = sim(16 * MIB);
+    let b = sim(16 * MIB);
+    let x = a.alloc(4096, TenantId::DEFAULT).unwrap();
+    let _y = b.alloc(4096, TenantId::DEFAULT).unwrap();
+    let forged = Block {
+        ptr: x.ptr + 256,
+        size: x.size,
+        ..x
+    };
+    assert!(matches!(
+        a.try_free(forged),
+        Err(Error::ForeignBlock { .. })
+    ));
+    a.check_invariants().unwrap();
+    assert_eq!(a.counters().live_blocks, 1);
+}
+
+#[test]
+fn configuration_freezes_at_first_allocation() {
+    let bfc = sim(16 * MIB);
+    bfc.set_limit(Some(Limit::Bytes(8 * MIB))).unwrap();
+    assert_eq!(bfc.limit(), 8 * MIB);
+    let line = line!() + 1;
+    let a = bfc.alloc(100, TenantId::DEFAULT).unwrap();
+    let e = bfc.set_limit(Some(Limit::Bytes(4 * MIB))).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::ConfigFrozen { .. }));
+    assert!(text.contains(&format!("src/tests.rs:{line}")), "{text}");
+    assert!(text.contains("before the first allocation"), "{text}");
+    assert!(bfc.reconfigure(Config::default()).is_err());
+    bfc.free(a);
+}
+
+fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
+#[test]
+fn environment_variables_parse() {
+    let c = Config::builder()
+        .env_from(env(&[
+            ("COHORT_MEMORY_LIMIT", "12GiB"),
+            ("COHORT_MEMORY_GROWTH", "false"),
+            ("COHORT_ALLOCATOR", "direct"),
+            ("COHORT_DEVICE", "cuda:1"),
+        ]))
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(c.limit, Some(Limit::Bytes(12 << 30)));
+    assert_eq!(
+        c.policy,
+        Policy::Preallocate {
+            fraction: DEFAULT_PREALLOCATE_FRACTION
+        }
+    );
+    assert_eq!(c.backend, Backend::Direct);
+    assert_eq!(c.device, DeviceSelector::Cuda(1));
+    let c = Config::builder()
+        .env_from(env(&[
+            ("COHORT_MEMORY_LIMIT", "40%"),
+            ("COHORT_DEVICE", "auto"),
+            ("COHORT_ALLOCATOR", "async"),
+        ]))
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(c.limit, Some(Limit::Percent(40.0)));
+    assert_eq!(c.limit_bytes(1000), 400);
+    assert_eq!(c.backend, Backend::Async);
+    assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
+    assert_eq!(parse_bytes("1.5 GB"), Some(1_500_000_000));
+    assert_eq!(parse_bytes("64k"), Some(65536));
+    assert_eq!(
+        "cpu".parse::<DeviceSelector>().unwrap(),
+        DeviceSelector::Cpu
+    );
+    assert_eq!(
+        "cuda".parse::<DeviceSelector>().unwrap(),
+        DeviceSelector::Cuda(0)
+    );
+}
+
+#[test]
+fn every_bad_environment_value_names_variable_value_and_forms() {
+    let cases = [
+        ("COHORT_MEMORY_LIMIT", "12 parsecs", "12GiB"),
+        ("COHORT_MEMORY_LIMIT", "140%", "40%"),
+        ("COHORT_MEMORY_LIMIT", "0%", "40%"),
+        ("COHORT_MEMORY_LIMIT", "-5GiB", "12GiB"),
+        ("COHORT_MEMORY_GROWTH", "maybe", "true or false"),
+        ("COHORT_ALLOCATOR", "tlsf", "bfc, async, direct"),
+        ("COHORT_DEVICE", "tpu:0", "cuda:N"),
+        ("COHORT_DEVICE", "cuda:x", "cuda:N"),
+    ];
+    for (var, value, form) in cases {
+        let e = Config::builder()
+            .env_from(env(&[(var, value)]))
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, Error::InvalidEnv { .. }),
+            "{var}={value}: {e:?}"
+        );
+        assert!(
+            text.contains(var) && text.contains(value) && text.contains(form),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn every_bad_builder_value_is_an_error() {
+    for f in [0.0, -0.5, 1.5, f64::NAN] {
+        let e = Config::builder().preallocate(f).build().unwrap_err();
+        assert!(e.to_string().contains("preallocate fraction"), "{e}");
+    }
+    for p in [0.0, 101.0, f64::NAN] {
+        assert!(Config::builder().limit_percent(p).build().is_err());
+    }
+    assert!(Config::builder().limit_bytes(0).build().is_err());
+    assert!("tlsf".parse::<Backend>().is_err());
+    assert!("gpu:1".parse::<DeviceSelector>().is_err());
+    assert!("".parse::<Limit>().is_err());
+}
+
+#[test]
+fn direct_backend_calls_the_source_every_time() {
+    let config = Config::builder().backend(Backend::Direct).build().unwrap();
+    let bfc = Bfc::new(SimMemory::new(1 << 30), config).unwrap();
+    for _ in 0..10 {
+        let b = bfc.alloc(1000, TenantId::DEFAULT).unwrap();
+        bfc.free(b);
+    }
+    let c = bfc.counters();
+    assert_eq!(
+        (c.source_reserves, c.source_releases, c.reserved),
+        (10, 10, 0)
+    );
+}
+
+#[test]
+fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
+    let page = 2 * MIB;
+    let config = Config::builder().limit_bytes(8 * page).build().unwrap();
+    let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+    let a = bfc.alloc((3 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(bfc.stats().pages_mapped, 2);
+    let b = bfc.alloc((8 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(bfc.stats().pages_mapped, 6, "b shares a's second page");
+    bfc.free(a);
+    let s = bfc.stats();
+    assert_eq!((s.pages_mapped, s.pages_idle), (6, 1));
+    // 6 of 8 pages mapped, one idle: a 10 MiB block past b needs 5 more pages, only 3 can be had.
+    let e = bfc
+        .alloc((10 * MIB) as usize, TenantId::DEFAULT)
+        .unwrap_err();
+    assert_eq!(e.out_of_memory().unwrap().cause, OomCause::DeviceFull);
+    bfc.check_invariants().unwrap();
+    // A 6 MiB block past b needs 3 pages: the 2 left under the limit are created, the idle page 0 is moved.
+    let c = bfc.alloc((6 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    bfc.check_invariants().unwrap();
+    let s = bfc.stats();
+    assert_eq!(s.pages_mapped, 8);
+    assert_eq!((s.counters.page_moves, s.counters.page_creates), (1, 8));
+    assert!(s.counters.reserved <= 8 * page);
+    bfc.free(b);
+    bfc.free(c);
+    let released = bfc.trim();
+    assert_eq!(released, s.counters.reserved);
+    assert_eq!(bfc.stats().pages_mapped, 0);
+
+    for (slack, moves, mapped) in [(0, 1, 3), (1, 0, 4)] {
+        let config = Config::builder().idle_page_slack(slack).build().unwrap();
+        let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+        let a = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.free(a);
+        // Page 0 is idle; a 4 MiB block after b needs pages 2 and 3: one moved from page 0 unless the slack keeps it.
+        let d = bfc.alloc((4 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.check_invariants().unwrap();
+        let s = bfc.stats();
+        assert_eq!(
+            (s.counters.page_moves, s.pages_mapped),
+            (moves, mapped),
+            "slack {slack}"
+        );
+        assert_eq!(bfc.with_source(|s| s.counters().page_moves), moves);
+        bfc.free(b);
+        bfc.free(d);
+    }
+    let sim = bfc.with_source(|s| s.counters());
+    assert_eq!(sim.page_releases, bfc.counters().page_releases);
+    assert_eq!(bfc.with_source(|s| s.used()), 0);
+}
+
+#[test]
+fn report_displays_a_table_and_serializes() {
+    let bfc = sim(64 * MIB);
+    let t = bfc
+        .add_tenant("mlp-lr1e-3", TenantLimits::limit(8 * MIB))
+        .unwrap();
+    let b = bfc.alloc((3 * MIB) as usize, t).unwrap();
+    let report = bfc.stats();
+    let text = report.to_string();
+    assert!(
+        text.contains("mlp-lr1e-3") && text.contains("3.00 MiB") && text.contains("fragmentation"),
+        "{text}"
+    );
+    let json = report.to_json();
+    let back: MemoryReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, report);
+    assert!(json.contains("\"peak_reserved\""));
+    bfc.free(b);
+}
+
+#[test]
+fn events_are_bounded_and_export_as_chrome_trace() {
+    let config = Config::builder().record_events(16).build().unwrap();
+    let bfc = Bfc::new(SimMemory::new(1 << 30), config).unwrap();
+    let t = bfc.add_tenant("cnn", TenantLimits::limit(MIB)).unwrap();
+    for _ in 0..20 {
+        let b = bfc.alloc(1000, t).unwrap();
+        bfc.free(b);
+    }
+    assert!(bfc.alloc((2 * MIB) as usize, t).is_err());
+    let events = bfc.events();
+    assert_eq!(events.len(), 16);
+    assert_eq!(events.last().unwrap().kind, EventKind::Oom);
+    let trace: serde_json::Value = serde_json::from_str(&bfc.chrome_trace()).unwrap();
+    let evs = trace["traceEvents"].as_array().unwrap();
+    assert!(
+        evs.iter()
+            .any(|e| e["name"] == "reserved" && e["ph"] == "C")
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["name"] == "in use" && e["args"]["cnn"].is_u64())
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["name"] == "out of memory" && e["ph"] == "i")
+    );
+}
+
+#[test]
+fn allocator_is_send_and_sync_and_serves_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Bfc<SimMemory>>();
+    assert_send_sync::<Block>();
+    let bfc = std::sync::Arc::new(sim(256 * MIB));
+    let handles: Vec<_> = (0..4)
+        .map(|k| {
+            let bfc = bfc.clone();
+            std::thread::spawn(move || {
+                for i in 0..500 {
+                    let b = bfc
+                        .alloc(256 * (1 + (i * 7 + k) % 64), TenantId::DEFAULT)
+                        .unwrap();
+                    bfc.free(b);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    bfc.check_invariants().unwrap();
+    assert_eq!(bfc.counters().allocs, 2000);
+}
+
+#[test]
+fn trace_lines_are_checked_with_line_numbers() {
+    let good = "op,id,bytes\na,1,2048   # alloc\na,2,512\nf,1,0\n\n";
+    let t = parse_trace(good.as_bytes(), "t").unwrap();
+    assert_eq!((t.ops.len(), t.peak_live_bytes), (3, 2560));
+    for (text, line, what) in [
+        ("op,id,bytes\na,1,2048\nx,2,5\n", 3, "neither"),
+        ("a,1,2048\nf,7,0\n", 2, "not live"),
+        ("a,1,2048\na,1,64\n", 2, "again"),
+        ("a,1\n", 1, "3 fields"),
+        ("a,one,5\n", 1, "id"),
+        ("a,1,-5\n", 1, "bytes"),
+    ] {
+        let e = parse_trace(text.as_bytes(), "bad.csv").unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains(&format!("line {line}")) && s.contains(what),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn replay_second_pass_makes_no_source_calls_with_segments() {
+    let mut text = String::from("op,id,bytes\n");
+    let mut id = 0;
+    for _step in 0..4 {
+        let first = id;
+        for k in 0..50u64 {
+            text.push_str(&format!("a,{id},{}\n", 512 * (1 + (k * 37) % 4096)));
+            id += 1;
+        }
+        for k in first..id {
+            text.push_str(&format!("f,{k},0\n"));
+        }
+    }
+    let trace = parse_trace(text.as_bytes(), "synthetic").unwrap();
+    for policy in [ReplayPolicy::Growth, ReplayPolicy::Stitched] {
+        let r = replay(
+            &trace,
+            &ReplayOptions {
+                policy,
+                passes: 2,
+                ..ReplayOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.ooms, 0);
+        assert!(r.overhead >= 0.0);
+        assert_eq!(r.passes.len(), 2);
+        if policy == ReplayPolicy::Growth {
+            assert_eq!(r.passes[1].source_calls, 0, "{r:?}");
+        }
+    }
+}
