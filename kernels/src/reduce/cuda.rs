@@ -51,10 +51,11 @@ pub unsafe fn reduce(
     if outputs == 0 {
         return Ok(());
     }
-    let scale: f32 = if op == ReduceOp::Mean && s.dim > 0 {
-        (1.0 / s.dim as f64) as f32
-    } else {
-        1.0
+    let scale: f32 = match (op, s.dim) {
+        // The mean of nothing is NaN, as on the CPU.
+        (ReduceOp::Mean, 0) => f32::NAN,
+        (ReduceOp::Mean, d) => (1.0 / d as f64) as f32,
+        _ => 1.0,
     };
     // Enough independent pieces to fill the device: split `dim` when there are few outputs.
     let target = gpu.sm_count() as usize * 8;
