@@ -344,7 +344,7 @@ impl<S: MemorySource> Bfc<S> {
     }
 }
 
-fn source_error(e: SourceError, call: &'static str) -> Error {
+pub(crate) fn source_error(e: SourceError, call: &'static str) -> Error {
     match e {
         SourceError::Failed(e) => e,
         SourceError::OutOfMemory { requested } => Error::Source {

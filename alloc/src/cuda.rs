@@ -1,0 +1,659 @@
+//! CUDA memory sources: segments from `cuMemAlloc` ([`CudaMemory`]), the stitched virtual range of 2 MiB physical
+//! pages ([`CudaVmm`]), and the driver's stream-ordered pool ([`CudaAsyncPool`]).
+//!
+//! Built only with the `cuda` feature; without it the types exist and their constructors return
+//! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda). The driver is found at run time: on a
+//! machine without one, constructors return [`Error::NoCudaDevice`](crate::Error::NoCudaDevice).
+
+#[cfg(feature = "cuda")]
+pub use imp::*;
+#[cfg(not(feature = "cuda"))]
+pub use stub::*;
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use cudarc::driver::sys::{self, CUresult};
+    use cudarc::driver::{CudaContext, CudaStream, DriverError};
+
+    use crate::error::{Error, Result};
+    use crate::source::{MemorySource, PagedMemory, Region, SourceError};
+
+    fn what(ordinal: usize) -> String {
+        format!("cuda:{ordinal}")
+    }
+
+    /// True when the CUDA driver library loads and reports at least one device.
+    pub fn cuda_available() -> bool {
+        // SAFETY: only tries to load the driver library; no driver call is made.
+        let present = unsafe { sys::is_culib_present() };
+        present && CudaContext::device_count().is_ok_and(|n| n > 0)
+    }
+
+    /// The primary context of device `ordinal`, with a clear error where there is no driver or no such device.
+    ///
+    /// # Errors
+    /// [`Error::NoCudaDevice`].
+    pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+        // SAFETY: only tries to load the driver library; no driver call is made.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoCudaDevice {
+                what: what(ordinal),
+                detail: "the CUDA driver library (libcuda.so) was not found".into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(|e| Error::NoCudaDevice {
+            what: what(ordinal),
+            detail: format!("cuDeviceGetCount failed: {e:?}"),
+        })?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::NoCudaDevice {
+                what: what(ordinal),
+                detail: format!("the driver sees {count} device(s)"),
+            });
+        }
+        CudaContext::new(ordinal).map_err(|e| Error::NoCudaDevice {
+            what: what(ordinal),
+            detail: format!("creating its context failed: {e:?}"),
+        })
+    }
+
+    fn failed(name: &str, call: &'static str, detail: String) -> SourceError {
+        SourceError::Failed(Error::Source {
+            source_name: name.to_string(),
+            call,
+            detail,
+        })
+    }
+
+    /// Maps a driver result: out of memory apart, everything else a failure naming the call.
+    fn check(
+        r: CUresult,
+        name: &str,
+        call: &'static str,
+        bytes: u64,
+    ) -> std::result::Result<(), SourceError> {
+        match r {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(SourceError::OutOfMemory { requested: bytes })
+            }
+            other => Err(failed(name, call, format!("{other:?}"))),
+        }
+    }
+
+    fn bind(ctx: &CudaContext, name: &str) -> std::result::Result<(), SourceError> {
+        ctx.bind_to_thread()
+            .map_err(|e: DriverError| failed(name, "cuCtxSetCurrent", format!("{e:?}")))
+    }
+
+    fn capacity(ctx: &CudaContext) -> u64 {
+        ctx.total_mem().map_or(0, |b| b as u64)
+    }
+
+    fn device_free(ctx: &CudaContext) -> u64 {
+        ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
+    }
+
+    /// Segments from `cuMemAlloc` / `cuMemFree` (the portable fallback); frees what is left when dropped.
+    #[derive(Debug)]
+    pub struct CudaMemory {
+        ctx: Arc<CudaContext>,
+        name: String,
+        regions: HashMap<u64, u64>,
+    }
+
+    impl CudaMemory {
+        /// Segments on device `ordinal` (its primary context, shared with everything else in the process).
+        ///
+        /// # Errors
+        /// [`Error::NoCudaDevice`] without a driver or such a device.
+        pub fn new(ordinal: usize) -> Result<Self> {
+            Ok(Self::with_context(cuda_context(ordinal)?))
+        }
+
+        /// Segments in the given context.
+        pub fn with_context(ctx: Arc<CudaContext>) -> Self {
+            Self {
+                name: what(ctx.ordinal()),
+                ctx,
+                regions: HashMap::new(),
+            }
+        }
+
+        /// The context.
+        pub fn context(&self) -> &Arc<CudaContext> {
+            &self.ctx
+        }
+    }
+
+    impl MemorySource for CudaMemory {
+        fn name(&self) -> String {
+            self.name.clone()
+        }
+        fn capacity(&self) -> u64 {
+            capacity(&self.ctx)
+        }
+        fn device_free(&self) -> u64 {
+            device_free(&self.ctx)
+        }
+        fn reserve(&mut self, bytes: u64) -> std::result::Result<Region, SourceError> {
+            bind(&self.ctx, &self.name)?;
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: the context is current; `ptr` is a valid out-pointer.
+            let r = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) };
+            check(r, &self.name, "cuMemAlloc", bytes)?;
+            self.regions.insert(ptr, bytes);
+            Ok(Region {
+                base: ptr,
+                size: bytes,
+            })
+        }
+        fn release(&mut self, region: Region) -> std::result::Result<(), SourceError> {
+            if self.regions.get(&region.base) != Some(&region.size) {
+                return Err(failed(
+                    &self.name,
+                    "cuMemFree",
+                    format!("region {:#x} was never reserved", region.base),
+                ));
+            }
+            bind(&self.ctx, &self.name)?;
+            // SAFETY: `base` was returned by cuMemAlloc in this context and is freed once (removed below).
+            let r = unsafe { sys::cuMemFree_v2(region.base) };
+            check(r, &self.name, "cuMemFree", region.size)?;
+            self.regions.remove(&region.base);
+            Ok(())
+        }
+    }
+
+    impl Drop for CudaMemory {
+        fn drop(&mut self) {
+            if self.ctx.bind_to_thread().is_err() {
+                return;
+            }
+            for (base, _) in self.regions.drain() {
+                // SAFETY: every entry came from cuMemAlloc in this context and is freed once (drained).
+                let _ = unsafe { sys::cuMemFree_v2(base) };
+            }
+        }
+    }
+
+    /// The stitched source: one reserved virtual range (twice the device memory), physical pages created with
+    /// `cuMemCreate` and mapped with `cuMemMap` where blocks are, moved between virtual pages by unmap + map, access
+    /// granted with one `cuMemSetAccess` per contiguous run. `reserve`/`release` fall back to `cuMemAlloc` segments.
+    #[derive(Debug)]
+    pub struct CudaVmm {
+        segments: CudaMemory,
+        ordinal: i32,
+        page: u64,
+        range: Option<Region>,
+        handles: HashMap<u64, sys::CUmemGenericAllocationHandle>,
+    }
+
+    impl CudaVmm {
+        /// The stitched source on device `ordinal`.
+        ///
+        /// # Errors
+        /// [`Error::NoCudaDevice`] without a driver or device; [`Error::Source`] when the device does not support
+        /// virtual memory management.
+        pub fn new(ordinal: usize) -> Result<Self> {
+            Self::with_context(cuda_context(ordinal)?)
+        }
+
+        /// The stitched source in the given context.
+        ///
+        /// # Errors
+        /// [`Error::Source`] when the device does not support virtual memory management.
+        pub fn with_context(ctx: Arc<CudaContext>) -> Result<Self> {
+            let name = what(ctx.ordinal());
+            let supported = ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)
+                .unwrap_or(0);
+            if supported == 0 {
+                return Err(Error::Source {
+                    source_name: name,
+                    call: "cuDeviceGetAttribute",
+                    detail: "the device does not support virtual memory management; use CudaMemory"
+                        .into(),
+                });
+            }
+            let ordinal = ctx.ordinal() as i32;
+            let mut vmm = Self {
+                segments: CudaMemory::with_context(ctx),
+                ordinal,
+                page: 2 << 20,
+                range: None,
+                handles: HashMap::new(),
+            };
+            let prop = vmm.prop();
+            let mut gran = 0usize;
+            bind(&vmm.segments.ctx, &name).map_err(|e| crate::bfc::source_error(e, "bind"))?;
+            // SAFETY: the context is current; `gran` and `prop` are valid for the call.
+            let r = unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut gran,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                )
+            };
+            check(r, &name, "cuMemGetAllocationGranularity", 0)
+                .map_err(|e| crate::bfc::source_error(e, "granularity"))?;
+            if gran > 0 {
+                vmm.page = (gran as u64).max(2 << 20).next_multiple_of(gran as u64);
+            }
+            Ok(vmm)
+        }
+
+        fn prop(&self) -> sys::CUmemAllocationProp {
+            sys::CUmemAllocationProp {
+                type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+                requestedHandleTypes: sys::CUmemAllocationHandleType(0),
+                location: self.location(),
+                win32HandleMetaData: std::ptr::null_mut(),
+                allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                    compressionType: 0,
+                    gpuDirectRDMACapable: 0,
+                    usage: 0,
+                    reserved: [0; 4],
+                },
+            }
+        }
+
+        fn location(&self) -> sys::CUmemLocation {
+            sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ordinal,
+            }
+        }
+
+        fn set_access(&self, va: u64, bytes: u64) -> std::result::Result<(), SourceError> {
+            let desc = sys::CUmemAccessDesc {
+                location: self.location(),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: `va..va+bytes` is mapped in this context's reserved range; `desc` is valid for the call.
+            let r = unsafe { sys::cuMemSetAccess(va, bytes as usize, &desc, 1) };
+            check(r, &self.segments.name, "cuMemSetAccess", bytes)
+        }
+
+        fn map_one(
+            &self,
+            va: u64,
+            handle: sys::CUmemGenericAllocationHandle,
+        ) -> std::result::Result<(), SourceError> {
+            // SAFETY: `va` is a page of the reserved range with nothing mapped; `handle` is a live physical page.
+            let r = unsafe { sys::cuMemMap(va, self.page as usize, 0, handle, 0) };
+            check(r, &self.segments.name, "cuMemMap", self.page)
+        }
+
+        fn unmap_one(&self, va: u64) -> std::result::Result<(), SourceError> {
+            // SAFETY: `va` is a mapped page of the reserved range (tracked in `handles`).
+            let r = unsafe { sys::cuMemUnmap(va, self.page as usize) };
+            check(r, &self.segments.name, "cuMemUnmap", self.page)
+        }
+
+        /// Undoes the first `done` pages of a failed `map`: created pages are released, moved ones go home.
+        fn rollback(&mut self, va: u64, done: u64, moved_from: &[u64]) {
+            for i in 0..done {
+                let target = va + i * self.page;
+                let Some(h) = self.handles.remove(&target) else {
+                    continue;
+                };
+                let _ = self.unmap_one(target);
+                match moved_from.get(i as usize) {
+                    Some(&home) => {
+                        if self.map_one(home, h).is_ok() {
+                            let _ = self.set_access(home, self.page);
+                            self.handles.insert(home, h);
+                        }
+                    }
+                    None => {
+                        // SAFETY: `h` was created by this call and is no longer mapped.
+                        let _ = unsafe { sys::cuMemRelease(h) };
+                    }
+                }
+            }
+        }
+    }
+
+    impl MemorySource for CudaVmm {
+        fn name(&self) -> String {
+            format!("{} (stitched)", self.segments.name)
+        }
+        fn capacity(&self) -> u64 {
+            self.segments.capacity()
+        }
+        fn device_free(&self) -> u64 {
+            self.segments.device_free()
+        }
+        fn reserve(&mut self, bytes: u64) -> std::result::Result<Region, SourceError> {
+            self.segments.reserve(bytes)
+        }
+        fn release(&mut self, region: Region) -> std::result::Result<(), SourceError> {
+            self.segments.release(region)
+        }
+        fn paged(&mut self) -> Option<&mut dyn PagedMemory> {
+            Some(self)
+        }
+    }
+
+    impl PagedMemory for CudaVmm {
+        fn page_size(&self) -> u64 {
+            self.page
+        }
+
+        fn virtual_range(&mut self) -> std::result::Result<Region, SourceError> {
+            if let Some(r) = self.range {
+                return Ok(r);
+            }
+            bind(&self.segments.ctx, &self.segments.name)?;
+            let size = (self.segments.capacity().max(self.page) * 2).next_multiple_of(self.page);
+            let mut base: sys::CUdeviceptr = 0;
+            // SAFETY: the context is current; `base` is a valid out-pointer.
+            let r = unsafe {
+                sys::cuMemAddressReserve(&mut base, size as usize, self.page as usize, 0, 0)
+            };
+            check(r, &self.segments.name, "cuMemAddressReserve", size)?;
+            let region = Region { base, size };
+            self.range = Some(region);
+            Ok(region)
+        }
+
+        fn map(
+            &mut self,
+            va: u64,
+            pages: u64,
+            moved_from: &[u64],
+        ) -> std::result::Result<(), SourceError> {
+            bind(&self.segments.ctx, &self.segments.name)?;
+            let prop = self.prop();
+            for i in 0..pages {
+                let target = va + i * self.page;
+                let handle = match moved_from.get(i as usize) {
+                    Some(&from) => {
+                        let Some(h) = self.handles.remove(&from) else {
+                            self.rollback(va, i, moved_from);
+                            return Err(failed(
+                                &self.segments.name,
+                                "cuMemUnmap",
+                                format!("page {from:#x} is not mapped"),
+                            ));
+                        };
+                        if let Err(e) = self.unmap_one(from) {
+                            self.handles.insert(from, h);
+                            self.rollback(va, i, moved_from);
+                            return Err(e);
+                        }
+                        h
+                    }
+                    None => {
+                        let mut h: sys::CUmemGenericAllocationHandle = 0;
+                        // SAFETY: the context is current; `h` and `prop` are valid for the call.
+                        let r = unsafe { sys::cuMemCreate(&mut h, self.page as usize, &prop, 0) };
+                        if let Err(e) = check(r, &self.segments.name, "cuMemCreate", self.page) {
+                            self.rollback(va, i, moved_from);
+                            return Err(e);
+                        }
+                        h
+                    }
+                };
+                if let Err(e) = self.map_one(target, handle) {
+                    match moved_from.get(i as usize) {
+                        Some(&from) => {
+                            if self.map_one(from, handle).is_ok() {
+                                let _ = self.set_access(from, self.page);
+                                self.handles.insert(from, handle);
+                            }
+                        }
+                        // SAFETY: `handle` was just created and is mapped nowhere.
+                        None => unsafe {
+                            let _ = sys::cuMemRelease(handle);
+                        },
+                    }
+                    self.rollback(va, i, moved_from);
+                    return Err(e);
+                }
+                self.handles.insert(target, handle);
+            }
+            if let Err(e) = self.set_access(va, pages * self.page) {
+                self.rollback(va, pages, moved_from);
+                return Err(e);
+            }
+            Ok(())
+        }
+
+        fn unmap(&mut self, va: u64, pages: u64) -> std::result::Result<(), SourceError> {
+            bind(&self.segments.ctx, &self.segments.name)?;
+            for i in 0..pages {
+                let target = va + i * self.page;
+                let Some(h) = self.handles.remove(&target) else {
+                    return Err(failed(
+                        &self.segments.name,
+                        "cuMemUnmap",
+                        format!("page {target:#x} is not mapped"),
+                    ));
+                };
+                self.unmap_one(target)?;
+                // SAFETY: `h` is unmapped now and released once (removed from `handles`).
+                let r = unsafe { sys::cuMemRelease(h) };
+                check(r, &self.segments.name, "cuMemRelease", self.page)?;
+            }
+            Ok(())
+        }
+    }
+
+    impl Drop for CudaVmm {
+        fn drop(&mut self) {
+            if self.segments.ctx.bind_to_thread().is_err() {
+                return;
+            }
+            let pages: Vec<(u64, sys::CUmemGenericAllocationHandle)> =
+                self.handles.drain().collect();
+            for (va, h) in pages {
+                let _ = self.unmap_one(va);
+                // SAFETY: each handle is unmapped and released once (drained).
+                let _ = unsafe { sys::cuMemRelease(h) };
+            }
+            if let Some(r) = self.range.take() {
+                // SAFETY: the range was reserved by cuMemAddressReserve and nothing is mapped in it any more.
+                let _ = unsafe { sys::cuMemAddressFree(r.base, r.size as usize) };
+            }
+        }
+    }
+
+    /// The driver's stream-ordered pool: `cuMemAllocAsync` / `cuMemFreeAsync` on one stream, with the device's
+    /// default pool keeping up to `release_threshold` bytes cached across synchronizations. Used under
+    /// [`Backend::Async`](crate::Backend::Async): the `Bfc` then makes one source call per block.
+    #[derive(Debug)]
+    pub struct CudaAsyncPool {
+        segments_ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        name: String,
+        regions: HashMap<u64, u64>,
+    }
+
+    impl CudaAsyncPool {
+        /// The pool of device `ordinal` on its default stream.
+        ///
+        /// # Errors
+        /// [`Error::NoCudaDevice`], or [`Error::Source`] when the device has no memory pools.
+        pub fn new(ordinal: usize, release_threshold: Option<u64>) -> Result<Self> {
+            let ctx = cuda_context(ordinal)?;
+            let stream = ctx.default_stream();
+            Self::with_stream(stream, release_threshold)
+        }
+
+        /// The pool of the stream's device, ordered on `stream`.
+        ///
+        /// # Errors
+        /// [`Error::Source`] when the device has no memory pools or the threshold cannot be set.
+        pub fn with_stream(
+            stream: Arc<CudaStream>,
+            release_threshold: Option<u64>,
+        ) -> Result<Self> {
+            let ctx = stream.context().clone();
+            let name = what(ctx.ordinal());
+            if !ctx.has_async_alloc() {
+                return Err(Error::Source {
+                    source_name: name,
+                    call: "cuMemAllocAsync",
+                    detail:
+                        "the device has no stream-ordered memory pools; use COHORT_ALLOCATOR=bfc"
+                            .into(),
+                });
+            }
+            bind(&ctx, &name).map_err(|e| crate::bfc::source_error(e, "bind"))?;
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: the context is current; `pool` is a valid out-pointer.
+            let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+            check(r, &name, "cuDeviceGetDefaultMemPool", 0)
+                .map_err(|e| crate::bfc::source_error(e, "pool"))?;
+            let mut threshold: u64 = release_threshold.unwrap_or(u64::MAX);
+            // SAFETY: `pool` is the device's default pool; the attribute takes a pointer to a u64.
+            let r = unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+            };
+            check(r, &name, "cuMemPoolSetAttribute", 0)
+                .map_err(|e| crate::bfc::source_error(e, "pool"))?;
+            Ok(Self {
+                segments_ctx: ctx,
+                stream,
+                name,
+                regions: HashMap::new(),
+            })
+        }
+    }
+
+    impl MemorySource for CudaAsyncPool {
+        fn name(&self) -> String {
+            format!("{} (async pool)", self.name)
+        }
+        fn capacity(&self) -> u64 {
+            capacity(&self.segments_ctx)
+        }
+        fn device_free(&self) -> u64 {
+            device_free(&self.segments_ctx)
+        }
+        fn reserve(&mut self, bytes: u64) -> std::result::Result<Region, SourceError> {
+            bind(&self.segments_ctx, &self.name)?;
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: the context is current; the stream belongs to it; `ptr` is a valid out-pointer.
+            let r =
+                unsafe { sys::cuMemAllocAsync(&mut ptr, bytes as usize, self.stream.cu_stream()) };
+            check(r, &self.name, "cuMemAllocAsync", bytes)?;
+            self.regions.insert(ptr, bytes);
+            Ok(Region {
+                base: ptr,
+                size: bytes,
+            })
+        }
+        fn release(&mut self, region: Region) -> std::result::Result<(), SourceError> {
+            if self.regions.remove(&region.base).is_none() {
+                return Err(failed(
+                    &self.name,
+                    "cuMemFreeAsync",
+                    format!("block {:#x} was never reserved", region.base),
+                ));
+            }
+            bind(&self.segments_ctx, &self.name)?;
+            // SAFETY: the pointer came from cuMemAllocAsync on this stream and is freed once (removed above).
+            let r = unsafe { sys::cuMemFreeAsync(region.base, self.stream.cu_stream()) };
+            check(r, &self.name, "cuMemFreeAsync", region.size)
+        }
+    }
+
+    impl Drop for CudaAsyncPool {
+        fn drop(&mut self) {
+            if self.segments_ctx.bind_to_thread().is_err() {
+                return;
+            }
+            for (base, _) in self.regions.drain() {
+                // SAFETY: each pointer came from cuMemAllocAsync on this stream and is freed once (drained).
+                let _ = unsafe { sys::cuMemFreeAsync(base, self.stream.cu_stream()) };
+            }
+            let _ = self.stream.synchronize();
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod stub {
+    use crate::error::{Error, Result};
+    use crate::source::{MemorySource, Region, SourceError};
+
+    fn not_compiled(what: &str) -> Error {
+        Error::NotCompiledWithCuda { what: what.into() }
+    }
+
+    /// Always false: this build has no CUDA support.
+    pub fn cuda_available() -> bool {
+        false
+    }
+
+    macro_rules! cuda_type {
+        ($name:ident, $doc:literal) => {
+            #[doc = $doc]
+            #[doc = ""]
+            #[doc = "This build has no `cuda` feature: constructing one is an error."]
+            #[derive(Debug)]
+            pub struct $name {
+                _private: (),
+            }
+
+            impl MemorySource for $name {
+                fn name(&self) -> String {
+                    stringify!($name).into()
+                }
+                fn capacity(&self) -> u64 {
+                    0
+                }
+                fn device_free(&self) -> u64 {
+                    0
+                }
+                fn reserve(&mut self, _bytes: u64) -> std::result::Result<Region, SourceError> {
+                    Err(SourceError::Failed(not_compiled(stringify!($name))))
+                }
+                fn release(&mut self, _region: Region) -> std::result::Result<(), SourceError> {
+                    Err(SourceError::Failed(not_compiled(stringify!($name))))
+                }
+            }
+        };
+    }
+
+    cuda_type!(CudaMemory, "Segments from cuMemAlloc.");
+    cuda_type!(
+        CudaVmm,
+        "The stitched source over CUDA's virtual memory API."
+    );
+    cuda_type!(CudaAsyncPool, "The driver's stream-ordered pool.");
+
+    impl CudaMemory {
+        /// # Errors
+        /// Always [`Error::NotCompiledWithCuda`].
+        pub fn new(ordinal: usize) -> Result<Self> {
+            Err(not_compiled(&format!("cuda:{ordinal}")))
+        }
+    }
+
+    impl CudaVmm {
+        /// # Errors
+        /// Always [`Error::NotCompiledWithCuda`].
+        pub fn new(ordinal: usize) -> Result<Self> {
+            Err(not_compiled(&format!("cuda:{ordinal}")))
+        }
+    }
+
+    impl CudaAsyncPool {
+        /// # Errors
+        /// Always [`Error::NotCompiledWithCuda`].
+        pub fn new(ordinal: usize, _release_threshold: Option<u64>) -> Result<Self> {
+            Err(not_compiled(&format!("cuda:{ordinal}")))
+        }
+    }
+}
