@@ -159,11 +159,10 @@ mod gpu {
         )
         .unwrap();
         let b = bfc.alloc(1 << 20, TenantId::DEFAULT).unwrap();
-        // SAFETY: synchronizing the context so the stream-ordered allocation is complete before a sync copy.
-        assert_eq!(
-            unsafe { sys::cuCtxSynchronize() },
-            sys::CUresult::CUDA_SUCCESS
-        );
+        // SAFETY: synchronizing the current context (the allocator bound it) so the stream-ordered allocation is
+        // complete before a synchronous copy.
+        let r = unsafe { sys::cuCtxSynchronize() };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
         write(b.ptr, &pattern(3, 1 << 18));
         assert_eq!(read(b.ptr, 1 << 18), pattern(3, 1 << 18));
         bfc.free(b);
