@@ -374,7 +374,7 @@ impl<T: Send + 'static> Dataset<T> {
 
 /// An iterator over a [`Dataset`], one epoch at a time: it yields the epoch's elements, then `None` once; the next
 /// call starts the next epoch (reshuffled). So `for x in &mut it { .. }` runs one epoch. After an error it yields
-/// `None` forever; rebuild it from its last [`position`](Self::position) to retry.
+/// `None` forever; rebuild it from its last [`pos`](Self::pos) to retry.
 pub struct Iter<T> {
     dataset: Dataset<T>,
     inner: Option<BoxIter<T>>,
@@ -392,8 +392,8 @@ impl<T> fmt::Debug for Iter<T> {
 }
 
 impl<T: Send + 'static> Iter<T> {
-    /// The position of the next element: save it, and [`Dataset::iter_from`] continues from here.
-    pub fn position(&self) -> Position {
+    /// The position of the next element (named `pos`, not `position`, which `Iterator` already has): save it, and [`Dataset::iter_from`] continues from here.
+    pub fn pos(&self) -> Position {
         self.pos
     }
 

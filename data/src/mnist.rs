@@ -306,7 +306,7 @@ mod tests {
             .map(|c| m.labels.iter().filter(|&&l| l == c).count())
             .collect();
         assert_eq!(label_counts.to_vec(), want);
-        let pos = it.position();
+        let pos = it.pos();
         let first_a = it.next().unwrap().unwrap();
         let first_b = m
             .batches(&cfg)

@@ -1,17 +1,21 @@
-//! `share(k)`: one producer thread runs the pipeline once; `k` consumers each receive every element, as an
-//! `Arc` to the one copy. Each consumer has a bounded queue, so the producer runs at most `capacity` elements ahead
-//! of the slowest consumer (backpressure). A dropped consumer is forgotten by the producer (its queue's sends fail at
-//! once, even mid-send), and when the last consumer is dropped the producer stops and is joined.
+//! `share(k)`: one run of a pipeline read by `k` consumers, each of which receives every element (an `Arc` to the
+//! one copy) and every end of epoch, in the same order.
+//!
+//! There is no extra thread: the consumer that first needs an element the others have not produced yet pulls it
+//! from the pipeline (without holding the lock, so the others keep reading what is buffered), and the element
+//! stays in a shared ring until every live consumer has read it. A consumer may run at most `capacity` elements
+//! ahead of the slowest live one and waits there (backpressure). A dropped consumer no longer counts, so it never
+//! holds the others back. Put `prefetch(n)` before `share` to produce ahead on a background thread.
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
-
-use crate::dataset::{Dataset, Position};
+use crate::dataset::{Dataset, Iter, Position};
 use crate::error::{Error, Result};
+use crate::map::panic_message;
 
 enum Msg<T> {
     Item(Arc<T>),
@@ -34,16 +38,16 @@ impl<T> Clone for Msg<T> {
 pub struct ShareOptions {
     /// Number of consumers.
     pub consumers: usize,
-    /// Elements each consumer's queue holds: how far the producer may run ahead of the slowest consumer.
+    /// How many elements the fastest consumer may be ahead of the slowest live one.
     pub capacity: usize,
-    /// Where the producer starts (all consumers start there).
+    /// Where the pipeline starts (all consumers start there).
     pub start: Position,
-    /// Stop after this many epochs (counted from epoch 0); `None`: run until every consumer is dropped.
+    /// End after this many epochs (counted from epoch 0); `None`: no end but the pipeline's own.
     pub epochs: Option<u64>,
 }
 
 impl ShareOptions {
-    /// `consumers` consumers, queues of 2, from the start, without an epoch limit.
+    /// `consumers` consumers, up to 2 elements apart, from the start, without an epoch limit.
     pub fn new(consumers: usize) -> Self {
         ShareOptions {
             consumers,
@@ -54,64 +58,102 @@ impl ShareOptions {
     }
 }
 
-/// Joins the producer when the last consumer is dropped.
-struct Producer {
-    thread: Mutex<Option<JoinHandle<()>>>,
+struct State<T> {
+    /// Produced elements not yet read by every live consumer; `buf[0]` has sequence number `base`.
+    buf: VecDeque<Msg<T>>,
+    base: u64,
+    /// Next sequence number of each consumer; `None` once dropped.
+    cursors: Vec<Option<u64>>,
+    /// The pipeline; taken out while a consumer produces from it.
+    source: Option<Iter<T>>,
+    producing: bool,
+    /// No element will come after the buffered ones.
+    done: bool,
 }
 
-impl Drop for Producer {
-    fn drop(&mut self) {
-        let t = self.thread.get_mut().ok().and_then(Option::take);
-        if let Some(t) = t {
-            let _ = t.join();
+impl<T> State<T> {
+    fn end(&self) -> u64 {
+        self.base + self.buf.len() as u64
+    }
+
+    fn slowest(&self) -> Option<u64> {
+        self.cursors.iter().flatten().copied().min()
+    }
+
+    /// Drop the elements every live consumer has read.
+    fn trim(&mut self) {
+        let min = self.slowest().unwrap_or(u64::MAX);
+        while self.base < min && !self.buf.is_empty() {
+            self.buf.pop_front();
+            self.base += 1;
         }
     }
 }
 
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    changed: Condvar,
+    capacity: u64,
+    epochs: Option<u64>,
+}
+
+impl<T> Shared<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // a panic while holding the lock can only come from this module's bookkeeping; the state stays usable
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// One consumer of a shared pipeline: an iterator over `Arc`s to the elements every consumer sees. Like
-/// [`Iter`](crate::Iter) it yields one epoch, then `None`, then the next epoch.
+/// [`Iter`] it yields one epoch, then `None`, then the next epoch. It can move to another thread.
 pub struct SharedIter<T> {
-    // declared before `producer`: the queue closes before the last consumer joins the producer
-    rx: Receiver<Msg<T>>,
+    shared: Arc<Shared<T>>,
+    id: usize,
     pos: Position,
     finished: bool,
-    _producer: Arc<Producer>,
 }
 
 impl<T> fmt::Debug for SharedIter<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedIter")
+            .field("consumer", &self.id)
             .field("position", &self.pos)
             .field("finished", &self.finished)
             .finish()
     }
 }
 
-impl<T> SharedIter<T> {
+impl<T: Send + 'static> SharedIter<T> {
     /// The position of the next element this consumer will receive.
-    pub fn position(&self) -> Position {
+    pub fn pos(&self) -> Position {
         self.pos
     }
 
-    fn take(&mut self, msg: Msg<T>) -> Option<Result<Arc<T>>> {
+    fn take(&mut self, msg: Option<Msg<T>>) -> Option<Result<Arc<T>>> {
         match msg {
-            Msg::Item(x) => {
+            Some(Msg::Item(x)) => {
                 self.pos.index += 1;
                 Some(Ok(x))
             }
-            Msg::EndOfEpoch => {
+            Some(Msg::EndOfEpoch) => {
                 self.pos.epoch += 1;
                 self.pos.index = 0;
                 None
             }
-            Msg::Error(e) => {
+            Some(Msg::Error(e)) => {
                 self.finished = true;
                 Some(Err(Error::Shared(e)))
+            }
+            None => {
+                self.finished = true;
+                None
             }
         }
     }
 
-    /// Like `next`, but gives up after `timeout`: `Err(None)` on time-out, `Ok(..)` as `next` otherwise.
+    /// Like `next`, but gives up waiting after `timeout` (`Err(timeout)`); `Ok(..)` is what `next` returns.
     pub fn next_timeout(
         &mut self,
         timeout: Duration,
@@ -119,37 +161,112 @@ impl<T> SharedIter<T> {
         if self.finished {
             return Ok(None);
         }
-        match self.rx.recv_timeout(timeout) {
-            Ok(msg) => Ok(self.take(msg)),
-            Err(RecvTimeoutError::Timeout) => Err(timeout),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.finished = true;
-                Ok(None)
+        let msg = self
+            .receive(Some(Instant::now() + timeout))
+            .map_err(|()| timeout)?;
+        Ok(self.take(msg))
+    }
+
+    /// The next message for this consumer; `Ok(None)` when the run is over, `Err(())` on time-out.
+    fn receive(&mut self, deadline: Option<Instant>) -> std::result::Result<Option<Msg<T>>, ()> {
+        let shared = Arc::clone(&self.shared);
+        let mut st = shared.lock();
+        loop {
+            let Some(cur) = st.cursors[self.id] else {
+                return Ok(None);
+            };
+            if cur < st.end() {
+                let msg = st.buf[(cur - st.base) as usize].clone();
+                st.cursors[self.id] = Some(cur + 1);
+                st.trim();
+                shared.changed.notify_all();
+                return Ok(Some(msg));
             }
+            if st.done {
+                return Ok(None);
+            }
+            let ahead = st.end() - st.slowest().unwrap_or(cur);
+            if st.producing || ahead >= shared.capacity {
+                // another consumer is producing, or this one is too far ahead of the slowest
+                st = match deadline {
+                    None => shared
+                        .changed
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(());
+                        }
+                        shared
+                            .changed
+                            .wait_timeout(st, left)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .0
+                    }
+                };
+                continue;
+            }
+            let Some(mut source) = st.source.take() else {
+                st.done = true;
+                continue;
+            };
+            st.producing = true;
+            drop(st);
+            let msg = produce(&mut source, shared.epochs);
+            st = shared.lock();
+            st.producing = false;
+            match msg {
+                Some(m) => {
+                    if matches!(m, Msg::Error(_)) {
+                        st.done = true;
+                    } else {
+                        st.source = Some(source);
+                    }
+                    st.buf.push_back(m);
+                }
+                None => st.done = true,
+            }
+            shared.changed.notify_all();
         }
     }
 }
 
-impl<T> Iterator for SharedIter<T> {
+/// The pipeline's next message, `None` at the epoch limit. A panic that escaped the pipeline becomes an error, so
+/// the other consumers are never left waiting for a producer that is gone.
+fn produce<T: Send + 'static>(source: &mut Iter<T>, epochs: Option<u64>) -> Option<Msg<T>> {
+    if epochs.is_some_and(|e| source.pos().epoch >= e) {
+        return None;
+    }
+    match catch_unwind(AssertUnwindSafe(|| source.next())) {
+        Ok(Some(Ok(x))) => Some(Msg::Item(Arc::new(x))),
+        Ok(Some(Err(e))) => Some(Msg::Error(Arc::new(e))),
+        Ok(None) => Some(Msg::EndOfEpoch),
+        Err(p) => Some(Msg::Error(Arc::new(Error::Disconnected {
+            stage: "share",
+            reason: format!("the pipeline panicked: {}", panic_message(p.as_ref())),
+        }))),
+    }
+}
+
+impl<T: Send + 'static> Iterator for SharedIter<T> {
     type Item = Result<Arc<T>>;
     fn next(&mut self) -> Option<Result<Arc<T>>> {
         if self.finished {
             return None;
         }
-        match self.rx.recv() {
-            Ok(msg) => self.take(msg),
-            Err(_) => {
-                self.finished = true;
-                None
-            }
-        }
+        let msg = self.receive(None).unwrap_or(None);
+        self.take(msg)
     }
 }
 
-/// Send `msg` to every live consumer, forgetting those that are gone; false when none is left.
-fn broadcast<T>(senders: &mut Vec<Sender<Msg<T>>>, msg: &Msg<T>) -> bool {
-    senders.retain(|tx| tx.send(msg.clone()).is_ok());
-    !senders.is_empty()
+impl<T> Drop for SharedIter<T> {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.cursors[self.id] = None;
+        st.trim();
+        self.shared.changed.notify_all();
+    }
 }
 
 impl<T: Send + Sync + 'static> Dataset<T> {
@@ -172,64 +289,45 @@ impl<T: Send + Sync + 'static> Dataset<T> {
         })
     }
 
-    /// One producer thread runs the pipeline; each of `options.consumers` consumers receives every element (an
-    /// `Arc` to one shared copy) and every end of epoch, in the same order. The producer waits for the slowest
-    /// consumer (at most `capacity` elements ahead); a dropped consumer is skipped from then on; when all are
-    /// dropped the producer stops. Consumers can move to other threads. A pipeline error reaches every consumer
-    /// and stops the producer.
+    /// One run of the pipeline for `options.consumers` consumers: each receives every element (an `Arc` to one
+    /// shared copy) and every end of epoch, in the same order. The fastest waits when it is `capacity` elements
+    /// ahead of the slowest live consumer; a dropped consumer is skipped from then on, and the pipeline (with its
+    /// threads) stops when the last is dropped. A pipeline error reaches every consumer and ends the run.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for 0 consumers or capacity; [`Error::Position`] for a start position of another
-    /// pipeline; [`Error::Disconnected`] when the thread cannot be spawned.
+    /// pipeline.
     pub fn share_with(&self, options: ShareOptions) -> Result<Vec<SharedIter<T>>> {
         if options.consumers == 0 || options.capacity == 0 {
             return Err(Error::InvalidArgument {
                 op: "share",
                 reason: format!(
-                    "{} consumers with queues of {}: both must be at least 1",
+                    "{} consumers with capacity {}: both must be at least 1",
                     options.consumers, options.capacity
                 ),
             });
         }
-        let mut it = self.iter_from(&options.start)?;
-        let start = it.position();
-        let (mut senders, receivers): (Vec<_>, Vec<_>) = (0..options.consumers)
-            .map(|_| bounded::<Msg<T>>(options.capacity))
-            .unzip();
-        let epochs = options.epochs;
-        let thread = std::thread::Builder::new()
-            .name("cohort-data-share".into())
-            .spawn(move || {
-                loop {
-                    if epochs.is_some_and(|e| it.position().epoch >= e) {
-                        break;
-                    }
-                    let msg = match it.next() {
-                        Some(Ok(x)) => Msg::Item(Arc::new(x)),
-                        Some(Err(e)) => Msg::Error(Arc::new(e)),
-                        None => Msg::EndOfEpoch,
-                    };
-                    let stop = matches!(msg, Msg::Error(_));
-                    if !broadcast(&mut senders, &msg) || stop {
-                        break;
-                    }
-                }
-                tracing::debug!(position = %it.position(), "shared pipeline producer stopped");
-            })
-            .map_err(|e| Error::Disconnected {
-                stage: "share",
-                reason: format!("could not spawn the producer thread: {e}"),
-            })?;
-        let producer = Arc::new(Producer {
-            thread: Mutex::new(Some(thread)),
+        let it = self.iter_from(&options.start)?;
+        let start = it.pos();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                buf: VecDeque::new(),
+                base: 0,
+                cursors: vec![Some(0); options.consumers],
+                source: Some(it),
+                producing: false,
+                done: false,
+            }),
+            changed: Condvar::new(),
+            capacity: options.capacity as u64,
+            epochs: options.epochs,
         });
-        Ok(receivers
-            .into_iter()
-            .map(|rx| SharedIter {
-                rx,
+        Ok((0..options.consumers)
+            .map(|id| SharedIter {
+                shared: Arc::clone(&shared),
+                id,
                 pos: start,
                 finished: false,
-                _producer: Arc::clone(&producer),
             })
             .collect())
     }

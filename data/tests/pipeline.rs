@@ -32,10 +32,10 @@ fn iterator_runs_one_epoch_per_pass_and_counts_epochs() {
     let ds = Dataset::range(0, 5).shuffle(5, 1);
     let mut it = ds.iter();
     let e0 = epoch(&mut it);
-    assert_eq!(it.position().epoch, 1);
+    assert_eq!(it.pos().epoch, 1);
     let e1 = epoch(&mut it);
     assert_eq!(
-        it.position(),
+        it.pos(),
         Position {
             epoch: 2,
             index: 0,
@@ -246,7 +246,7 @@ fn resume_mid_epoch_gives_the_same_elements() {
         for _ in 0..cut {
             it.next().unwrap().unwrap();
         }
-        let json = serde_json::to_string(&it.position()).unwrap();
+        let json = serde_json::to_string(&it.pos()).unwrap();
         drop(it);
         let pos: Position = serde_json::from_str(&json).unwrap();
         let mut resumed = ds.iter_from(&pos).unwrap();
@@ -263,7 +263,7 @@ fn resume_mid_epoch_gives_the_same_elements() {
 fn resume_rejects_another_pipeline() {
     let a = Dataset::range(0, 10).shuffle(10, 1);
     let b = Dataset::range(0, 10).shuffle(10, 2);
-    let pos = a.iter().position();
+    let pos = a.iter().pos();
     assert!(matches!(b.iter_from(&pos), Err(Error::Position { .. })));
     assert!(
         b.iter_from(&Position::new(0, 3)).is_ok(),

@@ -61,7 +61,7 @@ proptest! {
         let cut = (cut_frac * e1.len() as f64) as usize;
         let mut it = ds.iter_from(&Position { epoch: 1, index: 0, fingerprint: ds.fingerprint() }).unwrap();
         for _ in 0..cut { it.next(); }
-        let saved: Position = serde_json::from_str(&serde_json::to_string(&it.position()).unwrap()).unwrap();
+        let saved: Position = serde_json::from_str(&serde_json::to_string(&it.pos()).unwrap()).unwrap();
         let rest: Vec<Vec<i64>> = ds.iter_from(&saved).unwrap().map(|r| r.unwrap()).collect();
         prop_assert_eq!(&rest[..], &e1[cut..]);
         prop_assert!(!e0.is_empty());

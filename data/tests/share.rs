@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cohort_data::{Dataset, Error, Rng, ShareOptions};
+use cohort_data::{Dataset, Error, Position, Rng, ShareOptions};
 
 /// Run `f` on a thread and fail the test if it does not finish within `limit`.
 fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
@@ -75,7 +75,7 @@ fn dropping_a_consumer_mid_epoch_does_not_block_the_others() {
         drop(slow);
         let rest: Vec<i64> = fast.by_ref().map(|x| *x.unwrap()).collect();
         assert_eq!(rest.len(), 1000);
-        assert_eq!(fast.position().epoch, 1);
+        assert_eq!(fast.pos().epoch, 1);
     });
 }
 
@@ -133,8 +133,8 @@ fn resume_shared_from_a_saved_position() {
         for _ in 0..3 {
             cs[1].next().unwrap().unwrap();
         }
-        let pos = cs[0].position();
-        assert_eq!(pos, cs[1].position());
+        let pos = cs[0].pos();
+        assert_eq!(pos, cs[1].pos());
         // read both in lockstep: a consumer left unread would hold the producer back
         let mut expect: Vec<Vec<i64>> = Vec::new();
         while let Some(b) = cs[0].next() {
@@ -213,5 +213,80 @@ fn stress_many_consumers_always_ends() {
                 }
             }
         }
+    });
+}
+
+#[test]
+fn backpressure_holds_the_fastest_at_capacity() {
+    within(Duration::from_secs(30), || {
+        let ds = Dataset::range(0, 100);
+        let mut cs = ds
+            .share_with(ShareOptions {
+                capacity: 3,
+                ..ShareOptions::new(2)
+            })
+            .unwrap();
+        for i in 0..3 {
+            assert_eq!(*cs[0].next().unwrap().unwrap(), i);
+        }
+        // 3 ahead of the idle consumer: the 4th waits
+        assert!(cs[0].next_timeout(Duration::from_millis(50)).is_err());
+        assert_eq!(*cs[1].next().unwrap().unwrap(), 0);
+        assert_eq!(
+            *cs[0]
+                .next_timeout(Duration::from_secs(5))
+                .unwrap()
+                .unwrap()
+                .unwrap(),
+            3
+        );
+        // once the slow consumer is dropped, the fast one runs free
+        cs.truncate(1);
+        assert_eq!(cs[0].by_ref().count(), 96);
+    });
+}
+
+#[test]
+fn lockstep_on_one_thread_with_capacity_one() {
+    within(Duration::from_secs(30), || {
+        let ds = Dataset::range(0, 50).shuffle(50, 1).batch(4, false);
+        let reference: Vec<Vec<i64>> = ds.iter().map(|b| b.unwrap()).collect();
+        let mut cs = ds
+            .share_with(ShareOptions {
+                capacity: 1,
+                ..ShareOptions::new(3)
+            })
+            .unwrap();
+        for want in &reference {
+            for c in &mut cs {
+                assert_eq!(&*c.next().unwrap().unwrap(), want);
+            }
+        }
+        for c in &mut cs {
+            assert!(c.next().is_none(), "end of epoch");
+            assert_eq!(c.pos().epoch, 1);
+        }
+    });
+}
+
+#[test]
+fn share_from_continues_the_sequence() {
+    within(Duration::from_secs(30), || {
+        let ds = Dataset::range(0, 40).shuffle(40, 8);
+        let all: Vec<i64> = ds.iter().map(|x| x.unwrap()).collect();
+        let pos = Position {
+            epoch: 0,
+            index: 15,
+            fingerprint: ds.fingerprint(),
+        };
+        let mut cs = ds.share_from(2, &pos).unwrap();
+        let (mut a, mut b) = (cs.remove(0), cs.remove(0));
+        let mut got = Vec::new();
+        while let (Some(x), Some(y)) = (a.next(), b.next()) {
+            let (x, y) = (x.unwrap(), y.unwrap());
+            assert!(Arc::ptr_eq(&x, &y));
+            got.push(*x);
+        }
+        assert_eq!(got, all[15..]);
     });
 }
