@@ -1,1 +1,41 @@
-//! cohort-tensor: Tensors on the CPU and on CUDA, with storage from the cohort allocator.
+//! cohort-tensor: tensors on the CPU and on CUDA, with GPU storage from the cohort allocator.
+//!
+//! A [`Tensor`] is a contiguous row-major array with a [`DType`] and a [`Device`]; its storage is
+//! shared (cheap clones) and sits behind a lock so that optimizers can update it in place. Every op
+//! checks shapes, dtypes and devices and returns an [`Error`] that names them; the compute itself
+//! runs in `cohort-kernels` (gemm and rayon on the CPU, cuBLAS and NVRTC kernels on CUDA).
+//!
+//! ```
+//! use cohort_tensor::{DType, Device, Tensor};
+//! # fn main() -> cohort_tensor::Result<()> {
+//! let dev = Device::Cpu;
+//! let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, -4.0], &[2, 2], &dev)?;
+//! let w = Tensor::ones(&[2, 3], DType::F32, &dev)?;
+//! let y = x.matmul(&w)?.relu()?;
+//! assert_eq!(y.shape(), &[2, 3]);
+//! assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+//! assert!(x.matmul(&x.reshape(&[4, 1])?).is_err()); // shapes [2, 2] and [4, 1] do not match
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod cpu;
+pub mod cuda;
+mod device;
+mod dtype;
+mod error;
+pub mod memory;
+mod ops;
+mod random;
+pub mod storage;
+mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use ops::broadcast_shape;
+pub use tensor::Tensor;
+
+pub use cohort_kernels::binary::BinaryOp;
+pub use cohort_kernels::reduce::ReduceOp;
+pub use cohort_kernels::unary::UnaryOp;

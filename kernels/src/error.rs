@@ -1,0 +1,25 @@
+/// Result of a kernel call.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Errors a kernel can report: data-dependent problems (an index out of range) and device failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An index tensor held a value outside `0..size`.
+    #[error("{op}: index {index} is out of range for a dimension of size {size}")]
+    IndexOutOfRange {
+        /// The op that read the index.
+        op: &'static str,
+        /// The offending index value.
+        index: i64,
+        /// The size of the indexed dimension.
+        size: usize,
+    },
+    /// A CUDA driver, NVRTC or cuBLAS call failed.
+    #[error("cuda: {0}")]
+    Cuda(String),
+    /// The crate was built without the `cuda` feature.
+    #[error(
+        "cohort-kernels was built without the `cuda` feature: rebuild with `--features cuda` to use a GPU"
+    )]
+    NotCompiledWithCuda,
+}

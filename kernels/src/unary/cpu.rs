@@ -1,0 +1,119 @@
+//! CPU unary ops.
+
+use rayon::prelude::*;
+
+use super::UnaryOp;
+use crate::{Float, PAR_CHUNK, PAR_THRESHOLD};
+
+macro_rules! with_op {
+    ($op:expr, |$f:ident| $body:expr) => {{
+        let half = T::from_f64(0.5);
+        let one = T::ONE;
+        match $op {
+            UnaryOp::Neg => {
+                let $f = |x: T| -x;
+                $body
+            }
+            UnaryOp::Relu => {
+                let $f = |x: T| if x > T::ZERO { x } else { T::ZERO };
+                $body
+            }
+            UnaryOp::Gelu => {
+                let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
+                let a = T::from_f64(0.044715);
+                let $f = move |x: T| half * x * (one + (c * (x + a * x * x * x)).tanh());
+                $body
+            }
+            UnaryOp::Tanh => {
+                let $f = |x: T| x.tanh();
+                $body
+            }
+            UnaryOp::Sigmoid => {
+                let $f = move |x: T| one / (one + (-x).exp());
+                $body
+            }
+            UnaryOp::Exp => {
+                let $f = |x: T| x.exp();
+                $body
+            }
+            UnaryOp::Log => {
+                let $f = |x: T| x.ln();
+                $body
+            }
+            UnaryOp::Sqrt => {
+                let $f = |x: T| x.sqrt();
+                $body
+            }
+            UnaryOp::Abs => {
+                let $f = |x: T| x.abs();
+                $body
+            }
+            UnaryOp::Square => {
+                let $f = |x: T| x * x;
+                $body
+            }
+            UnaryOp::AddScalar(c) => {
+                let c = T::from_f64(c);
+                let $f = move |x: T| x + c;
+                $body
+            }
+            UnaryOp::MulScalar(c) => {
+                let c = T::from_f64(c);
+                let $f = move |x: T| x * c;
+                $body
+            }
+            UnaryOp::Powf(c) => {
+                let cf = T::from_f64(c);
+                if c == 2.0 {
+                    let $f = |x: T| x * x;
+                    $body
+                } else {
+                    let $f = move |x: T| x.powf(cf);
+                    $body
+                }
+            }
+            UnaryOp::GtScalar(c) => {
+                let c = T::from_f64(c);
+                let $f = move |x: T| if x > c { one } else { T::ZERO };
+                $body
+            }
+            UnaryOp::LtScalar(c) => {
+                let c = T::from_f64(c);
+                let $f = move |x: T| if x < c { one } else { T::ZERO };
+                $body
+            }
+        }
+    }};
+}
+
+/// `op(x)` for every element, into a new buffer.
+pub fn unary<T: Float>(op: UnaryOp, x: &[T]) -> Vec<T> {
+    with_op!(op, |f| map(x, f))
+}
+
+/// `x = op(x)` for every element.
+pub fn unary_inplace<T: Float>(op: UnaryOp, x: &mut [T]) {
+    with_op!(op, |f| map_inplace(x, f))
+}
+
+fn map<T: Float, F: Fn(T) -> T + Sync + Send>(x: &[T], f: F) -> Vec<T> {
+    if x.len() < PAR_THRESHOLD {
+        x.iter().map(|&v| f(v)).collect()
+    } else {
+        let mut out = Vec::with_capacity(x.len());
+        x.par_iter()
+            .with_min_len(PAR_CHUNK)
+            .map(|&v| f(v))
+            .collect_into_vec(&mut out);
+        out
+    }
+}
+
+fn map_inplace<T: Float, F: Fn(T) -> T + Sync + Send>(x: &mut [T], f: F) {
+    if x.len() < PAR_THRESHOLD {
+        x.iter_mut().for_each(|v| *v = f(*v));
+    } else {
+        x.par_chunks_mut(PAR_CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
+    }
+}

@@ -1,0 +1,562 @@
+//! The CPU backend: every op on [`CpuStorage`], dispatching on dtype to cohort-kernels.
+//!
+//! Shapes are validated by [`crate::Tensor`] before these run; here only dtypes are checked.
+//! `tensor/src/cuda/mod.rs` mirrors each function for [`crate::cuda::CudaStorage`].
+
+use cohort_kernels::binary::{BinaryOp, cpu as binary_cpu};
+use cohort_kernels::conv::{ConvParams, cpu as conv_cpu};
+use cohort_kernels::copy::{Copy2d, cpu as copy_cpu};
+use cohort_kernels::index::cpu as index_cpu;
+use cohort_kernels::matmul::{MatmulShape, cpu as matmul_cpu};
+use cohort_kernels::optim::{AdamParams, SgdParams, cpu as optim_cpu};
+use cohort_kernels::pool::{PoolParams, cpu as pool_cpu};
+use cohort_kernels::reduce::{ReduceOp, ReduceShape, cpu as reduce_cpu};
+use cohort_kernels::softmax::cpu as softmax_cpu;
+use cohort_kernels::unary::{UnaryOp, cpu as unary_cpu};
+use half::{bf16, f16};
+
+use crate::storage::CpuStorage;
+use crate::{DType, Error, Result};
+
+const HALF_HINT: &str = " (f16/bf16 are storage types: cast to f32 with to_dtype to compute)";
+
+fn unsupported(op: &'static str, dtype: DType) -> Error {
+    let hint = match dtype {
+        DType::F16 | DType::BF16 => HALF_HINT,
+        DType::I32 | DType::U8 => " (this op needs a float dtype: cast with to_dtype)",
+        _ => "",
+    };
+    Error::UnsupportedDType { op, dtype, hint }
+}
+
+fn mismatch(op: &'static str, a: &CpuStorage, b: &CpuStorage) -> Error {
+    Error::DTypeMismatch {
+        op,
+        lhs: a.dtype(),
+        rhs: b.dtype(),
+    }
+}
+
+/// Applies a generic expression to float storages (f32, f64), rewrapping the result.
+macro_rules! float_map {
+    ($op:expr, $s:expr, |$v:ident| $e:expr) => {
+        match $s {
+            CpuStorage::F32($v) => CpuStorage::F32($e),
+            CpuStorage::F64($v) => CpuStorage::F64($e),
+            other => return Err(unsupported($op, other.dtype())),
+        }
+    };
+}
+
+/// Applies a generic expression to numeric storages (f32, f64, i32, u8), rewrapping the result.
+macro_rules! num_map {
+    ($op:expr, $s:expr, |$v:ident| $e:expr) => {
+        match $s {
+            CpuStorage::F32($v) => CpuStorage::F32($e),
+            CpuStorage::F64($v) => CpuStorage::F64($e),
+            CpuStorage::I32($v) => CpuStorage::I32($e),
+            CpuStorage::U8($v) => CpuStorage::U8($e),
+            other => return Err(unsupported($op, other.dtype())),
+        }
+    };
+}
+
+/// Applies a generic expression to every storage type, rewrapping the result.
+macro_rules! any_map {
+    ($s:expr, |$v:ident| $e:expr) => {
+        match $s {
+            CpuStorage::F32($v) => CpuStorage::F32($e),
+            CpuStorage::F64($v) => CpuStorage::F64($e),
+            CpuStorage::F16($v) => CpuStorage::F16($e),
+            CpuStorage::BF16($v) => CpuStorage::BF16($e),
+            CpuStorage::I32($v) => CpuStorage::I32($e),
+            CpuStorage::U8($v) => CpuStorage::U8($e),
+        }
+    };
+}
+
+fn indices<'a>(op: &'static str, idx: &'a CpuStorage) -> Result<&'a [i32]> {
+    match idx {
+        CpuStorage::I32(v) => Ok(v),
+        other => Err(Error::UnsupportedDType {
+            op,
+            dtype: other.dtype(),
+            hint: " (indices must be i32)",
+        }),
+    }
+}
+
+/// `len` elements of `value` (cast to `dtype`).
+pub fn full(len: usize, value: f64, dtype: DType) -> Result<CpuStorage> {
+    Ok(match dtype {
+        DType::F32 => CpuStorage::F32(vec![value as f32; len]),
+        DType::F64 => CpuStorage::F64(vec![value; len]),
+        DType::F16 => CpuStorage::F16(vec![f16::from_f64(value); len]),
+        DType::BF16 => CpuStorage::BF16(vec![bf16::from_f64(value); len]),
+        DType::I32 => CpuStorage::I32(vec![value as i32; len]),
+        DType::U8 => CpuStorage::U8(vec![value as u8; len]),
+    })
+}
+
+/// `len` zeros.
+pub fn zeros(len: usize, dtype: DType) -> Result<CpuStorage> {
+    full(len, 0.0, dtype)
+}
+
+fn to_f32(s: &CpuStorage) -> Vec<f32> {
+    match s {
+        CpuStorage::F32(v) => v.clone(),
+        CpuStorage::F64(v) => v.iter().map(|&x| x as f32).collect(),
+        CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        CpuStorage::I32(v) => v.iter().map(|&x| x as f32).collect(),
+        CpuStorage::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+    }
+}
+
+fn to_f64(s: &CpuStorage) -> Vec<f64> {
+    match s {
+        CpuStorage::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+        CpuStorage::F64(v) => v.clone(),
+        CpuStorage::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        CpuStorage::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        CpuStorage::I32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+        CpuStorage::U8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+    }
+}
+
+/// Converts to `dtype`: floats round to nearest, float to integer truncates toward zero and
+/// saturates (NaN gives 0).
+pub fn cast(s: &CpuStorage, dtype: DType) -> Result<CpuStorage> {
+    if s.dtype() == dtype {
+        return Ok(s.clone());
+    }
+    Ok(match dtype {
+        DType::F32 => CpuStorage::F32(to_f32(s)),
+        DType::F64 => CpuStorage::F64(to_f64(s)),
+        DType::F16 => CpuStorage::F16(match s {
+            CpuStorage::F64(v) => v.iter().map(|&x| f16::from_f64(x)).collect(),
+            _ => to_f32(s).into_iter().map(f16::from_f32).collect(),
+        }),
+        DType::BF16 => CpuStorage::BF16(match s {
+            CpuStorage::F64(v) => v.iter().map(|&x| bf16::from_f64(x)).collect(),
+            _ => to_f32(s).into_iter().map(bf16::from_f32).collect(),
+        }),
+        DType::I32 => CpuStorage::I32(match s {
+            CpuStorage::U8(v) => v.iter().map(|&x| i32::from(x)).collect(),
+            _ => to_f64(s).into_iter().map(|x| x as i32).collect(),
+        }),
+        DType::U8 => CpuStorage::U8(to_f64(s).into_iter().map(|x| x as u8).collect()),
+    })
+}
+
+/// Block copy from `src` into `dst` (same dtype).
+pub fn copy2d(src: &CpuStorage, dst: &mut CpuStorage, c: &Copy2d) -> Result<()> {
+    match (src, dst) {
+        (CpuStorage::F32(s), CpuStorage::F32(d)) => copy_cpu::copy2d(s, d, c),
+        (CpuStorage::F64(s), CpuStorage::F64(d)) => copy_cpu::copy2d(s, d, c),
+        (CpuStorage::F16(s), CpuStorage::F16(d)) => copy_cpu::copy2d(s, d, c),
+        (CpuStorage::BF16(s), CpuStorage::BF16(d)) => copy_cpu::copy2d(s, d, c),
+        (CpuStorage::I32(s), CpuStorage::I32(d)) => copy_cpu::copy2d(s, d, c),
+        (CpuStorage::U8(s), CpuStorage::U8(d)) => copy_cpu::copy2d(s, d, c),
+        (s, d) => return Err(mismatch("copy", d, s)),
+    }
+    Ok(())
+}
+
+/// Transposes the last two dims of `[batch, rows, cols]`.
+pub fn transpose(s: &CpuStorage, batch: usize, rows: usize, cols: usize) -> Result<CpuStorage> {
+    Ok(any_map!(s, |v| copy_cpu::transpose(v, batch, rows, cols)))
+}
+
+/// Materializes a broadcast of `s` from `src_shape` to `out_shape`.
+pub fn broadcast(s: &CpuStorage, src_shape: &[usize], out_shape: &[usize]) -> Result<CpuStorage> {
+    Ok(any_map!(s, |v| copy_cpu::broadcast(
+        v, src_shape, out_shape
+    )))
+}
+
+/// Broadcast binary op (numeric dtypes).
+pub fn binary(
+    op: BinaryOp,
+    lhs: &CpuStorage,
+    lhs_shape: &[usize],
+    rhs: &CpuStorage,
+    rhs_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<CpuStorage> {
+    macro_rules! go {
+        ($a:expr, $b:expr) => {
+            binary_cpu::binary(op, $a, lhs_shape, $b, rhs_shape, out_shape)
+        };
+    }
+    Ok(match (lhs, rhs) {
+        (CpuStorage::F32(a), CpuStorage::F32(b)) => CpuStorage::F32(go!(a, b)),
+        (CpuStorage::F64(a), CpuStorage::F64(b)) => CpuStorage::F64(go!(a, b)),
+        (CpuStorage::I32(a), CpuStorage::I32(b)) => CpuStorage::I32(go!(a, b)),
+        (CpuStorage::U8(a), CpuStorage::U8(b)) => CpuStorage::U8(go!(a, b)),
+        (a, b) if a.dtype() == b.dtype() => return Err(unsupported(op.name(), a.dtype())),
+        (a, b) => return Err(mismatch(op.name(), a, b)),
+    })
+}
+
+/// `dst = dst (op) src`, `src` broadcast to `dst_shape`.
+pub fn binary_assign(
+    op: BinaryOp,
+    dst: &mut CpuStorage,
+    dst_shape: &[usize],
+    src: &CpuStorage,
+    src_shape: &[usize],
+) -> Result<()> {
+    match (dst, src) {
+        (CpuStorage::F32(d), CpuStorage::F32(s)) => {
+            binary_cpu::binary_assign(op, d, dst_shape, s, src_shape)
+        }
+        (CpuStorage::F64(d), CpuStorage::F64(s)) => {
+            binary_cpu::binary_assign(op, d, dst_shape, s, src_shape)
+        }
+        (CpuStorage::I32(d), CpuStorage::I32(s)) => {
+            binary_cpu::binary_assign(op, d, dst_shape, s, src_shape)
+        }
+        (CpuStorage::U8(d), CpuStorage::U8(s)) => {
+            binary_cpu::binary_assign(op, d, dst_shape, s, src_shape)
+        }
+        (d, s) if d.dtype() == s.dtype() => return Err(unsupported(op.name(), d.dtype())),
+        (d, s) => return Err(mismatch(op.name(), d, s)),
+    }
+    Ok(())
+}
+
+/// Unary float op.
+pub fn unary(op: UnaryOp, s: &CpuStorage) -> Result<CpuStorage> {
+    Ok(float_map!(op.name(), s, |v| unary_cpu::unary(op, v)))
+}
+
+/// Picks `on_true` where `mask != 0`, else `on_false` (all the same length; mask of any numeric
+/// dtype).
+pub fn where_cond(
+    mask: &CpuStorage,
+    on_true: &CpuStorage,
+    on_false: &CpuStorage,
+) -> Result<CpuStorage> {
+    if on_true.dtype() != on_false.dtype() {
+        return Err(mismatch("where_cond", on_true, on_false));
+    }
+    macro_rules! pick {
+        ($m:expr) => {
+            match (on_true, on_false) {
+                (CpuStorage::F32(t), CpuStorage::F32(f)) => {
+                    CpuStorage::F32(copy_cpu::where_cond($m, t, f))
+                }
+                (CpuStorage::F64(t), CpuStorage::F64(f)) => {
+                    CpuStorage::F64(copy_cpu::where_cond($m, t, f))
+                }
+                (CpuStorage::F16(t), CpuStorage::F16(f)) => {
+                    CpuStorage::F16(copy_cpu::where_cond($m, t, f))
+                }
+                (CpuStorage::BF16(t), CpuStorage::BF16(f)) => {
+                    CpuStorage::BF16(copy_cpu::where_cond($m, t, f))
+                }
+                (CpuStorage::I32(t), CpuStorage::I32(f)) => {
+                    CpuStorage::I32(copy_cpu::where_cond($m, t, f))
+                }
+                (CpuStorage::U8(t), CpuStorage::U8(f)) => {
+                    CpuStorage::U8(copy_cpu::where_cond($m, t, f))
+                }
+                (t, f) => return Err(mismatch("where_cond", t, f)),
+            }
+        };
+    }
+    Ok(match mask {
+        CpuStorage::F32(m) => pick!(m),
+        CpuStorage::F64(m) => pick!(m),
+        CpuStorage::I32(m) => pick!(m),
+        CpuStorage::U8(m) => pick!(m),
+        other => return Err(unsupported("where_cond (mask)", other.dtype())),
+    })
+}
+
+/// Reduction along the middle dim of `[outer, dim, inner]`.
+pub fn reduce(op: ReduceOp, s: &CpuStorage, shape: ReduceShape) -> Result<CpuStorage> {
+    Ok(num_map!(op.name(), s, |v| reduce_cpu::reduce(op, v, shape)))
+}
+
+/// Index of the maximum along the middle dim of `[outer, dim, inner]`, as i32.
+pub fn argmax(s: &CpuStorage, shape: ReduceShape) -> Result<CpuStorage> {
+    Ok(CpuStorage::I32(match s {
+        CpuStorage::F32(v) => reduce_cpu::argmax(v, shape),
+        CpuStorage::F64(v) => reduce_cpu::argmax(v, shape),
+        CpuStorage::I32(v) => reduce_cpu::argmax(v, shape),
+        CpuStorage::U8(v) => reduce_cpu::argmax(v, shape),
+        other => return Err(unsupported("argmax", other.dtype())),
+    }))
+}
+
+/// Softmax or log-softmax of each row of `cols` elements.
+pub fn softmax_last(s: &CpuStorage, cols: usize, log: bool) -> Result<CpuStorage> {
+    let op = if log {
+        "log_softmax_last"
+    } else {
+        "softmax_last"
+    };
+    Ok(float_map!(op, s, |v| softmax_cpu::softmax_last(
+        v, cols, log
+    )))
+}
+
+/// (Batched) matrix product.
+pub fn matmul(lhs: &CpuStorage, rhs: &CpuStorage, shape: &MatmulShape) -> Result<CpuStorage> {
+    Ok(match (lhs, rhs) {
+        (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+            CpuStorage::F32(matmul_cpu::matmul(a, b, shape))
+        }
+        (CpuStorage::F64(a), CpuStorage::F64(b)) => {
+            CpuStorage::F64(matmul_cpu::matmul(a, b, shape))
+        }
+        (a, b) if a.dtype() == b.dtype() => return Err(unsupported("matmul", a.dtype())),
+        (a, b) => return Err(mismatch("matmul", a, b)),
+    })
+}
+
+/// Forward 2-D convolution.
+pub fn conv2d(
+    input: &CpuStorage,
+    weight: &CpuStorage,
+    bias: Option<&CpuStorage>,
+    p: &ConvParams,
+) -> Result<CpuStorage> {
+    Ok(match (input, weight, bias) {
+        (CpuStorage::F32(x), CpuStorage::F32(w), None) => {
+            CpuStorage::F32(conv_cpu::conv2d(x, w, None, p))
+        }
+        (CpuStorage::F32(x), CpuStorage::F32(w), Some(CpuStorage::F32(b))) => {
+            CpuStorage::F32(conv_cpu::conv2d(x, w, Some(b), p))
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(w), None) => {
+            CpuStorage::F64(conv_cpu::conv2d(x, w, None, p))
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(w), Some(CpuStorage::F64(b))) => {
+            CpuStorage::F64(conv_cpu::conv2d(x, w, Some(b), p))
+        }
+        (x, w, _) if x.dtype() != w.dtype() => return Err(mismatch("conv2d", x, w)),
+        (x, _, Some(b)) if x.dtype() != b.dtype() => return Err(mismatch("conv2d (bias)", x, b)),
+        (x, _, _) => return Err(unsupported("conv2d", x.dtype())),
+    })
+}
+
+/// Gradient of a convolution with respect to its input.
+pub fn conv2d_backward_input(
+    grad_out: &CpuStorage,
+    weight: &CpuStorage,
+    p: &ConvParams,
+) -> Result<CpuStorage> {
+    Ok(match (grad_out, weight) {
+        (CpuStorage::F32(g), CpuStorage::F32(w)) => {
+            CpuStorage::F32(conv_cpu::conv2d_backward_input(g, w, p))
+        }
+        (CpuStorage::F64(g), CpuStorage::F64(w)) => {
+            CpuStorage::F64(conv_cpu::conv2d_backward_input(g, w, p))
+        }
+        (a, b) if a.dtype() == b.dtype() => {
+            return Err(unsupported("conv2d_backward_input", a.dtype()));
+        }
+        (a, b) => return Err(mismatch("conv2d_backward_input", a, b)),
+    })
+}
+
+/// Gradient of a convolution with respect to its weight.
+pub fn conv2d_backward_weight(
+    input: &CpuStorage,
+    grad_out: &CpuStorage,
+    p: &ConvParams,
+) -> Result<CpuStorage> {
+    Ok(match (input, grad_out) {
+        (CpuStorage::F32(x), CpuStorage::F32(g)) => {
+            CpuStorage::F32(conv_cpu::conv2d_backward_weight(x, g, p))
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(g)) => {
+            CpuStorage::F64(conv_cpu::conv2d_backward_weight(x, g, p))
+        }
+        (a, b) if a.dtype() == b.dtype() => {
+            return Err(unsupported("conv2d_backward_weight", a.dtype()));
+        }
+        (a, b) => return Err(mismatch("conv2d_backward_weight", a, b)),
+    })
+}
+
+/// Max pool; returns the values and the i32 argmax indices.
+pub fn max_pool2d(s: &CpuStorage, p: &PoolParams) -> Result<(CpuStorage, CpuStorage)> {
+    Ok(match s {
+        CpuStorage::F32(v) => {
+            let (o, i) = pool_cpu::max_pool2d(v, p);
+            (CpuStorage::F32(o), CpuStorage::I32(i))
+        }
+        CpuStorage::F64(v) => {
+            let (o, i) = pool_cpu::max_pool2d(v, p);
+            (CpuStorage::F64(o), CpuStorage::I32(i))
+        }
+        other => return Err(unsupported("max_pool2d", other.dtype())),
+    })
+}
+
+/// Backward of [`max_pool2d`].
+pub fn max_pool2d_backward(
+    grad_out: &CpuStorage,
+    indices: &CpuStorage,
+    planes: usize,
+    plane_in: usize,
+    plane_out: usize,
+) -> Result<CpuStorage> {
+    let idx = self::indices("max_pool2d_backward", indices)?;
+    Ok(float_map!("max_pool2d_backward", grad_out, |g| {
+        pool_cpu::max_pool2d_backward(g, idx, planes, plane_in, plane_out)?
+    }))
+}
+
+/// Selects rows along the middle dim of `[outer, dim, inner]`.
+pub fn index_select(
+    src: &CpuStorage,
+    idx: &CpuStorage,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+) -> Result<CpuStorage> {
+    let idx = indices("index_select", idx)?;
+    Ok(any_map!(src, |v| index_cpu::index_select(
+        v, outer, dim, inner, idx
+    )?))
+}
+
+/// `dst[o, idx[i], :] += src[o, i, :]`.
+pub fn index_add(
+    dst: &mut CpuStorage,
+    idx: &CpuStorage,
+    src: &CpuStorage,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+) -> Result<()> {
+    let idx = indices("index_add", idx)?;
+    match (dst, src) {
+        (CpuStorage::F32(d), CpuStorage::F32(s)) => {
+            index_cpu::index_add(d, outer, dim, inner, idx, s)?
+        }
+        (CpuStorage::F64(d), CpuStorage::F64(s)) => {
+            index_cpu::index_add(d, outer, dim, inner, idx, s)?
+        }
+        (CpuStorage::I32(d), CpuStorage::I32(s)) => {
+            index_cpu::index_add(d, outer, dim, inner, idx, s)?
+        }
+        (CpuStorage::U8(d), CpuStorage::U8(s)) => {
+            index_cpu::index_add(d, outer, dim, inner, idx, s)?
+        }
+        (d, s) if d.dtype() == s.dtype() => return Err(unsupported("index_add", d.dtype())),
+        (d, s) => return Err(mismatch("index_add", d, s)),
+    }
+    Ok(())
+}
+
+/// `out[r] = src[r, idx[r]]` for `[rows, cols]` sources.
+pub fn gather_last(src: &CpuStorage, idx: &CpuStorage, cols: usize) -> Result<CpuStorage> {
+    let idx = indices("gather_last", idx)?;
+    Ok(any_map!(src, |v| index_cpu::gather_last(v, cols, idx)?))
+}
+
+/// `dst[r, idx[r]] += src[r]`.
+pub fn scatter_add_last(
+    dst: &mut CpuStorage,
+    idx: &CpuStorage,
+    src: &CpuStorage,
+    cols: usize,
+) -> Result<()> {
+    let idx = indices("scatter_add_last", idx)?;
+    match (dst, src) {
+        (CpuStorage::F32(d), CpuStorage::F32(s)) => index_cpu::scatter_add_last(d, cols, idx, s)?,
+        (CpuStorage::F64(d), CpuStorage::F64(s)) => index_cpu::scatter_add_last(d, cols, idx, s)?,
+        (CpuStorage::I32(d), CpuStorage::I32(s)) => index_cpu::scatter_add_last(d, cols, idx, s)?,
+        (d, s) if d.dtype() == s.dtype() => return Err(unsupported("scatter_add_last", d.dtype())),
+        (d, s) => return Err(mismatch("scatter_add_last", d, s)),
+    }
+    Ok(())
+}
+
+/// One-hot rows of `classes` columns.
+pub fn one_hot(labels: &CpuStorage, classes: usize, dtype: DType) -> Result<CpuStorage> {
+    let l = indices("one_hot", labels)?;
+    Ok(match dtype {
+        DType::F32 => CpuStorage::F32(index_cpu::one_hot(l, classes)?),
+        DType::F64 => CpuStorage::F64(index_cpu::one_hot(l, classes)?),
+        DType::I32 => CpuStorage::I32(index_cpu::one_hot(l, classes)?),
+        DType::U8 => CpuStorage::U8(index_cpu::one_hot(l, classes)?),
+        other => return Err(unsupported("one_hot", other)),
+    })
+}
+
+/// Sets every element to `value`.
+pub fn fill(dst: &mut CpuStorage, value: f64) -> Result<()> {
+    match dst {
+        CpuStorage::F32(v) => v.fill(value as f32),
+        CpuStorage::F64(v) => v.fill(value),
+        CpuStorage::F16(v) => v.fill(f16::from_f64(value)),
+        CpuStorage::BF16(v) => v.fill(bf16::from_f64(value)),
+        CpuStorage::I32(v) => v.fill(value as i32),
+        CpuStorage::U8(v) => v.fill(value as u8),
+    }
+    Ok(())
+}
+
+/// One fused SGD step.
+pub fn sgd_step(
+    param: &mut CpuStorage,
+    grad: &CpuStorage,
+    momentum_buf: Option<&mut CpuStorage>,
+    h: &SgdParams<'_>,
+) -> Result<()> {
+    match (param, grad, momentum_buf) {
+        (CpuStorage::F32(p), CpuStorage::F32(g), None) => optim_cpu::sgd_step(p, g, None, h),
+        (CpuStorage::F32(p), CpuStorage::F32(g), Some(CpuStorage::F32(b))) => {
+            optim_cpu::sgd_step(p, g, Some(b), h)
+        }
+        (CpuStorage::F64(p), CpuStorage::F64(g), None) => optim_cpu::sgd_step(p, g, None, h),
+        (CpuStorage::F64(p), CpuStorage::F64(g), Some(CpuStorage::F64(b))) => {
+            optim_cpu::sgd_step(p, g, Some(b), h)
+        }
+        (p, g, _) if p.dtype() != g.dtype() => return Err(mismatch("sgd_step", p, g)),
+        (p, _, Some(b)) if p.dtype() != b.dtype() => {
+            return Err(mismatch("sgd_step (momentum buffer)", p, b));
+        }
+        (p, _, _) => return Err(unsupported("sgd_step", p.dtype())),
+    }
+    Ok(())
+}
+
+/// One fused Adam / AdamW step.
+pub fn adam_step(
+    param: &mut CpuStorage,
+    grad: &CpuStorage,
+    m: &mut CpuStorage,
+    v: &mut CpuStorage,
+    h: &AdamParams<'_>,
+) -> Result<()> {
+    match (param, grad, m, v) {
+        (CpuStorage::F32(p), CpuStorage::F32(g), CpuStorage::F32(m), CpuStorage::F32(v)) => {
+            optim_cpu::adam_step(p, g, m, v, h)
+        }
+        (CpuStorage::F64(p), CpuStorage::F64(g), CpuStorage::F64(m), CpuStorage::F64(v)) => {
+            optim_cpu::adam_step(p, g, m, v, h)
+        }
+        (p, g, m, v) => {
+            for (name, o) in [
+                ("adam_step (grad)", g),
+                ("adam_step (m)", &*m),
+                ("adam_step (v)", &*v),
+            ] {
+                if o.dtype() != p.dtype() {
+                    return Err(mismatch(name, p, o));
+                }
+            }
+            return Err(unsupported("adam_step", p.dtype()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! The CUDA backend: every op of [`crate::cpu`] on [`CudaStorage`].
+//!
+//! Owned by the CUDA side of the project: each function mirrors the CPU one of the same name.
+//! Until an op has a GPU kernel it returns [`Error::Unsupported`]; without the `cuda` feature every
+//! function returns [`Error::NotCompiledWithCuda`].
+
+use cohort_kernels::binary::BinaryOp;
+use cohort_kernels::conv::ConvParams;
+use cohort_kernels::copy::Copy2d;
+use cohort_kernels::matmul::MatmulShape;
+use cohort_kernels::optim::{AdamParams, SgdParams};
+use cohort_kernels::pool::PoolParams;
+use cohort_kernels::reduce::{ReduceOp, ReduceShape};
+use cohort_kernels::unary::UnaryOp;
+
+use crate::storage::CpuStorage;
+use crate::{DType, Device, Error, Result};
+
+/// Elements on a CUDA device: a block of that device's allocator.
+#[derive(Debug)]
+pub struct CudaStorage {
+    ptr: u64,
+    len: usize,
+    dtype: DType,
+    ordinal: usize,
+}
+
+impl CudaStorage {
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the storage holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of the first element.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+fn unavailable(op: &'static str, ordinal: usize) -> Error {
+    let device = Device::Cuda(ordinal);
+    if cfg!(feature = "cuda") {
+        Error::Unsupported { op, device }
+    } else {
+        Error::NotCompiledWithCuda { op, device }
+    }
+}
+
+/// Number of CUDA devices the driver reports; 0 without a driver (never panics).
+///
+/// # Errors
+/// When the driver is present but fails to initialize.
+pub fn device_count() -> Result<usize> {
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: probing only tries to load the driver library; it does not call into it.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Ok(0);
+        }
+        cudarc::driver::CudaContext::device_count()
+            .map(|n| usize::try_from(n).unwrap_or(0))
+            .map_err(|e| Error::DeviceUnavailable {
+                device: Device::Cuda(0),
+                reason: format!("the CUDA driver failed to initialize: {e:?}"),
+            })
+    }
+    #[cfg(not(feature = "cuda"))]
+    Ok(0)
+}
+
+/// Waits for all work queued on the device.
+pub fn synchronize(ordinal: usize) -> Result<()> {
+    Err(unavailable("synchronize", ordinal))
+}
+
+/// `len` elements of `value` on device `ordinal`.
+pub fn full(len: usize, value: f64, dtype: DType, ordinal: usize) -> Result<CudaStorage> {
+    let _ = (len, value, dtype);
+    Err(unavailable("full", ordinal))
+}
+
+/// `len` zeros on device `ordinal`.
+pub fn zeros(len: usize, dtype: DType, ordinal: usize) -> Result<CudaStorage> {
+    full(len, 0.0, dtype, ordinal)
+}
+
+/// Copies a host buffer to device `ordinal`.
+pub fn from_host(src: &CpuStorage, ordinal: usize) -> Result<CudaStorage> {
+    let _ = src;
+    Err(unavailable("to_device", ordinal))
+}
+
+/// Copies device memory back to the host.
+pub fn to_host(src: &CudaStorage) -> Result<CpuStorage> {
+    Err(unavailable("to_host", src.ordinal))
+}
+
+/// See [`crate::cpu::cast`].
+pub fn cast(s: &CudaStorage, dtype: DType) -> Result<CudaStorage> {
+    let _ = dtype;
+    Err(unavailable("to_dtype", s.ordinal))
+}
+
+/// See [`crate::cpu::copy2d`].
+pub fn copy2d(src: &CudaStorage, dst: &mut CudaStorage, c: &Copy2d) -> Result<()> {
+    let _ = (dst, c);
+    Err(unavailable("copy", src.ordinal))
+}
+
+/// See [`crate::cpu::transpose`].
+pub fn transpose(s: &CudaStorage, batch: usize, rows: usize, cols: usize) -> Result<CudaStorage> {
+    let _ = (batch, rows, cols);
+    Err(unavailable("transpose", s.ordinal))
+}
+
+/// See [`crate::cpu::broadcast`].
+pub fn broadcast(s: &CudaStorage, src_shape: &[usize], out_shape: &[usize]) -> Result<CudaStorage> {
+    let _ = (src_shape, out_shape);
+    Err(unavailable("broadcast_to", s.ordinal))
+}
+
+/// See [`crate::cpu::binary`].
+pub fn binary(
+    op: BinaryOp,
+    lhs: &CudaStorage,
+    lhs_shape: &[usize],
+    rhs: &CudaStorage,
+    rhs_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<CudaStorage> {
+    let _ = (lhs_shape, rhs, rhs_shape, out_shape);
+    Err(unavailable(op.name(), lhs.ordinal))
+}
+
+/// See [`crate::cpu::binary_assign`].
+pub fn binary_assign(
+    op: BinaryOp,
+    dst: &mut CudaStorage,
+    dst_shape: &[usize],
+    src: &CudaStorage,
+    src_shape: &[usize],
+) -> Result<()> {
+    let _ = (dst_shape, src, src_shape);
+    Err(unavailable(op.name(), dst.ordinal))
+}
+
+/// See [`crate::cpu::unary`].
+pub fn unary(op: UnaryOp, s: &CudaStorage) -> Result<CudaStorage> {
+    Err(unavailable(op.name(), s.ordinal))
+}
+
+/// See [`crate::cpu::where_cond`].
+pub fn where_cond(
+    mask: &CudaStorage,
+    on_true: &CudaStorage,
+    on_false: &CudaStorage,
+) -> Result<CudaStorage> {
+    let _ = (on_true, on_false);
+    Err(unavailable("where_cond", mask.ordinal))
+}
+
+/// See [`crate::cpu::reduce`].
+pub fn reduce(op: ReduceOp, s: &CudaStorage, shape: ReduceShape) -> Result<CudaStorage> {
+    let _ = shape;
+    Err(unavailable(op.name(), s.ordinal))
+}
+
+/// See [`crate::cpu::argmax`].
+pub fn argmax(s: &CudaStorage, shape: ReduceShape) -> Result<CudaStorage> {
+    let _ = shape;
+    Err(unavailable("argmax", s.ordinal))
+}
+
+/// See [`crate::cpu::softmax_last`].
+pub fn softmax_last(s: &CudaStorage, cols: usize, log: bool) -> Result<CudaStorage> {
+    let _ = (cols, log);
+    Err(unavailable("softmax_last", s.ordinal))
+}
+
+/// See [`crate::cpu::matmul`].
+pub fn matmul(lhs: &CudaStorage, rhs: &CudaStorage, shape: &MatmulShape) -> Result<CudaStorage> {
+    let _ = (rhs, shape);
+    Err(unavailable("matmul", lhs.ordinal))
+}
+
+/// See [`crate::cpu::conv2d`].
+pub fn conv2d(
+    input: &CudaStorage,
+    weight: &CudaStorage,
+    bias: Option<&CudaStorage>,
+    p: &ConvParams,
+) -> Result<CudaStorage> {
+    let _ = (weight, bias, p);
+    Err(unavailable("conv2d", input.ordinal))
+}
+
+/// See [`crate::cpu::conv2d_backward_input`].
+pub fn conv2d_backward_input(
+    grad_out: &CudaStorage,
+    weight: &CudaStorage,
+    p: &ConvParams,
+) -> Result<CudaStorage> {
+    let _ = (weight, p);
+    Err(unavailable("conv2d_backward_input", grad_out.ordinal))
+}
+
+/// See [`crate::cpu::conv2d_backward_weight`].
+pub fn conv2d_backward_weight(
+    input: &CudaStorage,
+    grad_out: &CudaStorage,
+    p: &ConvParams,
+) -> Result<CudaStorage> {
+    let _ = (grad_out, p);
+    Err(unavailable("conv2d_backward_weight", input.ordinal))
+}
+
+/// See [`crate::cpu::max_pool2d`].
+pub fn max_pool2d(s: &CudaStorage, p: &PoolParams) -> Result<(CudaStorage, CudaStorage)> {
+    let _ = p;
+    Err(unavailable("max_pool2d", s.ordinal))
+}
+
+/// See [`crate::cpu::max_pool2d_backward`].
+pub fn max_pool2d_backward(
+    grad_out: &CudaStorage,
+    indices: &CudaStorage,
+    planes: usize,
+    plane_in: usize,
+    plane_out: usize,
+) -> Result<CudaStorage> {
+    let _ = (indices, planes, plane_in, plane_out);
+    Err(unavailable("max_pool2d_backward", grad_out.ordinal))
+}
+
+/// See [`crate::cpu::index_select`].
+pub fn index_select(
+    src: &CudaStorage,
+    idx: &CudaStorage,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+) -> Result<CudaStorage> {
+    let _ = (idx, outer, dim, inner);
+    Err(unavailable("index_select", src.ordinal))
+}
+
+/// See [`crate::cpu::index_add`].
+pub fn index_add(
+    dst: &mut CudaStorage,
+    idx: &CudaStorage,
+    src: &CudaStorage,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+) -> Result<()> {
+    let _ = (idx, src, outer, dim, inner);
+    Err(unavailable("index_add", dst.ordinal))
+}
+
+/// See [`crate::cpu::gather_last`].
+pub fn gather_last(src: &CudaStorage, idx: &CudaStorage, cols: usize) -> Result<CudaStorage> {
+    let _ = (idx, cols);
+    Err(unavailable("gather_last", src.ordinal))
+}
+
+/// See [`crate::cpu::scatter_add_last`].
+pub fn scatter_add_last(
+    dst: &mut CudaStorage,
+    idx: &CudaStorage,
+    src: &CudaStorage,
+    cols: usize,
+) -> Result<()> {
+    let _ = (idx, src, cols);
+    Err(unavailable("scatter_add_last", dst.ordinal))
+}
+
+/// See [`crate::cpu::one_hot`].
+pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<CudaStorage> {
+    let _ = (classes, dtype);
+    Err(unavailable("one_hot", labels.ordinal))
+}
+
+/// See [`crate::cpu::fill`].
+pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
+    let _ = value;
+    Err(unavailable("fill", dst.ordinal))
+}
+
+/// See [`crate::cpu::sgd_step`].
+pub fn sgd_step(
+    param: &mut CudaStorage,
+    grad: &CudaStorage,
+    momentum_buf: Option<&mut CudaStorage>,
+    h: &SgdParams<'_>,
+) -> Result<()> {
+    let _ = (grad, momentum_buf, h);
+    Err(unavailable("sgd_step", param.ordinal))
+}
+
+/// See [`crate::cpu::adam_step`].
+pub fn adam_step(
+    param: &mut CudaStorage,
+    grad: &CudaStorage,
+    m: &mut CudaStorage,
+    v: &mut CudaStorage,
+    h: &AdamParams<'_>,
+) -> Result<()> {
+    let _ = (grad, m, v, h);
+    Err(unavailable("adam_step", param.ordinal))
+}
+
+/// Creates the allocator of device `ordinal` from the environment's configuration.
+pub fn create_allocator(
+    ordinal: usize,
+) -> Result<std::sync::Arc<dyn crate::memory::DeviceAllocator>> {
+    Err(unavailable("allocator", ordinal))
+}

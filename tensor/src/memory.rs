@@ -1,0 +1,146 @@
+//! Device memory: the per-device allocator registry and the current tenant.
+//!
+//! GPU storage is a block of its device's [`cohort_alloc::Bfc`], charged to the tenant that is
+//! current on the allocating thread ([`with_tenant`]; [`TenantId::DEFAULT`] outside any scope).
+//! CPU storage is plain host memory and is not charged to a tenant.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cohort_alloc::{Bfc, Block, MemoryReport, MemorySource, TenantId, TenantLimits, TenantReport};
+
+use crate::{Device, Error, Result};
+
+thread_local! {
+    static TENANT: Cell<TenantId> = const { Cell::new(TenantId::DEFAULT) };
+}
+
+/// Runs `f` with `tenant` as the current tenant of this thread; allocations inside are charged to
+/// it. Scopes nest; the previous tenant is restored afterwards, also when `f` panics.
+pub fn with_tenant<R>(tenant: TenantId, f: impl FnOnce() -> R) -> R {
+    struct Restore(TenantId);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            TENANT.with(|t| t.set(self.0));
+        }
+    }
+    let _restore = Restore(TENANT.with(|t| t.replace(tenant)));
+    f()
+}
+
+/// The tenant allocations on this thread are charged to.
+pub fn current_tenant() -> TenantId {
+    TENANT.with(Cell::get)
+}
+
+/// What tensors need from a device allocator; implemented by every [`Bfc`].
+pub trait DeviceAllocator: Send + Sync + fmt::Debug {
+    /// Allocates `bytes` for `tenant`.
+    ///
+    /// # Errors
+    /// Out of memory or over the tenant's limit (a structured [`cohort_alloc::Error`]).
+    fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block>;
+    /// Returns a block to the cache.
+    fn free(&self, block: Block);
+    /// Registers a tenant with its limits.
+    ///
+    /// # Errors
+    /// A duplicate name or limits that cannot be met.
+    fn add_tenant(&self, name: &str, limits: TenantLimits) -> cohort_alloc::Result<TenantId>;
+    /// Looks a tenant up by name.
+    fn tenant(&self, name: &str) -> Option<TenantId>;
+    /// Changes a tenant's limits.
+    ///
+    /// # Errors
+    /// An unknown tenant or limits that cannot be met.
+    fn set_tenant_limits(&self, id: TenantId, limits: TenantLimits) -> cohort_alloc::Result<()>;
+    /// Returns unused regions to the device; gives the bytes released.
+    fn trim(&self) -> u64;
+    /// Device-wide and per-tenant statistics.
+    fn stats(&self) -> MemoryReport;
+    /// One tenant's statistics.
+    fn tenant_stats(&self, id: TenantId) -> Option<TenantReport>;
+}
+
+impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
+    fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
+        Bfc::alloc(self, bytes, tenant)
+    }
+    fn free(&self, block: Block) {
+        Bfc::free(self, block);
+    }
+    fn add_tenant(&self, name: &str, limits: TenantLimits) -> cohort_alloc::Result<TenantId> {
+        Bfc::add_tenant(self, name, limits)
+    }
+    fn tenant(&self, name: &str) -> Option<TenantId> {
+        Bfc::tenant(self, name)
+    }
+    fn set_tenant_limits(&self, id: TenantId, limits: TenantLimits) -> cohort_alloc::Result<()> {
+        Bfc::set_tenant_limits(self, id, limits)
+    }
+    fn trim(&self) -> u64 {
+        Bfc::trim(self)
+    }
+    fn stats(&self) -> MemoryReport {
+        Bfc::stats(self)
+    }
+    fn tenant_stats(&self, id: TenantId) -> Option<TenantReport> {
+        Bfc::tenant_stats(self, id)
+    }
+}
+
+type Registry = Mutex<HashMap<usize, Arc<dyn DeviceAllocator>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The allocator of `device`, created on first use (from the environment's configuration).
+///
+/// # Errors
+/// [`Error::Unsupported`] for the CPU (host tensors are plain vectors); for a GPU, whatever
+/// creating its allocator reports (no driver, bad configuration).
+pub fn allocator(device: &Device) -> Result<Arc<dyn DeviceAllocator>> {
+    let ordinal = match device {
+        Device::Cpu => {
+            return Err(Error::Unsupported {
+                op: "allocator",
+                device: Device::Cpu,
+            });
+        }
+        Device::Cuda(n) => *n,
+    };
+    let mut reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(a) = reg.get(&ordinal) {
+        return Ok(a.clone());
+    }
+    let a = crate::cuda::create_allocator(ordinal)?;
+    reg.insert(ordinal, a.clone());
+    Ok(a)
+}
+
+/// Installs `alloc` as the allocator of `device` (before its first use), e.g. one built from an
+/// explicit configuration instead of the environment.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when the device already has an allocator or is the CPU.
+pub fn set_allocator(device: &Device, alloc: Arc<dyn DeviceAllocator>) -> Result<()> {
+    let Device::Cuda(ordinal) = *device else {
+        return Err(Error::Unsupported {
+            op: "set_allocator",
+            device: *device,
+        });
+    };
+    let mut reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    if reg.contains_key(&ordinal) {
+        return Err(Error::InvalidArgument {
+            op: "set_allocator",
+            reason: format!("{device} already has an allocator; configure it before its first use"),
+        });
+    }
+    reg.insert(ordinal, alloc);
+    Ok(())
+}

@@ -1,0 +1,997 @@
+//! Tensor ops: element-wise, reductions, matrix products, convolution, pooling, indexing and the
+//! fused optimizer steps. Each validates shapes, dtypes and devices, then dispatches to the CPU or
+//! CUDA backend.
+
+use cohort_kernels::binary::BinaryOp;
+use cohort_kernels::conv::ConvParams;
+use cohort_kernels::matmul::MatmulShape;
+use cohort_kernels::optim::{AdamParams, SgdParams};
+use cohort_kernels::pool::PoolParams;
+use cohort_kernels::reduce::{ReduceOp, ReduceShape};
+use cohort_kernels::unary::UnaryOp;
+
+use crate::storage::Storage;
+use crate::tensor::elem_count;
+use crate::{DType, Error, Result, Tensor, cpu, cuda};
+
+/// The numpy broadcast of two shapes.
+///
+/// # Errors
+/// [`Error::ShapeMismatch`] naming `op` when a pair of dims differs and neither is 1.
+pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: a.to_vec(),
+                rhs: b.to_vec(),
+            });
+        };
+    }
+    Ok(out)
+}
+
+impl Tensor {
+    fn binary_op(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        let name = op.name();
+        self.same_dtype(name, rhs)?;
+        let out = broadcast_shape(name, &self.shape, &rhs.shape)?;
+        let (ls, rs) = (self.shape.clone(), rhs.shape.clone());
+        self.map2(
+            name,
+            rhs,
+            out.clone(),
+            |a, b| cpu::binary(op, a, &ls, b, &rs, &out),
+            |a, b| cuda::binary(op, a, &ls, b, &rs, &out),
+        )
+    }
+
+    fn unary_op(&self, op: UnaryOp) -> Result<Tensor> {
+        self.require_float(op.name())?;
+        self.map1(
+            self.shape.clone(),
+            |s| cpu::unary(op, s),
+            |s| cuda::unary(op, s),
+        )
+    }
+
+    /// `self + rhs`, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Add, rhs)
+    }
+
+    /// `self - rhs`, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Sub, rhs)
+    }
+
+    /// `self * rhs`, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Mul, rhs)
+    }
+
+    /// `self / rhs`, broadcasting (integer division by zero gives 0).
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Div, rhs)
+    }
+
+    /// Element-wise maximum, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Maximum, rhs)
+    }
+
+    /// Element-wise minimum, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Minimum, rhs)
+    }
+
+    /// 1 where `self > rhs`, else 0 (in this tensor's dtype), broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Gt, rhs)
+    }
+
+    /// 1 where `self >= rhs`, else 0, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Ge, rhs)
+    }
+
+    /// 1 where `self < rhs`, else 0, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Lt, rhs)
+    }
+
+    /// 1 where `self <= rhs`, else 0, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Le, rhs)
+    }
+
+    /// 1 where `self == rhs`, else 0, broadcasting.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Eq, rhs)
+    }
+
+    /// `self + c`.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn add_scalar(&self, c: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::AddScalar(c))
+    }
+
+    /// `self * c`.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn mul_scalar(&self, c: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::MulScalar(c))
+    }
+
+    /// `self ^ e`.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn powf(&self, e: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Powf(e))
+    }
+
+    /// 1 where `self > c`, else 0.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn gt_scalar(&self, c: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::GtScalar(c))
+    }
+
+    /// 1 where `self < c`, else 0.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn lt_scalar(&self, c: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::LtScalar(c))
+    }
+
+    /// `-self`.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Neg)
+    }
+
+    /// `max(self, 0)`.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Relu)
+    }
+
+    /// GELU, tanh approximation.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Gelu)
+    }
+
+    /// Hyperbolic tangent.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Tanh)
+    }
+
+    /// Logistic sigmoid.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sigmoid)
+    }
+
+    /// e^self.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Exp)
+    }
+
+    /// Natural logarithm.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Log)
+    }
+
+    /// Square root.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sqrt)
+    }
+
+    /// Absolute value.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Abs)
+    }
+
+    /// `self²`.
+    ///
+    /// # Errors
+    /// Non-float dtypes; device errors.
+    pub fn square(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Square)
+    }
+
+    /// Picks `on_true` where `mask != 0`, else `on_false`; all three broadcast together.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn where_cond(mask: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        const OP: &str = "where_cond";
+        on_true.same_dtype(OP, on_false)?;
+        mask.same_device(OP, on_true)?;
+        mask.same_device(OP, on_false)?;
+        let s = broadcast_shape(OP, &mask.shape, &on_true.shape)?;
+        let s = broadcast_shape(OP, &s, &on_false.shape)?;
+        let (m, t, f) = (
+            mask.broadcast_to(&s)?,
+            on_true.broadcast_to(&s)?,
+            on_false.broadcast_to(&s)?,
+        );
+        let (mg, tg, fg) = (m.read(), t.read(), f.read());
+        let out = match (&*mg, &*tg, &*fg) {
+            (Storage::Cpu(m), Storage::Cpu(t), Storage::Cpu(f)) => {
+                Storage::Cpu(cpu::where_cond(m, t, f)?)
+            }
+            (Storage::Cuda(m), Storage::Cuda(t), Storage::Cuda(f)) => {
+                Storage::Cuda(cuda::where_cond(m, t, f)?)
+            }
+            _ => return Err(mask.device_mismatch(OP, on_true)),
+        };
+        Ok(Tensor::from_storage(out, s))
+    }
+
+    // ---------------------------------------------------------------- reductions
+
+    /// Sum along `dim`.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`]; unsupported dtypes.
+    pub fn sum(&self, dim: usize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Sum, dim, keepdim)
+    }
+
+    /// Mean along `dim` (float dtypes).
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`]; non-float dtypes.
+    pub fn mean(&self, dim: usize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Mean, dim, keepdim)
+    }
+
+    /// Maximum along `dim`.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`]; unsupported dtypes.
+    pub fn max(&self, dim: usize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Max, dim, keepdim)
+    }
+
+    /// Minimum along `dim`.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`]; unsupported dtypes.
+    pub fn min(&self, dim: usize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Min, dim, keepdim)
+    }
+
+    /// Index of the maximum along `dim` (the first on ties), i32, `dim` removed.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`]; unsupported dtypes.
+    pub fn argmax(&self, dim: usize) -> Result<Tensor> {
+        self.check_dim("argmax", dim)?;
+        let rs = self.split_at_dim(dim);
+        let mut shape = self.shape.clone();
+        shape.remove(dim);
+        self.map1(shape, |s| cpu::argmax(s, rs), |s| cuda::argmax(s, rs))
+    }
+
+    /// Sum of all elements, shape `[]`.
+    ///
+    /// # Errors
+    /// Unsupported dtypes.
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.reshape(&[self.elem_count()])?.sum(0, false)
+    }
+
+    /// Mean of all elements, shape `[]`.
+    ///
+    /// # Errors
+    /// Non-float dtypes.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.reshape(&[self.elem_count()])?.mean(0, false)
+    }
+
+    fn softmax_impl(&self, log: bool) -> Result<Tensor> {
+        let op = if log {
+            "log_softmax_last"
+        } else {
+            "softmax_last"
+        };
+        self.require_float(op)?;
+        let Some(&cols) = self.shape.last() else {
+            return Err(Error::InvalidShape {
+                op,
+                shape: vec![],
+                reason: "needs rank >= 1".into(),
+            });
+        };
+        self.map1(
+            self.shape.clone(),
+            |s| cpu::softmax_last(s, cols, log),
+            |s| cuda::softmax_last(s, cols, log),
+        )
+    }
+
+    /// Softmax along the last dim.
+    ///
+    /// # Errors
+    /// Non-float dtypes; rank 0.
+    pub fn softmax_last(&self) -> Result<Tensor> {
+        self.softmax_impl(false)
+    }
+
+    /// Log-softmax along the last dim (computed stably, not as log(softmax)).
+    ///
+    /// # Errors
+    /// Non-float dtypes; rank 0.
+    pub fn log_softmax_last(&self) -> Result<Tensor> {
+        self.softmax_impl(true)
+    }
+
+    // ---------------------------------------------------------------- matrix products
+
+    /// Matrix product: `[m,k]·[k,n]`, `[b,m,k]·[b,k,n]` (any equal leading dims), and the
+    /// broadcast forms `[m,k]·[b,k,n]` and `[b,m,k]·[k,n]`.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; non-float dtypes.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.matmul_t(rhs, false, false)
+    }
+
+    /// [`Tensor::matmul`] with the last two dims of either operand taken transposed (no copy is
+    /// made: the kernel reads them strided).
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; non-float dtypes.
+    pub fn matmul_t(&self, rhs: &Tensor, trans_lhs: bool, trans_rhs: bool) -> Result<Tensor> {
+        const OP: &str = "matmul";
+        self.same_dtype(OP, rhs)?;
+        self.same_device(OP, rhs)?;
+        self.require_float(OP)?;
+        let (lr, rr) = (self.rank(), rhs.rank());
+        if lr < 2 || rr < 2 {
+            return Err(self.shape_mismatch(OP, rhs));
+        }
+        let (mut m, mut k) = (self.shape[lr - 2], self.shape[lr - 1]);
+        if trans_lhs {
+            std::mem::swap(&mut m, &mut k);
+        }
+        let (mut k2, mut n) = (rhs.shape[rr - 2], rhs.shape[rr - 1]);
+        if trans_rhs {
+            std::mem::swap(&mut k2, &mut n);
+        }
+        if k != k2 {
+            return Err(self.shape_mismatch(OP, rhs));
+        }
+        let (lb, rb) = (&self.shape[..lr - 2], &rhs.shape[..rr - 2]);
+        let batch_dims: Vec<usize> = match (lb.is_empty(), rb.is_empty()) {
+            (true, _) => rb.to_vec(),
+            (false, true) => lb.to_vec(),
+            (false, false) if lb == rb => lb.to_vec(),
+            _ => return Err(self.shape_mismatch(OP, rhs)),
+        };
+        let batch = elem_count(&batch_dims);
+        let mut shape = MatmulShape {
+            batch,
+            m,
+            n,
+            k,
+            lhs_batch_stride: if lb.is_empty() { 0 } else { m * k },
+            rhs_batch_stride: if rb.is_empty() { 0 } else { k * n },
+            trans_lhs,
+            trans_rhs,
+        };
+        // [b,m,k]·[k,n] is one [b·m,k]·[k,n] product: a single larger gemm is faster.
+        if rb.is_empty() && !lb.is_empty() && !trans_lhs {
+            shape = MatmulShape {
+                batch: 1,
+                m: batch * m,
+                lhs_batch_stride: 0,
+                ..shape
+            };
+        }
+        let mut out = batch_dims;
+        out.extend([m, n]);
+        self.map2(
+            OP,
+            rhs,
+            out,
+            |a, b| cpu::matmul(a, b, &shape),
+            |a, b| cuda::matmul(a, b, &shape),
+        )
+    }
+
+    // ---------------------------------------------------------------- convolution and pooling
+
+    fn conv_params(
+        op: &'static str,
+        input: &[usize],
+        weight: &[usize],
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<ConvParams> {
+        let bad = |reason: String| Error::InvalidArgument { op, reason };
+        if input.len() != 4 || weight.len() != 4 {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: input.to_vec(),
+                rhs: weight.to_vec(),
+            });
+        }
+        if stride == 0 || groups == 0 {
+            return Err(bad(format!(
+                "stride ({stride}) and groups ({groups}) must be >= 1"
+            )));
+        }
+        let p = ConvParams {
+            batch: input[0],
+            c_in: input[1],
+            h: input[2],
+            w: input[3],
+            c_out: weight[0],
+            kh: weight[2],
+            kw: weight[3],
+            stride,
+            padding,
+            groups,
+        };
+        if p.c_in % groups != 0 || p.c_out % groups != 0 || weight[1] * groups != p.c_in {
+            return Err(bad(format!(
+                "input {input:?} and weight {weight:?} do not fit {groups} group(s): weight must be [O, C/groups, kh, kw] with C and O multiples of groups"
+            )));
+        }
+        if p.kh == 0 || p.kw == 0 || p.h + 2 * padding < p.kh || p.w + 2 * padding < p.kw {
+            return Err(bad(format!(
+                "kernel {}x{} does not fit input {}x{} with padding {padding}",
+                p.kh, p.kw, p.h, p.w
+            )));
+        }
+        Ok(p)
+    }
+
+    /// 2-D convolution, NCHW: `self [N,C,H,W]`, `weight [O,C/groups,kh,kw]`, `bias [O]`.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; stride or groups of 0; a kernel larger than the padded
+    /// input.
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<Tensor> {
+        const OP: &str = "conv2d";
+        self.same_dtype(OP, weight)?;
+        self.same_device(OP, weight)?;
+        self.require_float(OP)?;
+        let p = Tensor::conv_params(OP, &self.shape, &weight.shape, stride, padding, groups)?;
+        if let Some(b) = bias {
+            self.same_dtype(OP, b)?;
+            self.same_device(OP, b)?;
+            if b.shape != [p.c_out] {
+                return Err(weight.shape_mismatch(OP, b));
+            }
+        }
+        let out = vec![p.batch, p.c_out, p.out_h(), p.out_w()];
+        let (xg, wg) = (self.read(), weight.read());
+        let bg = bias.map(Tensor::read);
+        let s = match (&*xg, &*wg, bg.as_deref()) {
+            (Storage::Cpu(x), Storage::Cpu(w), None) => Storage::Cpu(cpu::conv2d(x, w, None, &p)?),
+            (Storage::Cpu(x), Storage::Cpu(w), Some(Storage::Cpu(b))) => {
+                Storage::Cpu(cpu::conv2d(x, w, Some(b), &p)?)
+            }
+            (Storage::Cuda(x), Storage::Cuda(w), None) => {
+                Storage::Cuda(cuda::conv2d(x, w, None, &p)?)
+            }
+            (Storage::Cuda(x), Storage::Cuda(w), Some(Storage::Cuda(b))) => {
+                Storage::Cuda(cuda::conv2d(x, w, Some(b), &p)?)
+            }
+            _ => return Err(self.device_mismatch(OP, weight)),
+        };
+        Ok(Tensor::from_storage(s, out))
+    }
+
+    /// Gradient of [`Tensor::conv2d`] with respect to its input, shape `input_shape`.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn conv2d_backward_input(
+        grad_out: &Tensor,
+        weight: &Tensor,
+        input_shape: &[usize],
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<Tensor> {
+        const OP: &str = "conv2d_backward_input";
+        grad_out.same_dtype(OP, weight)?;
+        grad_out.require_float(OP)?;
+        let p = Tensor::conv_params(OP, input_shape, &weight.shape, stride, padding, groups)?;
+        if grad_out.shape != [p.batch, p.c_out, p.out_h(), p.out_w()] {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: grad_out.shape.clone(),
+                rhs: vec![p.batch, p.c_out, p.out_h(), p.out_w()],
+            });
+        }
+        grad_out.map2(
+            OP,
+            weight,
+            input_shape.to_vec(),
+            |g, w| cpu::conv2d_backward_input(g, w, &p),
+            |g, w| cuda::conv2d_backward_input(g, w, &p),
+        )
+    }
+
+    /// Gradient of [`Tensor::conv2d`] with respect to its weight, shape `weight_shape`.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn conv2d_backward_weight(
+        input: &Tensor,
+        grad_out: &Tensor,
+        weight_shape: &[usize],
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<Tensor> {
+        const OP: &str = "conv2d_backward_weight";
+        input.same_dtype(OP, grad_out)?;
+        input.require_float(OP)?;
+        let p = Tensor::conv_params(OP, &input.shape, weight_shape, stride, padding, groups)?;
+        if grad_out.shape != [p.batch, p.c_out, p.out_h(), p.out_w()] {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: grad_out.shape.clone(),
+                rhs: vec![p.batch, p.c_out, p.out_h(), p.out_w()],
+            });
+        }
+        input.map2(
+            OP,
+            grad_out,
+            weight_shape.to_vec(),
+            |x, g| cpu::conv2d_backward_weight(x, g, &p),
+            |x, g| cuda::conv2d_backward_weight(x, g, &p),
+        )
+    }
+
+    /// Max pooling over `kernel × kernel` windows of the last two dims (no padding); returns the
+    /// pooled values and, per output, the i32 flat index (`y·W + x`) of its max in the input plane.
+    ///
+    /// # Errors
+    /// Rank below 2; kernel or stride of 0; a kernel larger than the input.
+    pub fn max_pool2d(&self, kernel: usize, stride: usize) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "max_pool2d";
+        self.require_float(OP)?;
+        let r = self.rank();
+        if r < 2
+            || kernel == 0
+            || stride == 0
+            || self.shape[r - 2] < kernel
+            || self.shape[r - 1] < kernel
+        {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: self.shape.clone(),
+                reason: format!(
+                    "needs [.., H, W] with H, W >= kernel ({kernel}) and kernel, stride ({stride}) >= 1"
+                ),
+            });
+        }
+        let p = PoolParams {
+            planes: elem_count(&self.shape[..r - 2]),
+            h: self.shape[r - 2],
+            w: self.shape[r - 1],
+            kernel,
+            stride,
+        };
+        let mut shape = self.shape.clone();
+        shape[r - 2] = p.out_h();
+        shape[r - 1] = p.out_w();
+        let (o, i) = match &*self.read() {
+            Storage::Cpu(s) => {
+                let (o, i) = cpu::max_pool2d(s, &p)?;
+                (Storage::Cpu(o), Storage::Cpu(i))
+            }
+            Storage::Cuda(s) => {
+                let (o, i) = cuda::max_pool2d(s, &p)?;
+                (Storage::Cuda(o), Storage::Cuda(i))
+            }
+        };
+        Ok((
+            Tensor::from_storage(o, shape.clone()),
+            Tensor::from_storage(i, shape),
+        ))
+    }
+
+    /// Gradient of [`Tensor::max_pool2d`]: each output gradient goes to its window's max.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; indices outside the input plane.
+    pub fn max_pool2d_backward(
+        grad_out: &Tensor,
+        indices: &Tensor,
+        input_shape: &[usize],
+    ) -> Result<Tensor> {
+        const OP: &str = "max_pool2d_backward";
+        grad_out.require_float(OP)?;
+        indices.require_i32(OP)?;
+        grad_out.same_shape(OP, indices)?;
+        let r = input_shape.len();
+        if r < 2 || grad_out.rank() != r || grad_out.shape[..r - 2] != input_shape[..r - 2] {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: grad_out.shape.clone(),
+                rhs: input_shape.to_vec(),
+            });
+        }
+        let planes = elem_count(&input_shape[..r - 2]);
+        let plane_in = input_shape[r - 2] * input_shape[r - 1];
+        let plane_out = grad_out.shape[r - 2] * grad_out.shape[r - 1];
+        grad_out.map2(
+            OP,
+            indices,
+            input_shape.to_vec(),
+            |g, i| cpu::max_pool2d_backward(g, i, planes, plane_in, plane_out),
+            |g, i| cuda::max_pool2d_backward(g, i, planes, plane_in, plane_out),
+        )
+    }
+
+    // ---------------------------------------------------------------- indexing
+
+    /// Selects entries along `dim` by i32 `indices` of any shape; the result has `indices`' dims
+    /// in place of `dim` (embeddings: `table[V, D].index_select(ids[B, T], 0)` is `[B, T, D]`).
+    ///
+    /// # Errors
+    /// Non-i32 indices; a dim out of range; an index out of range.
+    pub fn index_select(&self, indices: &Tensor, dim: usize) -> Result<Tensor> {
+        const OP: &str = "index_select";
+        self.check_dim(OP, dim)?;
+        indices.require_i32(OP)?;
+        let ReduceShape {
+            outer,
+            dim: d,
+            inner,
+        } = self.split_at_dim(dim);
+        let mut shape = self.shape[..dim].to_vec();
+        shape.extend_from_slice(&indices.shape);
+        shape.extend_from_slice(&self.shape[dim + 1..]);
+        self.map2(
+            OP,
+            indices,
+            shape,
+            |s, i| cpu::index_select(s, i, outer, d, inner),
+            |s, i| cuda::index_select(s, i, outer, d, inner),
+        )
+    }
+
+    /// A copy of `self` with `src` rows added at `indices` along `dim` (repeats accumulate): the
+    /// backward of [`Tensor::index_select`]. `src` has `indices`' dims in place of `dim`.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; an index out of range.
+    pub fn index_add(&self, dim: usize, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
+        const OP: &str = "index_add";
+        self.check_dim(OP, dim)?;
+        indices.require_i32(OP)?;
+        self.same_dtype(OP, src)?;
+        self.same_device(OP, indices)?;
+        let mut expect = self.shape[..dim].to_vec();
+        expect.extend_from_slice(&indices.shape);
+        expect.extend_from_slice(&self.shape[dim + 1..]);
+        if src.shape != expect {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: expect,
+                rhs: src.shape.clone(),
+            });
+        }
+        let ReduceShape {
+            outer,
+            dim: d,
+            inner,
+        } = self.split_at_dim(dim);
+        let out = self.copy()?;
+        let ig = indices.read();
+        out.mutate2(
+            OP,
+            src,
+            |dst, s| match &*ig {
+                Storage::Cpu(i) => cpu::index_add(dst, i, s, outer, d, inner),
+                Storage::Cuda(_) => Err(indices.device_mismatch(OP, src)),
+            },
+            |dst, s| match &*ig {
+                Storage::Cuda(i) => cuda::index_add(dst, i, s, outer, d, inner),
+                Storage::Cpu(_) => Err(indices.device_mismatch(OP, src)),
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// `out[..] = self[.., indices[..]]`: one entry of the last dim per row; `indices` (i32) has
+    /// the shape of `self` without its last dim.
+    ///
+    /// # Errors
+    /// Shape or device mismatches; non-i32 indices; an index out of range.
+    pub fn gather_last(&self, indices: &Tensor) -> Result<Tensor> {
+        const OP: &str = "gather_last";
+        indices.require_i32(OP)?;
+        let Some((&cols, lead)) = self.shape.split_last() else {
+            return Err(self.shape_mismatch(OP, indices));
+        };
+        if indices.shape != lead {
+            return Err(self.shape_mismatch(OP, indices));
+        }
+        self.map2(
+            OP,
+            indices,
+            lead.to_vec(),
+            |s, i| cpu::gather_last(s, i, cols),
+            |s, i| cuda::gather_last(s, i, cols),
+        )
+    }
+
+    /// A copy of `self` with `src[..]` added at `[.., indices[..]]`: the backward of
+    /// [`Tensor::gather_last`]. `indices` and `src` have the shape of `self` without its last dim.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; an index out of range.
+    pub fn scatter_add_last(&self, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
+        const OP: &str = "scatter_add_last";
+        indices.require_i32(OP)?;
+        self.same_dtype(OP, src)?;
+        self.same_device(OP, indices)?;
+        let Some((&cols, lead)) = self.shape.split_last() else {
+            return Err(self.shape_mismatch(OP, indices));
+        };
+        if indices.shape != lead || src.shape != lead {
+            return Err(indices.shape_mismatch(OP, src));
+        }
+        let out = self.copy()?;
+        let ig = indices.read();
+        out.mutate2(
+            OP,
+            src,
+            |dst, s| match &*ig {
+                Storage::Cpu(i) => cpu::scatter_add_last(dst, i, s, cols),
+                Storage::Cuda(_) => Err(indices.device_mismatch(OP, src)),
+            },
+            |dst, s| match &*ig {
+                Storage::Cuda(i) => cuda::scatter_add_last(dst, i, s, cols),
+                Storage::Cpu(_) => Err(indices.device_mismatch(OP, src)),
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// `[.., classes]` rows with a 1 at each i32 label, on the labels' device.
+    ///
+    /// # Errors
+    /// Non-i32 labels; a label outside `0..classes`.
+    pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+        labels.require_i32("one_hot")?;
+        let mut shape = labels.shape.clone();
+        shape.push(classes);
+        labels.map1(
+            shape,
+            |s| cpu::one_hot(s, classes, dtype),
+            |s| cuda::one_hot(s, classes, dtype),
+        )
+    }
+
+    // ---------------------------------------------------------------- optimizer steps
+
+    fn check_step(op: &'static str, param: &Tensor, others: &[&Tensor], lrs: &[f64]) -> Result<()> {
+        param.require_float(op)?;
+        for o in others {
+            param.same_shape(op, o)?;
+            param.same_dtype(op, o)?;
+            param.same_device(op, o)?;
+        }
+        for (i, a) in others.iter().enumerate() {
+            if param.same_storage(a) || others[i + 1..].iter().any(|b| a.same_storage(b)) {
+                return Err(Error::InvalidArgument {
+                    op,
+                    reason: "parameter, gradient and state must be distinct tensors".into(),
+                });
+            }
+        }
+        let members = param.shape.first().copied().unwrap_or(1);
+        if lrs.is_empty() || (lrs.len() > 1 && lrs.len() != members) {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!(
+                    "got {} learning rates for a parameter of shape {:?}: give one, or one per member (the leading dim)",
+                    lrs.len(),
+                    param.shape
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// One fused SGD step on `param` in place (PyTorch semantics; the momentum buffer starts at
+    /// zero). `lrs`: one rate, or one per member for a parameter with a leading member dim.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; a missing buffer with momentum; bad `lrs`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgd_step_(
+        param: &Tensor,
+        grad: &Tensor,
+        momentum_buf: Option<&Tensor>,
+        lrs: &[f64],
+        momentum: f64,
+        dampening: f64,
+        weight_decay: f64,
+        nesterov: bool,
+    ) -> Result<()> {
+        const OP: &str = "sgd_step_";
+        let mut others = vec![grad];
+        others.extend(momentum_buf);
+        Tensor::check_step(OP, param, &others, lrs)?;
+        if momentum != 0.0 && momentum_buf.is_none() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "momentum {momentum} needs a momentum buffer (a zeroed tensor shaped like the parameter)"
+                ),
+            });
+        }
+        let h = SgdParams {
+            lrs,
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+        };
+        let mut p = param.write();
+        let g = grad.read();
+        let mut b = momentum_buf.map(Tensor::write);
+        match (&mut *p, &*g, b.as_deref_mut()) {
+            (Storage::Cpu(p), Storage::Cpu(g), None) => cpu::sgd_step(p, g, None, &h),
+            (Storage::Cpu(p), Storage::Cpu(g), Some(Storage::Cpu(b))) => {
+                cpu::sgd_step(p, g, Some(b), &h)
+            }
+            (Storage::Cuda(p), Storage::Cuda(g), None) => cuda::sgd_step(p, g, None, &h),
+            (Storage::Cuda(p), Storage::Cuda(g), Some(Storage::Cuda(b))) => {
+                cuda::sgd_step(p, g, Some(b), &h)
+            }
+            _ => Err(param.device_mismatch(OP, grad)),
+        }
+    }
+
+    /// One fused Adam (or AdamW when `decoupled`) step on `param`, `m` and `v` in place (PyTorch
+    /// semantics); `step` is the 1-based step number of this update.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; `step == 0`; bad `lrs`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adam_step_(
+        param: &Tensor,
+        grad: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        lrs: &[f64],
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+        step: u64,
+    ) -> Result<()> {
+        const OP: &str = "adam_step_";
+        Tensor::check_step(OP, param, &[grad, m, v], lrs)?;
+        if step == 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "step is 1-based: pass 1 for the first update".into(),
+            });
+        }
+        let h = AdamParams {
+            lrs,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            decoupled,
+            step,
+        };
+        let mut p = param.write();
+        let g = grad.read();
+        let mut mg = m.write();
+        let mut vg = v.write();
+        match (&mut *p, &*g, &mut *mg, &mut *vg) {
+            (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
+                cpu::adam_step(p, g, m, v, &h)
+            }
+            (Storage::Cuda(p), Storage::Cuda(g), Storage::Cuda(m), Storage::Cuda(v)) => {
+                cuda::adam_step(p, g, m, v, &h)
+            }
+            _ => Err(param.device_mismatch(OP, grad)),
+        }
+    }
+}
