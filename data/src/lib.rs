@@ -1,33 +1,55 @@
 //! cohort-data: a tf.data-style input pipeline: sources, map, shuffle, batch, prefetch, shared iterators.
 //!
+//! A [`Dataset`] describes a pipeline; iterators opened from it run it. Sources: [`Dataset::range`],
+//! [`Dataset::from_tensor_slices`] (host [`Array`]s, `Vec`s, tuples), IDX files ([`read_idx`], [`Mnist`]),
+//! numeric CSV ([`read_csv`]), text lines with a tokenizer and [`Vocabulary`], seeded [`synthetic`] data.
+//! Adapters: `map`/`map_parallel` (order kept), `filter`, `shuffle(buffer, seed)`, `batch`, `padded_batch`,
+//! `repeat`, `take`, `skip`, `zip`, `cache`, `prefetch(n)`; [`Dataset::share`] lets several members read one run.
+//!
+//! Everything is deterministic under its seeds, and an iterator's [`Position`] (serde) resumes it exactly:
+//!
 //! ```
-//! use cohort_data::{Split, bundled_mnist_dir, load_mnist};
-//! let (images, labels) = load_mnist(bundled_mnist_dir(), Split::Test)?;
-//! assert_eq!(images.len(), labels.len() * 784);
+//! use cohort_data::{Dataset, Mnist, MnistConfig, Position, Split, bundled_mnist_dir};
+//! use std::sync::Arc;
+//!
+//! let mnist = Arc::new(Mnist::load(bundled_mnist_dir(), Split::Test)?);
+//! let ds = mnist.batches(&MnistConfig { batch_size: 256, seed: 7, ..MnistConfig::default() });
+//!
+//! // two members share one pipeline: each sees every batch, decoded once
+//! let mut members = ds.share(2)?;
+//! let a = members[0].next().unwrap()?;
+//! let b = members[1].next().unwrap()?;
+//! assert!(Arc::ptr_eq(&a, &b));
+//! assert_eq!(a.0.shape(), &[256, 784]);
+//!
+//! // save the position with the checkpoint; a resumed run continues with the very same batches
+//! let saved: String = serde_json::to_string(&members[0].pos()).unwrap();
+//! let next = members[0].next().unwrap()?;
+//! let resumed: Position = serde_json::from_str(&saved).unwrap();
+//! let mut again = ds.share_from(1, &resumed)?;
+//! assert!(*again[0].next().unwrap()? == *next);
 //! # Ok::<(), cohort_data::Error>(())
 //! ```
 
+pub mod array;
+pub mod csv;
+pub mod dataset;
 pub mod error;
 pub mod idx;
-pub mod mnist;
-
-pub use error::{Error, Result};
-pub use idx::{IdxArray, IdxData, IdxType, read_idx};
-pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};
-pub mod array;
-pub mod dataset;
 pub mod map;
+pub mod mnist;
 pub mod prefetch;
 pub mod rng;
 pub mod share;
-
-pub use array::{Array, ArrayData, Slices, Stack};
-pub use dataset::{Cardinality, Dataset, Iter, Position};
-pub use rng::Rng;
-pub use share::{ShareOptions, SharedIter};
-pub mod csv;
 pub mod synthetic;
 pub mod text;
 
+pub use array::{Array, ArrayData, Slices, Stack};
 pub use csv::{CsvOptions, CsvTable, read_csv};
+pub use dataset::{Cardinality, Dataset, Iter, Position};
+pub use error::{Error, Result};
+pub use idx::{IdxArray, IdxData, IdxType, read_idx};
+pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};
+pub use rng::Rng;
+pub use share::{ShareOptions, SharedIter};
 pub use text::{LabeledText, Vocabulary, text_lines, tokenize};
