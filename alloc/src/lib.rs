@@ -1,4 +1,78 @@
 //! cohort-alloc: the BFC caching allocator with a memory budget per model.
+//!
+//! One [`Bfc`] serves one device. It hands out [`Block`]s (an address and a size, 256-byte granularity and
+//! alignment) by best fit with immediate coalescing, over memory from a [`MemorySource`]:
+//!
+//! | source | memory | layout |
+//! | --- | --- | --- |
+//! | [`SimMemory`] | none (fake addresses and a capacity; for tests and trace replay) | segments, or stitched pages with [`SimMemory::stitched`] |
+//! | [`HostMemory`] | aligned host memory | segments |
+//! | [`CudaMemory`] (feature `cuda`) | `cuMemAlloc` / `cuMemFree` | segments |
+//! | [`CudaVmm`] (feature `cuda`) | one reserved virtual range, 2 MiB physical pages mapped where blocks are | stitched |
+//! | [`CudaAsyncPool`] (feature `cuda`) | `cuMemAllocAsync` with a release threshold | one block per call |
+//!
+//! In the **stitched** layout every block is placed by best fit in one virtual range; physical pages back only the
+//! pages live blocks touch, and when a block lands on unbacked pages, idle pages (mapped, touched by no live block)
+//! are moved there before new ones are created. Physical memory then stays within a page or so of the peak of live
+//! bytes, where segments lose memory to blocks stranded in separate regions.
+//!
+//! Free chunks sit in 48 size-class bins (bin `b` holds `[256·2^b, 256·2^(b+1))`), each an intrusive treap ordered
+//! by (size, address) over a slab of chunks linked to their address neighbours; a bitmap finds the next non-empty
+//! bin. Alloc and free are O(log n) under one short lock, and a cached alloc + free makes no source call and no
+//! heap allocation.
+//!
+//! On top: policies ([`Policy::Growth`], [`Policy::Preallocate`], a hard [`Limit`], [`Bfc::trim`]), backends
+//! ([`Backend`]: BFC, the driver's async pool, direct), tenants (one budget per model: a hard limit, a reserve the
+//! others cannot take, borrowing of everything else, stats each), configuration by [`ConfigBuilder`] or the
+//! `COHORT_MEMORY_LIMIT`, `COHORT_MEMORY_GROWTH`, `COHORT_ALLOCATOR` and `COHORT_DEVICE` variables (frozen at the
+//! first allocation), a [`MemoryReport`] (`Display` table, serde JSON), bounded event recording exported as Chrome
+//! trace JSON ([`Bfc::chrome_trace`]), and a structured [`OutOfMemory`] error (cause and advice) after one trim and
+//! retry. [`replay`] replays real allocation traces.
+//!
+//! ```
+//! use cohort_alloc::{Bfc, Config, OomCause, SimMemory, TenantId, TenantLimits};
+//!
+//! # fn main() -> cohort_alloc::Result<()> {
+//! // A simulated 1 GiB device in the stitched layout, capped at 256 MiB.
+//! let config = Config::builder().limit_bytes(256 << 20).build()?;
+//! let bfc = Bfc::new(SimMemory::stitched(1 << 30), config)?;
+//! let cnn = bfc.add_tenant("cnn", TenantLimits::limit(64 << 20))?;
+//!
+//! let block = bfc.alloc(10_000, cnn)?;
+//! assert_eq!(block.size, 10_240); // rounded up to 256 bytes
+//! assert_eq!(block.ptr % 256, 0);
+//!
+//! // Past its limit a tenant fails alone, with a report that says why and what to do.
+//! let err = bfc.alloc(100 << 20, cnn).unwrap_err();
+//! assert_eq!(err.out_of_memory().unwrap().cause, OomCause::TenantLimit);
+//! let other = bfc.alloc(100 << 20, TenantId::DEFAULT)?;
+//!
+//! bfc.free(block);
+//! bfc.free(other);
+//! println!("{}", bfc.stats()); // a table; bfc.stats().to_json() for machines
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A tensor crate gets one allocator per device with [`device_allocator`] (the stitched [`CudaVmm`] on a GPU under
+//! the default `bfc` backend, host memory on the CPU), keeps it in an `Arc`, and charges each member's blocks to
+//! its tenant.
+//!
+//! ## Measured on the shared traces (`cargo run --release -p cohort-alloc --bin replay -- TRACE`)
+//!
+//! Peak reserved over peak live, defaults (stitched, idle-page slack 0), against PyTorch's best:
+//!
+//! | trace | stitched | growth (segments) | PyTorch default / expandable |
+//! | --- | --- | --- | --- |
+//! | transformer-lm | 1.39 % | 18.99 % | 20.1 % / 8.1 % |
+//! | transformer-varlen | 1.33 % | 10.51 % | 11.6 % / 7.5 % |
+//! | mlp-grid8 | 1.48 % | 1.48 % | 3.4 % / 13.2 % |
+//!
+//! Steady state (second pass on the same allocator): the segment policy makes no source call; the stitched policy
+//! moves 319 pages in 34 map calls per pass on transformer-lm (106 pages, 11 calls per step), 603 pages in 52 calls
+//! on transformer-varlen (60 pages, 5 calls per step), none on mlp-grid8. The idle-page slack
+//! ([`ConfigBuilder::idle_page_slack`]) keeps that many idle pages mapped before moving: 8 pages cost +0.96 / +0.54
+//! points of overhead and removed only 16 % / 10 % of the moves, so the default is 0.
 
 mod bfc;
 mod bin;
