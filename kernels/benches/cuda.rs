@@ -49,16 +49,26 @@ fn bench(c: &mut Criterion) {
     unsafe { blas::set_stream(raw, g.compute_stream().cu_stream() as _) }.expect("set stream");
 
     let mut group = c.benchmark_group("cuda_sgemm");
-    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     for n in [1024usize, 4096] {
-        let (a, b, out) = (filled(&g, n * n, 0.5), filled(&g, n * n, 0.25), filled(&g, n * n, 0.0));
+        let (a, b, out) = (
+            filled(&g, n * n, 0.5),
+            filled(&g, n * n, 0.25),
+            filled(&g, n * n, 0.0),
+        );
         let shape = MatmulShape::plain(n, n, n);
         group.throughput(Throughput::Elements(shape.flops()));
         group.bench_function(format!("cuda_sgemm_ours_{n}"), |bch| {
             bch.iter_custom(|iters| {
                 timed(&g, iters, || {
                     // SAFETY: n·n f32 each.
-                    unsafe { mm_cuda::matmul(&g, CudaType::F32, a.ptr(), b.ptr(), out.ptr(), &shape).expect("matmul") }
+                    unsafe {
+                        mm_cuda::matmul(&g, CudaType::F32, a.ptr(), b.ptr(), out.ptr(), &shape)
+                            .expect("matmul")
+                    }
                 })
             })
         });
@@ -97,15 +107,28 @@ fn bench(c: &mut Criterion) {
     let n = 16 << 20;
     let (x, y, out) = (filled(&g, n, 1.0), filled(&g, n, 2.0), filled(&g, n, 0.0));
     let mut group = c.benchmark_group("cuda_elementwise");
-    group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
     group.throughput(Throughput::Bytes((3 * n * 4) as u64));
     group.bench_function("cuda_add_16m", |bch| {
         bch.iter_custom(|iters| {
             timed(&g, iters, || {
                 // SAFETY: n f32 each.
                 unsafe {
-                    bin_cuda::binary(&g, BinaryOp::Add, CudaType::F32, x.ptr(), &[n], y.ptr(), &[n], out.ptr(), &[n])
-                        .expect("add")
+                    bin_cuda::binary(
+                        &g,
+                        BinaryOp::Add,
+                        CudaType::F32,
+                        x.ptr(),
+                        &[n],
+                        y.ptr(),
+                        &[n],
+                        out.ptr(),
+                        &[n],
+                    )
+                    .expect("add")
                 }
             })
         })
@@ -123,9 +146,16 @@ fn bench(c: &mut Criterion) {
     group.bench_function("cuda_sum_16m", |bch| {
         bch.iter_custom(|iters| {
             timed(&g, iters, || {
-                let s = ReduceShape { outer: 1, dim: n, inner: 1 };
+                let s = ReduceShape {
+                    outer: 1,
+                    dim: n,
+                    inner: 1,
+                };
                 // SAFETY: n f32 in, 1 out.
-                unsafe { red_cuda::reduce(&g, ReduceOp::Sum, CudaType::F32, x.ptr(), out.ptr(), s).expect("sum") }
+                unsafe {
+                    red_cuda::reduce(&g, ReduceOp::Sum, CudaType::F32, x.ptr(), out.ptr(), s)
+                        .expect("sum")
+                }
             })
         })
     });
@@ -134,7 +164,10 @@ fn bench(c: &mut Criterion) {
     // Host-side cost: enqueue only; the device runs these small ops faster than the host issues them.
     let small = 1024;
     let mut group = c.benchmark_group("cuda_host");
-    group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
     let host = |iters: u64, f: &mut dyn FnMut()| {
         g.synchronize().expect("sync");
         let t = Instant::now();
@@ -170,7 +203,10 @@ fn bench(c: &mut Criterion) {
         bch.iter_custom(|iters| {
             host(iters, &mut || {
                 // SAFETY: small ≤ n f32 each.
-                unsafe { un_cuda::unary(&g, UnaryOp::Relu, x.ptr(), out.ptr(), black_box(small)).expect("relu") }
+                unsafe {
+                    un_cuda::unary(&g, UnaryOp::Relu, x.ptr(), out.ptr(), black_box(small))
+                        .expect("relu")
+                }
             })
         })
     });
@@ -179,7 +215,17 @@ fn bench(c: &mut Criterion) {
         bch.iter_custom(|iters| {
             host(iters, &mut || {
                 // SAFETY: 32·32 f32 each.
-                unsafe { mm_cuda::matmul(&g, CudaType::F32, x.ptr(), y.ptr(), out.ptr(), black_box(&mm)).expect("mm") }
+                unsafe {
+                    mm_cuda::matmul(
+                        &g,
+                        CudaType::F32,
+                        x.ptr(),
+                        y.ptr(),
+                        out.ptr(),
+                        black_box(&mm),
+                    )
+                    .expect("mm")
+                }
             })
         })
     });

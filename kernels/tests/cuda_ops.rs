@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use cohort_kernels::Error;
 use cohort_kernels::binary::{BinaryOp, cpu as bin_cpu, cuda as bin_cuda};
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu, cuda as conv_cuda};
 use cohort_kernels::copy::{Copy2d, cpu as copy_cpu, cuda as copy_cuda};
@@ -15,7 +16,6 @@ use cohort_kernels::pool::{PoolParams, cpu as pool_cpu, cuda as pool_cuda};
 use cohort_kernels::reduce::{ReduceOp, ReduceShape, cpu as red_cpu, cuda as red_cuda};
 use cohort_kernels::softmax::{cpu as sm_cpu, cuda as sm_cuda};
 use cohort_kernels::unary::{UnaryOp, cpu as un_cpu, cuda as un_cuda};
-use cohort_kernels::Error;
 
 fn gpu() -> Arc<Gpu> {
     Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"))
@@ -58,7 +58,10 @@ fn zeros(g: &Gpu, bytes: usize) -> DeviceBuffer {
 fn down<T: bytemuck::Pod + Default>(g: &Gpu, buf: &DeviceBuffer, n: usize) -> Vec<T> {
     let mut out = vec![T::default(); n];
     // SAFETY: the buffer holds at least n elements (callers size it).
-    unsafe { g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out)).unwrap() };
+    unsafe {
+        g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
+            .unwrap()
+    };
     out
 }
 
@@ -103,17 +106,52 @@ fn binary_ops_broadcast_like_the_cpu() {
         let out = zeros(&g, n * 4);
         for op in ops {
             // SAFETY: buffers sized by the shapes.
-            unsafe { bin_cuda::binary(&g, op, CudaType::F32, da.ptr(), ls, db.ptr(), rs, out.ptr(), os).unwrap() };
+            unsafe {
+                bin_cuda::binary(
+                    &g,
+                    op,
+                    CudaType::F32,
+                    da.ptr(),
+                    ls,
+                    db.ptr(),
+                    rs,
+                    out.ptr(),
+                    os,
+                )
+                .unwrap()
+            };
             let want = bin_cpu::binary(op, &a, ls, &b, rs, os);
-            assert_close(&format!("{op:?} {ls:?} {rs:?}"), &down::<f32>(&g, &out, n), &want, 1e-6);
+            assert_close(
+                &format!("{op:?} {ls:?} {rs:?}"),
+                &down::<f32>(&g, &out, n),
+                &want,
+                1e-6,
+            );
         }
         let ai: Vec<i32> = a.iter().map(|v| (v * 10.0) as i32).collect();
         let bi: Vec<i32> = b.iter().map(|v| (v * 10.0) as i32).collect();
         let (dai, dbi) = (up(&g, &ai), up(&g, &bi));
         for op in ops {
             // SAFETY: as above.
-            unsafe { bin_cuda::binary(&g, op, CudaType::I32, dai.ptr(), ls, dbi.ptr(), rs, out.ptr(), os).unwrap() };
-            assert_eq!(down::<i32>(&g, &out, n), bin_cpu::binary(op, &ai, ls, &bi, rs, os), "{op:?} i32");
+            unsafe {
+                bin_cuda::binary(
+                    &g,
+                    op,
+                    CudaType::I32,
+                    dai.ptr(),
+                    ls,
+                    dbi.ptr(),
+                    rs,
+                    out.ptr(),
+                    os,
+                )
+                .unwrap()
+            };
+            assert_eq!(
+                down::<i32>(&g, &out, n),
+                bin_cpu::binary(op, &ai, ls, &bi, rs, os),
+                "{op:?} i32"
+            );
         }
     }
 }
@@ -123,23 +161,56 @@ fn binary_ops_broadcast_like_the_cpu() {
 fn where_picks_by_mask() {
     let g = gpu();
     let n = 1000;
-    let mask: Vec<f32> = rand_vec(n, 3, -1.0, 1.0).iter().map(|&v| f32::from(u8::from(v > 0.0))).collect();
+    let mask: Vec<f32> = rand_vec(n, 3, -1.0, 1.0)
+        .iter()
+        .map(|&v| f32::from(u8::from(v > 0.0)))
+        .collect();
     let (t, f) = (rand_vec(n, 4, -1.0, 1.0), rand_vec(n, 5, -1.0, 1.0));
     let (dm, dt, df, out) = (up(&g, &mask), up(&g, &t), up(&g, &f), zeros(&g, n * 4));
     // SAFETY: all n long.
     unsafe {
-        bin_cuda::where_cond(&g, CudaType::F32, CudaType::F32, dm.ptr(), &[n], dt.ptr(), &[n], df.ptr(), &[n], out.ptr(), &[n])
-            .unwrap()
+        bin_cuda::where_cond(
+            &g,
+            CudaType::F32,
+            CudaType::F32,
+            dm.ptr(),
+            &[n],
+            dt.ptr(),
+            &[n],
+            df.ptr(),
+            &[n],
+            out.ptr(),
+            &[n],
+        )
+        .unwrap()
     };
-    assert_eq!(down::<f32>(&g, &out, n), copy_cpu::where_cond(&mask, &t, &f));
+    assert_eq!(
+        down::<f32>(&g, &out, n),
+        copy_cpu::where_cond(&mask, &t, &f)
+    );
     let mask_u8: Vec<u8> = mask.iter().map(|&m| m as u8).collect();
     let dm8 = up(&g, &mask_u8);
     // SAFETY: as above.
     unsafe {
-        bin_cuda::where_cond(&g, CudaType::U8, CudaType::F32, dm8.ptr(), &[n], dt.ptr(), &[n], df.ptr(), &[n], out.ptr(), &[n])
-            .unwrap()
+        bin_cuda::where_cond(
+            &g,
+            CudaType::U8,
+            CudaType::F32,
+            dm8.ptr(),
+            &[n],
+            dt.ptr(),
+            &[n],
+            df.ptr(),
+            &[n],
+            out.ptr(),
+            &[n],
+        )
+        .unwrap()
     };
-    assert_eq!(down::<f32>(&g, &out, n), copy_cpu::where_cond(&mask, &t, &f));
+    assert_eq!(
+        down::<f32>(&g, &out, n),
+        copy_cpu::where_cond(&mask, &t, &f)
+    );
 }
 
 #[test]
@@ -172,7 +243,12 @@ fn unary_ops_match_the_cpu() {
             let (src, host) = if positive { (&dxp, &xp) } else { (&dx, &x) };
             // SAFETY: n f32 each.
             unsafe { un_cuda::unary(&g, op, src.ptr(), out.ptr(), n).unwrap() };
-            assert_close(&format!("{op:?}"), &down::<f32>(&g, &out, n), &un_cpu::unary(op, host), 2e-6);
+            assert_close(
+                &format!("{op:?}"),
+                &down::<f32>(&g, &out, n),
+                &un_cpu::unary(op, host),
+                2e-6,
+            );
         }
     }
 }
@@ -182,11 +258,31 @@ fn unary_ops_match_the_cpu() {
 fn reductions_match_the_cpu() {
     let g = gpu();
     let shapes = [
-        ReduceShape { outer: 64, dim: 100, inner: 1 },
-        ReduceShape { outer: 3, dim: 50, inner: 40 },
-        ReduceShape { outer: 1, dim: 1 << 20, inner: 1 },
-        ReduceShape { outer: 1, dim: 100_000, inner: 16 },
-        ReduceShape { outer: 256, dim: 10, inner: 1 },
+        ReduceShape {
+            outer: 64,
+            dim: 100,
+            inner: 1,
+        },
+        ReduceShape {
+            outer: 3,
+            dim: 50,
+            inner: 40,
+        },
+        ReduceShape {
+            outer: 1,
+            dim: 1 << 20,
+            inner: 1,
+        },
+        ReduceShape {
+            outer: 1,
+            dim: 100_000,
+            inner: 16,
+        },
+        ReduceShape {
+            outer: 256,
+            dim: 10,
+            inner: 1,
+        },
     ];
     for s in shapes {
         let n = s.outer * s.dim * s.inner;
@@ -198,17 +294,30 @@ fn reductions_match_the_cpu() {
             unsafe { red_cuda::reduce(&g, op, CudaType::F32, dx.ptr(), out.ptr(), s).unwrap() };
             let want = red_cpu::reduce(op, &x, s);
             let tol = if s.dim > 10_000 { 1e-3 } else { 1e-5 };
-            assert_close(&format!("{op:?} {s:?}"), &down::<f32>(&g, &out, s.outer * s.inner), &want, tol);
+            assert_close(
+                &format!("{op:?} {s:?}"),
+                &down::<f32>(&g, &out, s.outer * s.inner),
+                &want,
+                tol,
+            );
         }
         // SAFETY: as above; out holds outer·inner i32.
         unsafe { red_cuda::argmax(&g, CudaType::F32, dx.ptr(), out.ptr(), s).unwrap() };
-        assert_eq!(down::<i32>(&g, &out, s.outer * s.inner), red_cpu::argmax(&x, s), "argmax {s:?}");
+        assert_eq!(
+            down::<i32>(&g, &out, s.outer * s.inner),
+            red_cpu::argmax(&x, s),
+            "argmax {s:?}"
+        );
         let xi: Vec<i32> = x.iter().map(|v| (v * 100.0) as i32).collect();
         let dxi = up(&g, &xi);
         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
             // SAFETY: as above.
             unsafe { red_cuda::reduce(&g, op, CudaType::I32, dxi.ptr(), out.ptr(), s).unwrap() };
-            assert_eq!(down::<i32>(&g, &out, s.outer * s.inner), red_cpu::reduce(op, &xi, s), "{op:?} i32 {s:?}");
+            assert_eq!(
+                down::<i32>(&g, &out, s.outer * s.inner),
+                red_cpu::reduce(op, &xi, s),
+                "{op:?} i32 {s:?}"
+            );
         }
     }
 }
@@ -224,7 +333,12 @@ fn softmax_matches_the_cpu() {
             // SAFETY: rows·cols f32 each.
             unsafe { sm_cuda::softmax_last(&g, dx.ptr(), out.ptr(), rows, cols, log).unwrap() };
             let want = sm_cpu::softmax_last(&x, cols, log);
-            assert_close(&format!("softmax log={log} {rows}x{cols}"), &down::<f32>(&g, &out, rows * cols), &want, 1e-5);
+            assert_close(
+                &format!("softmax log={log} {rows}x{cols}"),
+                &down::<f32>(&g, &out, rows * cols),
+                &want,
+                1e-5,
+            );
         }
     }
 }
@@ -236,7 +350,11 @@ fn matmul_all_layouts_match_the_cpu() {
     let mut shapes = Vec::new();
     for (tl, tr) in [(false, false), (true, false), (false, true), (true, true)] {
         let (m, n, k) = (33, 17, 29);
-        shapes.push(MatmulShape { trans_lhs: tl, trans_rhs: tr, ..MatmulShape::plain(m, n, k) });
+        shapes.push(MatmulShape {
+            trans_lhs: tl,
+            trans_rhs: tr,
+            ..MatmulShape::plain(m, n, k)
+        });
         // batched, both sides
         shapes.push(MatmulShape {
             batch: 4,
@@ -249,33 +367,72 @@ fn matmul_all_layouts_match_the_cpu() {
             trans_rhs: tr,
         });
         // shared lhs (all members see the same input)
-        shapes.push(MatmulShape { batch: 3, m, n, k, lhs_batch_stride: 0, rhs_batch_stride: k * n, trans_lhs: tl, trans_rhs: tr });
+        shapes.push(MatmulShape {
+            batch: 3,
+            m,
+            n,
+            k,
+            lhs_batch_stride: 0,
+            rhs_batch_stride: k * n,
+            trans_lhs: tl,
+            trans_rhs: tr,
+        });
         // shared rhs
-        shapes.push(MatmulShape { batch: 3, m, n, k, lhs_batch_stride: m * k, rhs_batch_stride: 0, trans_lhs: tl, trans_rhs: tr });
+        shapes.push(MatmulShape {
+            batch: 3,
+            m,
+            n,
+            k,
+            lhs_batch_stride: m * k,
+            rhs_batch_stride: 0,
+            trans_lhs: tl,
+            trans_rhs: tr,
+        });
     }
     shapes.push(MatmulShape::plain(256, 128, 784));
     for s in shapes {
-        let lhs_len = if s.lhs_batch_stride == 0 { s.m * s.k } else { s.batch * s.m * s.k };
-        let rhs_len = if s.rhs_batch_stride == 0 { s.k * s.n } else { s.batch * s.k * s.n };
+        let lhs_len = if s.lhs_batch_stride == 0 {
+            s.m * s.k
+        } else {
+            s.batch * s.m * s.k
+        };
+        let rhs_len = if s.rhs_batch_stride == 0 {
+            s.k * s.n
+        } else {
+            s.batch * s.k * s.n
+        };
         let a = rand_vec(lhs_len, 11, -1.0, 1.0);
         let b = rand_vec(rhs_len, 12, -1.0, 1.0);
         let (da, db, out) = (up(&g, &a), up(&g, &b), zeros(&g, s.batch * s.m * s.n * 4));
         // SAFETY: sizes from s.
         unsafe { mm_cuda::matmul(&g, CudaType::F32, da.ptr(), db.ptr(), out.ptr(), &s).unwrap() };
         let want = mm_cpu::matmul(&a, &b, &s);
-        assert_close(&format!("{s:?}"), &down::<f32>(&g, &out, s.batch * s.m * s.n), &want, 1e-4);
+        assert_close(
+            &format!("{s:?}"),
+            &down::<f32>(&g, &out, s.batch * s.m * s.n),
+            &want,
+            1e-4,
+        );
         // f16 and bf16 through GemmEx, against the f32 product of the rounded inputs
         for ty in [CudaType::F16, CudaType::BF16] {
             let (ah, bh, tol): (Vec<u16>, Vec<u16>, f32) = if ty == CudaType::F16 {
                 (
-                    a.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect(),
-                    b.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect(),
+                    a.iter()
+                        .map(|&v| half::f16::from_f32(v).to_bits())
+                        .collect(),
+                    b.iter()
+                        .map(|&v| half::f16::from_f32(v).to_bits())
+                        .collect(),
                     2e-2,
                 )
             } else {
                 (
-                    a.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect(),
-                    b.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect(),
+                    a.iter()
+                        .map(|&v| half::bf16::from_f32(v).to_bits())
+                        .collect(),
+                    b.iter()
+                        .map(|&v| half::bf16::from_f32(v).to_bits())
+                        .collect(),
                     8e-2,
                 )
             };
@@ -284,11 +441,20 @@ fn matmul_all_layouts_match_the_cpu() {
             unsafe { mm_cuda::matmul(&g, ty, dah.ptr(), dbh.ptr(), outh.ptr(), &s).unwrap() };
             let got: Vec<f32> = down::<u16>(&g, &outh, s.batch * s.m * s.n)
                 .into_iter()
-                .map(|h| if ty == CudaType::F16 { half::f16::from_bits(h).to_f32() } else { half::bf16::from_bits(h).to_f32() })
+                .map(|h| {
+                    if ty == CudaType::F16 {
+                        half::f16::from_bits(h).to_f32()
+                    } else {
+                        half::bf16::from_bits(h).to_f32()
+                    }
+                })
                 .collect();
             let scale = (s.k as f32).sqrt();
             for (i, (&x, &w)) in got.iter().zip(&want).enumerate() {
-                assert!((x - w).abs() <= tol * scale, "{ty:?} {s:?} element {i}: {x} vs {w}");
+                assert!(
+                    (x - w).abs() <= tol * scale,
+                    "{ty:?} {s:?} element {i}: {x} vs {w}"
+                );
             }
         }
     }
@@ -304,24 +470,63 @@ fn index_ops_match_the_cpu() {
     let (ds, di) = (up(&g, &src), up(&g, &idx));
     let out = zeros(&g, outer * nidx * inner * 4);
     // SAFETY: sizes as declared.
-    unsafe { index_cuda::index_select(&g, CudaType::F32, ds.ptr(), outer, dim, inner, di.ptr(), nidx, out.ptr()).unwrap() };
-    assert_eq!(down::<f32>(&g, &out, outer * nidx * inner), index_cpu::index_select(&src, outer, dim, inner, &idx).unwrap());
+    unsafe {
+        index_cuda::index_select(
+            &g,
+            CudaType::F32,
+            ds.ptr(),
+            outer,
+            dim,
+            inner,
+            di.ptr(),
+            nidx,
+            out.ptr(),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        down::<f32>(&g, &out, outer * nidx * inner),
+        index_cpu::index_select(&src, outer, dim, inner, &idx).unwrap()
+    );
 
     let add_src = rand_vec(outer * nidx * inner, 23, -1.0, 1.0);
     let mut want = src.clone();
     index_cpu::index_add(&mut want, outer, dim, inner, &idx, &add_src).unwrap();
     let (dst, das) = (up(&g, &src), up(&g, &add_src));
     // SAFETY: as above.
-    unsafe { index_cuda::index_add(&g, CudaType::F32, dst.ptr(), outer, dim, inner, di.ptr(), nidx, das.ptr()).unwrap() };
-    assert_close("index_add", &down::<f32>(&g, &dst, outer * dim * inner), &want, 1e-6);
+    unsafe {
+        index_cuda::index_add(
+            &g,
+            CudaType::F32,
+            dst.ptr(),
+            outer,
+            dim,
+            inner,
+            di.ptr(),
+            nidx,
+            das.ptr(),
+        )
+        .unwrap()
+    };
+    assert_close(
+        "index_add",
+        &down::<f32>(&g, &dst, outer * dim * inner),
+        &want,
+        1e-6,
+    );
 
     let (rows, cols) = (300usize, 10usize);
     let m = rand_vec(rows * cols, 24, -1.0, 1.0);
     let li = rand_idx(rows, 25, cols);
     let (dm, dl, o) = (up(&g, &m), up(&g, &li), zeros(&g, rows * cols * 4));
     // SAFETY: as above.
-    unsafe { index_cuda::gather_last(&g, CudaType::F32, dm.ptr(), rows, cols, dl.ptr(), o.ptr()).unwrap() };
-    assert_eq!(down::<f32>(&g, &o, rows), index_cpu::gather_last(&m, cols, &li).unwrap());
+    unsafe {
+        index_cuda::gather_last(&g, CudaType::F32, dm.ptr(), rows, cols, dl.ptr(), o.ptr()).unwrap()
+    };
+    assert_eq!(
+        down::<f32>(&g, &o, rows),
+        index_cpu::gather_last(&m, cols, &li).unwrap()
+    );
 
     let gsrc = rand_vec(rows, 26, -1.0, 1.0);
     let mut want = m.clone();
@@ -329,16 +534,26 @@ fn index_ops_match_the_cpu() {
     let (dd, dg) = (up(&g, &m), up(&g, &gsrc));
     // SAFETY: as above.
     unsafe { index_cuda::scatter_add_last(&g, dd.ptr(), rows, cols, dl.ptr(), dg.ptr()).unwrap() };
-    assert_close("scatter_add_last", &down::<f32>(&g, &dd, rows * cols), &want, 1e-6);
+    assert_close(
+        "scatter_add_last",
+        &down::<f32>(&g, &dd, rows * cols),
+        &want,
+        1e-6,
+    );
 
     // SAFETY: as above.
     unsafe { index_cuda::one_hot(&g, CudaType::F32, dl.ptr(), rows, cols, o.ptr()).unwrap() };
-    assert_eq!(down::<f32>(&g, &o, rows * cols), index_cpu::one_hot::<f32>(&li, cols).unwrap());
+    assert_eq!(
+        down::<f32>(&g, &o, rows * cols),
+        index_cpu::one_hot::<f32>(&li, cols).unwrap()
+    );
 
     // An out-of-range index is reported, not a crash, and the device stays usable.
     let bad = up(&g, &[0i32, 99, 1]);
     // SAFETY: as above; index 99 is out of range on purpose.
-    unsafe { index_cuda::gather_last(&g, CudaType::F32, dm.ptr(), 3, cols, bad.ptr(), o.ptr()).unwrap() };
+    unsafe {
+        index_cuda::gather_last(&g, CudaType::F32, dm.ptr(), 3, cols, bad.ptr(), o.ptr()).unwrap()
+    };
     match g.synchronize() {
         Err(Error::IndexOutOfRange { op, index, size }) => {
             assert_eq!((op, index, size), ("gather_last", 99, cols));
@@ -357,9 +572,19 @@ fn copies_transposes_and_casts_match_the_cpu() {
     let (dx, out) = (up(&g, &x), zeros(&g, b * r * c * 4));
     // SAFETY: sizes as declared.
     unsafe { copy_cuda::transpose(&g, 4, dx.ptr(), out.ptr(), b, r, c).unwrap() };
-    assert_eq!(down::<f32>(&g, &out, b * r * c), copy_cpu::transpose(&x, b, r, c));
+    assert_eq!(
+        down::<f32>(&g, &out, b * r * c),
+        copy_cpu::transpose(&x, b, r, c)
+    );
 
-    let cp = Copy2d { rows: 10, cols: 7, src_stride: 45, dst_stride: 9, src_offset: 3, dst_offset: 1 };
+    let cp = Copy2d {
+        rows: 10,
+        cols: 7,
+        src_stride: 45,
+        dst_stride: 9,
+        src_offset: 3,
+        dst_offset: 1,
+    };
     let mut want = vec![0.0f32; 100];
     copy_cpu::copy2d(&x, &mut want, &cp);
     let d = zeros(&g, 400);
@@ -372,7 +597,10 @@ fn copies_transposes_and_casts_match_the_cpu() {
     let bo = zeros(&g, 5 * 3 * 4 * 4);
     // SAFETY: 12 in, 60 out.
     unsafe { copy_cuda::broadcast(&g, 4, ds.ptr(), &[3, 4], bo.ptr(), &[5, 3, 4]).unwrap() };
-    assert_eq!(down::<f32>(&g, &bo, 60), copy_cpu::broadcast(&small, &[3, 4], &[5, 3, 4]));
+    assert_eq!(
+        down::<f32>(&g, &bo, 60),
+        copy_cpu::broadcast(&small, &[3, 4], &[5, 3, 4])
+    );
 
     // arange and fill
     // SAFETY: 100 i32 fit in `d`.
@@ -396,14 +624,20 @@ fn copies_transposes_and_casts_match_the_cpu() {
     unsafe {
         copy_cuda::cast(&g, CudaType::F32, CudaType::F16, dv.ptr(), o16.ptr(), n).unwrap();
     }
-    let want16: Vec<u16> = vals.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+    let want16: Vec<u16> = vals
+        .iter()
+        .map(|&v| half::f16::from_f32(v).to_bits())
+        .collect();
     let got16 = down::<u16>(&g, &o16, n);
     for i in 1..n {
         assert_eq!(got16[i], want16[i], "f32->f16 of {}", vals[i]);
     }
     // SAFETY: as above.
     unsafe { copy_cuda::cast(&g, CudaType::F32, CudaType::BF16, dv.ptr(), o16.ptr(), n).unwrap() };
-    let wantb: Vec<u16> = vals.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    let wantb: Vec<u16> = vals
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_bits())
+        .collect();
     let gotb = down::<u16>(&g, &o16, n);
     for i in 1..n {
         assert_eq!(gotb[i], wantb[i], "f32->bf16 of {}", vals[i]);
@@ -416,15 +650,24 @@ fn copies_transposes_and_casts_match_the_cpu() {
     }
     // SAFETY: as above.
     unsafe { copy_cuda::cast(&g, CudaType::F32, CudaType::I32, dv.ptr(), o32.ptr(), n).unwrap() };
-    assert_eq!(down::<i32>(&g, &o32, n), vals.iter().map(|&v| v as i32).collect::<Vec<_>>());
+    assert_eq!(
+        down::<i32>(&g, &o32, n),
+        vals.iter().map(|&v| v as i32).collect::<Vec<_>>()
+    );
     // SAFETY: as above.
     unsafe { copy_cuda::cast(&g, CudaType::F32, CudaType::U8, dv.ptr(), o8.ptr(), n).unwrap() };
-    assert_eq!(down::<u8>(&g, &o8, n), vals.iter().map(|&v| v as u8).collect::<Vec<_>>());
+    assert_eq!(
+        down::<u8>(&g, &o8, n),
+        vals.iter().map(|&v| v as u8).collect::<Vec<_>>()
+    );
     let ints: Vec<i32> = (0..n as i32).map(|i| i * 7 - 3000).collect();
     let di = up(&g, &ints);
     // SAFETY: as above.
     unsafe { copy_cuda::cast(&g, CudaType::I32, CudaType::U8, di.ptr(), o8.ptr(), n).unwrap() };
-    assert_eq!(down::<u8>(&g, &o8, n), ints.iter().map(|&v| (v as f64) as u8).collect::<Vec<_>>());
+    assert_eq!(
+        down::<u8>(&g, &o8, n),
+        ints.iter().map(|&v| (v as f64) as u8).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -432,9 +675,42 @@ fn copies_transposes_and_casts_match_the_cpu() {
 fn conv_forward_and_backward_match_the_cpu() {
     let g = gpu();
     let params = [
-        ConvParams { batch: 2, c_in: 3, h: 9, w: 8, c_out: 4, kh: 3, kw: 3, stride: 1, padding: 1, groups: 1 },
-        ConvParams { batch: 3, c_in: 4, h: 11, w: 10, c_out: 6, kh: 3, kw: 2, stride: 2, padding: 1, groups: 2 },
-        ConvParams { batch: 16, c_in: 1, h: 28, w: 28, c_out: 8, kh: 5, kw: 5, stride: 1, padding: 0, groups: 1 },
+        ConvParams {
+            batch: 2,
+            c_in: 3,
+            h: 9,
+            w: 8,
+            c_out: 4,
+            kh: 3,
+            kw: 3,
+            stride: 1,
+            padding: 1,
+            groups: 1,
+        },
+        ConvParams {
+            batch: 3,
+            c_in: 4,
+            h: 11,
+            w: 10,
+            c_out: 6,
+            kh: 3,
+            kw: 2,
+            stride: 2,
+            padding: 1,
+            groups: 2,
+        },
+        ConvParams {
+            batch: 16,
+            c_in: 1,
+            h: 28,
+            w: 28,
+            c_out: 8,
+            kh: 5,
+            kw: 5,
+            stride: 1,
+            padding: 0,
+            groups: 1,
+        },
     ];
     for p in params {
         let x = rand_vec(p.input_len(), 41, -1.0, 1.0);
@@ -445,21 +721,53 @@ fn conv_forward_and_backward_match_the_cpu() {
         let ws = zeros(&g, conv_cuda::workspace_len(&p) * 4);
         let out = zeros(&g, p.output_len() * 4);
         // SAFETY: sizes from p.
-        unsafe { conv_cuda::conv2d(&g, &p, dx.ptr(), dw.ptr(), Some(db.ptr()), out.ptr(), ws.ptr()).unwrap() };
+        unsafe {
+            conv_cuda::conv2d(
+                &g,
+                &p,
+                dx.ptr(),
+                dw.ptr(),
+                Some(db.ptr()),
+                out.ptr(),
+                ws.ptr(),
+            )
+            .unwrap()
+        };
         let want = conv_cpu::conv2d(&x, &w, Some(&bias), &p);
-        assert_close(&format!("conv2d {p:?}"), &down::<f32>(&g, &out, p.output_len()), &want, 1e-4);
+        assert_close(
+            &format!("conv2d {p:?}"),
+            &down::<f32>(&g, &out, p.output_len()),
+            &want,
+            1e-4,
+        );
 
         let gi = zeros(&g, p.input_len() * 4);
         // SAFETY: as above.
-        unsafe { conv_cuda::conv2d_backward_input(&g, &p, dgo.ptr(), dw.ptr(), gi.ptr(), ws.ptr()).unwrap() };
+        unsafe {
+            conv_cuda::conv2d_backward_input(&g, &p, dgo.ptr(), dw.ptr(), gi.ptr(), ws.ptr())
+                .unwrap()
+        };
         let want = conv_cpu::conv2d_backward_input(&go, &w, &p);
-        assert_close(&format!("conv2d_backward_input {p:?}"), &down::<f32>(&g, &gi, p.input_len()), &want, 1e-4);
+        assert_close(
+            &format!("conv2d_backward_input {p:?}"),
+            &down::<f32>(&g, &gi, p.input_len()),
+            &want,
+            1e-4,
+        );
 
         let gw = zeros(&g, p.weight_len() * 4);
         // SAFETY: as above.
-        unsafe { conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), dgo.ptr(), gw.ptr(), ws.ptr()).unwrap() };
+        unsafe {
+            conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), dgo.ptr(), gw.ptr(), ws.ptr())
+                .unwrap()
+        };
         let want = conv_cpu::conv2d_backward_weight(&x, &go, &p);
-        assert_close(&format!("conv2d_backward_weight {p:?}"), &down::<f32>(&g, &gw, p.weight_len()), &want, 1e-3);
+        assert_close(
+            &format!("conv2d_backward_weight {p:?}"),
+            &down::<f32>(&g, &gw, p.weight_len()),
+            &want,
+            1e-3,
+        );
     }
 }
 
@@ -468,8 +776,20 @@ fn conv_forward_and_backward_match_the_cpu() {
 fn max_pool_matches_the_cpu() {
     let g = gpu();
     for p in [
-        PoolParams { planes: 6, h: 8, w: 8, kernel: 2, stride: 2 },
-        PoolParams { planes: 4, h: 9, w: 7, kernel: 3, stride: 2 },
+        PoolParams {
+            planes: 6,
+            h: 8,
+            w: 8,
+            kernel: 2,
+            stride: 2,
+        },
+        PoolParams {
+            planes: 4,
+            h: 9,
+            w: 7,
+            kernel: 3,
+            stride: 2,
+        },
     ] {
         let x = rand_vec(p.planes * p.h * p.w, 51, -1.0, 1.0);
         let no = p.planes * p.out_h() * p.out_w();
@@ -483,8 +803,20 @@ fn max_pool_matches_the_cpu() {
         let (dgo, gi) = (up(&g, &go), zeros(&g, x.len() * 4));
         // SAFETY: as above.
         unsafe { pool_cuda::max_pool2d_backward(&g, &p, dgo.ptr(), idx.ptr(), gi.ptr()).unwrap() };
-        let want = pool_cpu::max_pool2d_backward(&go, &want_idx, p.planes, p.h * p.w, p.out_h() * p.out_w()).unwrap();
-        assert_close("max_pool2d_backward", &down::<f32>(&g, &gi, x.len()), &want, 1e-6);
+        let want = pool_cpu::max_pool2d_backward(
+            &go,
+            &want_idx,
+            p.planes,
+            p.h * p.w,
+            p.out_h() * p.out_w(),
+        )
+        .unwrap();
+        assert_close(
+            "max_pool2d_backward",
+            &down::<f32>(&g, &gi, x.len()),
+            &want,
+            1e-6,
+        );
     }
 }
 
@@ -494,9 +826,27 @@ fn fused_optimizer_steps_match_the_cpu() {
     let g = gpu();
     // Three parameters, one of them fused over 300 members (more rates than one launch table holds).
     let lens = [784 * 128, 10, 300 * 12];
-    let lrs: [Vec<f64>; 3] = [vec![1e-3], vec![0.5], (0..300).map(|i| 1e-3 * (1.0 + i as f64)).collect()];
-    let sgd = SgdParams { lrs: &[], momentum: 0.9, dampening: 0.1, weight_decay: 1e-2, nesterov: true };
-    let adam = AdamParams { lrs: &[], beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 1e-2, decoupled: true, step: 3 };
+    let lrs: [Vec<f64>; 3] = [
+        vec![1e-3],
+        vec![0.5],
+        (0..300).map(|i| 1e-3 * (1.0 + i as f64)).collect(),
+    ];
+    let sgd = SgdParams {
+        lrs: &[],
+        momentum: 0.9,
+        dampening: 0.1,
+        weight_decay: 1e-2,
+        nesterov: true,
+    };
+    let adam = AdamParams {
+        lrs: &[],
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 1e-2,
+        decoupled: true,
+        step: 3,
+    };
     for use_adam in [false, true] {
         let mut host = Vec::new();
         let mut dev = Vec::new();
@@ -532,16 +882,38 @@ fn fused_optimizer_steps_match_the_cpu() {
             }
             for (i, (p, gr, m, v)) in host.iter_mut().enumerate() {
                 if use_adam {
-                    optim_cpu::adam_step(p, gr, m, v, &AdamParams { lrs: &lrs[i], ..adam });
+                    optim_cpu::adam_step(
+                        p,
+                        gr,
+                        m,
+                        v,
+                        &AdamParams {
+                            lrs: &lrs[i],
+                            ..adam
+                        },
+                    );
                 } else {
-                    optim_cpu::sgd_step(p, gr, Some(m), &SgdParams { lrs: &lrs[i], ..sgd });
+                    optim_cpu::sgd_step(
+                        p,
+                        gr,
+                        Some(m),
+                        &SgdParams {
+                            lrs: &lrs[i],
+                            ..sgd
+                        },
+                    );
                 }
             }
         }
         for (i, ((p, _, m, _), d)) in host.iter().zip(&dev).enumerate() {
             let what = format!("{} param {i}", if use_adam { "adam" } else { "sgd" });
             assert_close(&what, &down::<f32>(&g, &d.0, p.len()), p, 1e-5);
-            assert_close(&format!("{what} state"), &down::<f32>(&g, &d.2, m.len()), m, 1e-5);
+            assert_close(
+                &format!("{what} state"),
+                &down::<f32>(&g, &d.2, m.len()),
+                m,
+                1e-5,
+            );
         }
     }
 }
@@ -554,7 +926,10 @@ fn prefetch_on_the_copy_stream_is_ordered_with_compute() {
     let x = rand_vec(n, 99, -1.0, 1.0);
     let buf = zeros(&g, n * 4);
     // SAFETY: n f32.
-    unsafe { g.htod_prefetch(buf.ptr(), bytemuck::cast_slice(&x)).unwrap() };
+    unsafe {
+        g.htod_prefetch(buf.ptr(), bytemuck::cast_slice(&x))
+            .unwrap()
+    };
     // SAFETY: in place over n f32; runs after the prefetch on the compute stream.
     unsafe { un_cuda::unary(&g, UnaryOp::MulScalar(2.0), buf.ptr(), buf.ptr(), n).unwrap() };
     let want: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
