@@ -101,6 +101,9 @@ pub enum Error {
     /// An error shared by several consumers of a [`share`](crate::Dataset::share)d pipeline.
     #[error("{0}")]
     Shared(Arc<Error>),
+    /// A tensor operation failed (creating a batch, moving it to a device).
+    #[error(transparent)]
+    Tensor(#[from] cohort_tensor::Error),
     /// Free-form error from user code (for map functions).
     #[error("{0}")]
     Message(String),

@@ -34,6 +34,7 @@
 pub mod array;
 pub mod csv;
 pub mod dataset;
+pub mod device;
 pub mod error;
 pub mod idx;
 pub mod map;
@@ -47,6 +48,7 @@ pub mod text;
 pub use array::{Array, ArrayData, Slices, Stack};
 pub use csv::{CsvOptions, CsvTable, read_csv};
 pub use dataset::{Cardinality, Dataset, Iter, Position};
+pub use device::{DeviceTransfer, TensorCopy, ToDevice, TrainBatch};
 pub use error::{Error, Result};
 pub use idx::{IdxArray, IdxData, IdxType, read_idx};
 pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};

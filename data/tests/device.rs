@@ -1,0 +1,174 @@
+//! Tensors out of the pipeline: training batches, device prefetch and its transfer seam.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cohort_data::{
+    Array, Dataset, DeviceTransfer, Layout, Mnist, MnistConfig, Result, Split, ToDevice,
+    TrainBatch, bundled_mnist_dir,
+};
+use cohort_tensor::{DType, Device, Tensor};
+
+fn mnist() -> Arc<Mnist> {
+    Arc::new(Mnist::load(bundled_mnist_dir(), Split::Test).unwrap())
+}
+
+fn check_mnist_batches(dev: Device) {
+    let m = mnist();
+    let cfg = MnistConfig {
+        batch_size: 256,
+        seed: 3,
+        ..MnistConfig::default()
+    };
+    let host: Vec<(Array, Array)> = m.batches(&cfg).iter().map(|b| b.unwrap()).collect();
+    let ds = m.train_batches(&cfg, dev);
+    let mut n = 0;
+    for (i, b) in ds.iter().enumerate() {
+        let b = b.unwrap();
+        assert_eq!(b.device(), dev);
+        assert_eq!(b.inputs.dtype(), DType::F32);
+        assert_eq!(b.labels.dtype(), DType::I32);
+        assert_eq!(b.inputs.shape()[1], 784);
+        assert_eq!(b.len(), host[i].1.shape()[0]);
+        assert!(b.inputs.to_vec::<f32>().unwrap() == host[i].0.as_f32().unwrap());
+        assert_eq!(
+            b.labels.to_vec::<i32>().unwrap(),
+            host[i].1.as_i32().unwrap()
+        );
+        n += b.len();
+    }
+    assert_eq!(n, 2000);
+}
+
+#[test]
+fn mnist_train_batches_cpu() {
+    check_mnist_batches(Device::Cpu);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mnist_train_batches_cuda() {
+    check_mnist_batches(Device::Cuda(0));
+}
+
+#[test]
+fn image_layout_and_resume() {
+    let m = mnist();
+    let cfg = MnistConfig {
+        batch_size: 100,
+        layout: Layout::Image,
+        drop_remainder: true,
+        ..MnistConfig::default()
+    };
+    let ds = m.train_batches(&cfg, Device::Cpu);
+    let mut it = ds.iter();
+    let first = it.next().unwrap().unwrap();
+    assert_eq!(first.inputs.shape(), &[100, 1, 28, 28]);
+    let pos = it.pos();
+    let second = it.next().unwrap().unwrap();
+    let resumed = ds.iter_from(&pos).unwrap().next().unwrap().unwrap();
+    assert_eq!(
+        resumed.labels.to_vec::<i32>().unwrap(),
+        second.labels.to_vec::<i32>().unwrap()
+    );
+    assert_eq!(ds.cardinality(), cohort_data::Cardinality::Finite(20));
+}
+
+struct Counting(AtomicUsize);
+
+impl DeviceTransfer<TrainBatch> for Counting {
+    fn transfer(&self, item: TrainBatch, device: &Device) -> Result<TrainBatch> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        item.to_device(device)
+    }
+}
+
+#[test]
+fn device_prefetch_goes_through_the_transfer_seam() {
+    let m = mnist();
+    let cfg = MnistConfig {
+        batch_size: 500,
+        prefetch: 0,
+        ..MnistConfig::default()
+    };
+    let counter = Arc::new(Counting(AtomicUsize::new(0)));
+    let ds =
+        m.train_batches(&cfg, Device::Cpu)
+            .prefetch_to_device_with(counter.clone(), Device::Cpu, 2);
+    let plain = m.train_batches(&cfg, Device::Cpu);
+    let a: Vec<TrainBatch> = ds.iter().map(|b| b.unwrap()).collect();
+    let b: Vec<TrainBatch> = plain.iter().map(|b| b.unwrap()).collect();
+    assert_eq!(a.len(), 4);
+    assert_eq!(counter.0.load(Ordering::SeqCst), 4);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(
+            x.labels.to_vec::<i32>().unwrap(),
+            y.labels.to_vec::<i32>().unwrap()
+        );
+    }
+    // the device does not enter the fingerprint: a position saved on one device resumes on another
+    assert_eq!(
+        ds.fingerprint(),
+        m.train_batches(&cfg, Device::Cpu)
+            .prefetch_to_device(Device::Cuda(0), 2)
+            .fingerprint()
+    );
+}
+
+#[test]
+fn tensor_slices_batch_back_to_the_tensor() {
+    let dev = Device::Cpu;
+    let x = Tensor::from_vec(
+        (0..24).map(|v| v as f32).collect::<Vec<f32>>(),
+        &[6, 4],
+        &dev,
+    )
+    .unwrap();
+    let y = Tensor::from_vec(vec![0i32, 1, 2, 3, 4, 5], &[6], &dev).unwrap();
+    let ds = Dataset::from_tensor_slices((x.clone(), y))
+        .shuffle(6, 1)
+        .batch(3, false);
+    let batches: Vec<(Tensor, Tensor)> = ds.iter().map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 2);
+    assert_eq!(batches[0].0.shape(), &[3, 4]);
+    let mut rows: Vec<i32> = batches
+        .iter()
+        .flat_map(|b| b.1.to_vec::<i32>().unwrap())
+        .collect();
+    // each row still carries its label: row r of x starts with 4r
+    for (bx, by) in &batches {
+        let xs = bx.to_vec::<f32>().unwrap();
+        for (k, l) in by.to_vec::<i32>().unwrap().iter().enumerate() {
+            assert_eq!(xs[k * 4], (*l * 4) as f32);
+        }
+    }
+    rows.sort_unstable();
+    assert_eq!(rows, vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn arrays_and_tensors_round_trip() {
+    let a = Array::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let t = a.clone().to_tensor(&Device::Cpu).unwrap();
+    assert_eq!(t.shape(), &[2, 3]);
+    assert_eq!(Array::from_tensor(&t).unwrap(), a);
+    let bad = TrainBatch::from_arrays(a.clone(), a, &Device::Cpu);
+    assert!(bad.is_err(), "float labels are rejected");
+}
+
+#[test]
+fn shared_train_batches_are_one_copy() {
+    let m = mnist();
+    let ds = m.train_batches(
+        &MnistConfig {
+            batch_size: 1000,
+            ..MnistConfig::default()
+        },
+        Device::Cpu,
+    );
+    let mut cs = ds.share(2).unwrap();
+    let a = cs[0].next().unwrap().unwrap();
+    let b = cs[1].next().unwrap().unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(a.inputs.shape(), &[1000, 784]);
+}
