@@ -3,7 +3,7 @@
 //!
 //! The share comparison consumes in lockstep on one thread, as the trainer's lockstep schedule does: each step, each
 //! member takes its next batch. The pipelines there have no prefetch thread, so their work is visible: two
-//! independent pipelines decode every batch twice, `share(2)` once.
+//! independent pipelines decode every batch twice, `share(2)` once (the first consumer to need a batch pulls it).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -62,6 +62,27 @@ fn bench_pipeline(c: &mut Criterion) {
                     s += touch(&batch.expect("batch").0);
                 }
                 black_box(s)
+            });
+        });
+    }
+    for (name, prefetch) in [
+        ("cpu_train_batches_inline", 0),
+        ("cpu_train_batches_prefetch2", 2),
+    ] {
+        let cfg = MnistConfig {
+            batch_size: BATCH,
+            prefetch,
+            ..MnistConfig::default()
+        };
+        let ds = m.train_batches(&cfg, cohort_tensor::Device::Cpu);
+        let mut it = ds.iter();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut n = 0;
+                for batch in it.by_ref() {
+                    n += batch.expect("batch").len();
+                }
+                black_box(n)
             });
         });
     }
