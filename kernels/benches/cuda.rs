@@ -229,6 +229,34 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
+    group.bench_function("cuda_host_matmul_raw_cublas", |bch| {
+        bch.iter_custom(|iters| {
+            host(iters, &mut || {
+                let (alpha, beta) = (1.0f32, 0.0f32);
+                let op = blas_sys::cublasOperation_t::CUBLAS_OP_N;
+                // SAFETY: 32·32 f32 each; the same call as `cuda_host_matmul` makes.
+                unsafe {
+                    blas::sgemm(
+                        raw,
+                        op,
+                        op,
+                        32,
+                        32,
+                        32,
+                        &alpha,
+                        y.ptr() as *const f32,
+                        32,
+                        x.ptr() as *const f32,
+                        32,
+                        &beta,
+                        out.ptr() as *mut f32,
+                        32,
+                    )
+                }
+                .expect("sgemm")
+            })
+        })
+    });
     group.finish();
     // SAFETY: created above, no longer used.
     let _ = unsafe { blas::destroy_handle(raw) };

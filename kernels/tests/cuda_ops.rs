@@ -802,7 +802,18 @@ fn max_pool_matches_the_cpu() {
         let go = rand_vec(no, 52, -1.0, 1.0);
         let (dgo, gi) = (up(&g, &go), zeros(&g, x.len() * 4));
         // SAFETY: as above.
-        unsafe { pool_cuda::max_pool2d_backward(&g, &p, dgo.ptr(), idx.ptr(), gi.ptr()).unwrap() };
+        unsafe {
+            pool_cuda::max_pool2d_backward(
+                &g,
+                p.planes,
+                p.h * p.w,
+                p.out_h() * p.out_w(),
+                dgo.ptr(),
+                idx.ptr(),
+                gi.ptr(),
+            )
+            .unwrap()
+        };
         let want = pool_cpu::max_pool2d_backward(
             &go,
             &want_idx,

@@ -236,7 +236,12 @@ pub(crate) fn broadcast_strides(src_shape: &[usize], out_shape: &[usize]) -> Res
     Ok(st)
 }
 
-struct Blas(blas_sys::cublasHandle_t);
+/// A cuBLAS handle with its own workspace (as PyTorch gives each handle: without one, cuBLAS
+/// manages a workspace itself on every call).
+struct Blas(blas_sys::cublasHandle_t, #[allow(dead_code)] DeviceBuffer);
+
+/// Bytes of the cuBLAS workspace (PyTorch's default on Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
 
 // SAFETY: the handle is only used under the Gpu's mutex, one thread at a time.
 unsafe impl Send for Blas {}
@@ -721,11 +726,19 @@ impl Gpu {
                 ));
             }
             self.bind()?;
+            let workspace = self.alloc(BLAS_WORKSPACE)?;
             let handle = blas_result::create_handle().map_err(|e| cuda_err("cublasCreate", e))?;
-            let blas = Blas(handle);
+            let blas = Blas(handle, workspace);
             // SAFETY: both handles are live; the stream outlives the Gpu's handle.
             unsafe { blas_result::set_stream(handle, self.compute.cu_stream() as _) }
                 .map_err(|e| cuda_err("cublasSetStream", e))?;
+            // SAFETY: the workspace lives as long as the handle (both in `blas`) and is used only
+            // by work on the compute stream.
+            unsafe {
+                blas_sys::cublasSetWorkspace_v2(handle, blas.1.ptr() as *mut c_void, BLAS_WORKSPACE)
+            }
+            .result()
+            .map_err(|e| cuda_err("cublasSetWorkspace", e))?;
             *guard = Some(blas);
         }
         self.bind()?;

@@ -37,29 +37,30 @@ pub unsafe fn max_pool2d(gpu: &Gpu, p: &PoolParams, x: u64, out: u64, idx: u64) 
     unsafe { gpu.launch(&SRC, "max_pool2d_f32", gpu.grid(n, 256), &mut args) }
 }
 
-/// Routes each output gradient to the input element its window took the max from.
+/// Routes each output gradient to the input element its window took the max from:
+/// `grad_in` (`[planes, plane_in]`, zeroed here) gets `grad_out` (`[planes, plane_out]`) by `idx`.
 ///
 /// # Safety
-/// `grad_out` and `idx` hold `planes·out_h·out_w` elements, `grad_in` `planes·h·w` f32.
+/// `grad_out` and `idx` hold `planes·plane_out` elements, `grad_in` `planes·plane_in` f32.
 ///
 /// # Errors
 /// A launch failure (bad indices are reported at the next synchronisation).
 pub unsafe fn max_pool2d_backward(
     gpu: &Gpu,
-    p: &PoolParams,
+    planes: usize,
+    plane_in: usize,
+    plane_out: usize,
     grad_out: u64,
     idx: u64,
     grad_in: u64,
 ) -> Result<()> {
-    let hw_in = p.h * p.w;
-    let hw_out = p.out_h() * p.out_w();
-    // SAFETY: grad_in holds planes·h·w f32.
-    unsafe { gpu.zero(grad_in, p.planes * hw_in * 4)? };
-    let n = p.planes * hw_out;
+    // SAFETY: grad_in holds planes·plane_in f32.
+    unsafe { gpu.zero(grad_in, planes * plane_in * 4)? };
+    let n = planes * plane_out;
     if n == 0 {
         return Ok(());
     }
-    let (pl, hi, ho) = (p.planes as u64, hw_in as u64, hw_out as u64);
+    let (pl, hi, ho) = (planes as u64, plane_in as u64, plane_out as u64);
     let flag = gpu.flag_ptr();
     let mut args = kernel_args![pl, hi, ho, grad_out, idx, grad_in, flag];
     // SAFETY: matches `max_pool2d_backward_f32(u64, u64, u64, const float*, const int*, float*, int*)`.
