@@ -1,0 +1,451 @@
+//! The recorded operations and their derivatives.
+
+use cohort_tensor::Tensor;
+
+use crate::Result;
+
+/// One recorded operation with what its derivative needs.
+pub(crate) enum Op {
+    Add {
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    Sub {
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    Mul {
+        lhs: Tensor,
+        rhs: Tensor,
+    },
+    Div {
+        rhs: Tensor,
+        out: Tensor,
+        lhs_shape: Vec<usize>,
+    },
+    Maximum {
+        lhs: Tensor,
+        rhs: Tensor,
+    },
+    AddScalar,
+    MulScalar(f64),
+    Powf {
+        x: Tensor,
+        p: f64,
+    },
+    Neg,
+    Relu {
+        y: Tensor,
+    },
+    Gelu {
+        x: Tensor,
+    },
+    Tanh {
+        y: Tensor,
+    },
+    Sigmoid {
+        y: Tensor,
+    },
+    Exp {
+        y: Tensor,
+    },
+    Log {
+        x: Tensor,
+    },
+    Sqrt {
+        y: Tensor,
+    },
+    Abs {
+        x: Tensor,
+    },
+    Square {
+        x: Tensor,
+    },
+    Reshape {
+        shape: Vec<usize>,
+    },
+    Transpose,
+    BroadcastTo {
+        shape: Vec<usize>,
+    },
+    SumTo {
+        shape: Vec<usize>,
+    },
+    Narrow {
+        dim: usize,
+        start: usize,
+        shape: Vec<usize>,
+    },
+    Cat {
+        dim: usize,
+        sizes: Vec<usize>,
+    },
+    Stack {
+        dim: usize,
+        shape: Vec<usize>,
+    },
+    IndexSelect {
+        indices: Tensor,
+        dim: usize,
+        shape: Vec<usize>,
+    },
+    IndexAdd {
+        indices: Tensor,
+        dim: usize,
+    },
+    GatherLast {
+        indices: Tensor,
+        classes: usize,
+    },
+    Sum {
+        dim: usize,
+        keepdim: bool,
+        shape: Vec<usize>,
+    },
+    Mean {
+        dim: usize,
+        keepdim: bool,
+        shape: Vec<usize>,
+    },
+    Max {
+        x: Tensor,
+        y: Tensor,
+        dim: usize,
+        keepdim: bool,
+    },
+    SumAll {
+        shape: Vec<usize>,
+    },
+    MeanAll {
+        shape: Vec<usize>,
+    },
+    Softmax {
+        y: Tensor,
+    },
+    LogSoftmax {
+        y: Tensor,
+    },
+    Matmul {
+        lhs: Tensor,
+        rhs: Tensor,
+        tl: bool,
+        tr: bool,
+    },
+    Conv2d {
+        x: Tensor,
+        w: Tensor,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    },
+    MaxPool2d {
+        indices: Tensor,
+        shape: Vec<usize>,
+    },
+    WhereCond {
+        mask: Tensor,
+        on_true: Vec<usize>,
+        on_false: Vec<usize>,
+    },
+    /// Softmax cross-entropy: `probs - onehot`, scaled by the incoming gradient over the batch.
+    CrossEntropy {
+        probs: Tensor,
+        onehot: Tensor,
+        batch: usize,
+    },
+}
+
+/// `g` summed back to `shape` when broadcasting widened it.
+fn reduce_to(g: Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.shape() == shape {
+        Ok(g)
+    } else {
+        Ok(g.sum_to(shape)?)
+    }
+}
+
+/// `g` of a reduction over `dim` widened back to `shape`.
+fn unreduce(g: &Tensor, dim: usize, keepdim: bool, shape: &[usize]) -> Result<Tensor> {
+    let g = if keepdim {
+        g.clone()
+    } else {
+        let mut kept = shape.to_vec();
+        kept[dim] = 1;
+        g.reshape(&kept)?
+    };
+    Ok(g.broadcast_to(shape)?)
+}
+
+fn zeros_like(t: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::zeros(t.shape(), t.dtype(), &t.device())?)
+}
+
+/// Which inputs want a gradient, and their gradients.
+type Grads = Vec<Option<Tensor>>;
+
+fn one(need: &[bool], f: impl FnOnce() -> Result<Tensor>) -> Result<Grads> {
+    Ok(vec![if need[0] { Some(f()?) } else { None }])
+}
+
+fn two(
+    need: &[bool],
+    a: impl FnOnce() -> Result<Tensor>,
+    b: impl FnOnce() -> Result<Tensor>,
+) -> Result<Grads> {
+    let ga = if need[0] { Some(a()?) } else { None };
+    let gb = if need.get(1) == Some(&true) {
+        Some(b()?)
+    } else {
+        None
+    };
+    Ok(vec![ga, gb])
+}
+
+const GELU_K: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
+const GELU_C: f64 = 0.044_715;
+
+impl Op {
+    /// Gradients of the inputs (those marked in `need`) given the output's gradient `g`.
+    pub(crate) fn backward(&self, g: &Tensor, need: &[bool]) -> Result<Grads> {
+        match self {
+            Op::Add { lhs, rhs } => two(
+                need,
+                || reduce_to(g.clone(), lhs),
+                || reduce_to(g.clone(), rhs),
+            ),
+            Op::Sub { lhs, rhs } => two(
+                need,
+                || reduce_to(g.clone(), lhs),
+                || reduce_to(g.neg()?, rhs),
+            ),
+            Op::Mul { lhs, rhs } => two(
+                need,
+                || reduce_to(g.mul(rhs)?, lhs.shape()),
+                || reduce_to(g.mul(lhs)?, rhs.shape()),
+            ),
+            Op::Div {
+                rhs,
+                out,
+                lhs_shape,
+            } => two(
+                need,
+                || reduce_to(g.div(rhs)?, lhs_shape),
+                || reduce_to(g.mul(out)?.div(rhs)?.neg()?, rhs.shape()),
+            ),
+            Op::Maximum { lhs, rhs } => {
+                let mask = lhs.ge(rhs)?;
+                let gl = g.mul(&mask)?;
+                two(
+                    need,
+                    || reduce_to(gl.clone(), lhs.shape()),
+                    || reduce_to(g.sub(&gl)?, rhs.shape()),
+                )
+            }
+            Op::AddScalar => one(need, || Ok(g.clone())),
+            Op::MulScalar(s) => one(need, || Ok(g.mul_scalar(*s)?)),
+            Op::Powf { x, p } => one(need, || Ok(g.mul(&x.powf(p - 1.0)?.mul_scalar(*p)?)?)),
+            Op::Neg => one(need, || Ok(g.neg()?)),
+            Op::Relu { y } => one(need, || Ok(g.mul(&y.gt_scalar(0.0)?)?)),
+            Op::Gelu { x } => one(need, || {
+                // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3)
+                let x2 = x.square()?;
+                let u = x
+                    .mul(&x2.mul_scalar(GELU_C)?.add_scalar(1.0)?)?
+                    .mul_scalar(GELU_K)?;
+                let t = u.tanh()?;
+                let left = t.add_scalar(1.0)?.mul_scalar(0.5)?;
+                let sech2 = t.square()?.neg()?.add_scalar(1.0)?;
+                let du = x2
+                    .mul_scalar(3.0 * GELU_C)?
+                    .add_scalar(1.0)?
+                    .mul_scalar(0.5 * GELU_K)?;
+                let right = x.mul(&sech2)?.mul(&du)?;
+                Ok(g.mul(&left.add(&right)?)?)
+            }),
+            Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),
+            Op::Sigmoid { y } => one(need, || Ok(g.mul(&y.mul(&y.neg()?.add_scalar(1.0)?)?)?)),
+            Op::Exp { y } => one(need, || Ok(g.mul(y)?)),
+            Op::Log { x } => one(need, || Ok(g.div(x)?)),
+            Op::Sqrt { y } => one(need, || Ok(g.div(y)?.mul_scalar(0.5)?)),
+            Op::Abs { x } => one(need, || {
+                Ok(g.mul(&x.gt_scalar(0.0)?.sub(&x.lt_scalar(0.0)?)?)?)
+            }),
+            Op::Square { x } => one(need, || Ok(g.mul(x)?.mul_scalar(2.0)?)),
+            Op::Reshape { shape } => one(need, || Ok(g.reshape(shape)?)),
+            Op::Transpose => one(need, || Ok(g.transpose()?)),
+            Op::BroadcastTo { shape } => one(need, || Ok(g.sum_to(shape)?)),
+            Op::SumTo { shape } => one(need, || Ok(g.broadcast_to(shape)?)),
+            Op::Narrow { dim, start, shape } => one(need, || {
+                let z = Tensor::zeros(shape, g.dtype(), &g.device())?;
+                z.narrow_assign_(*dim, *start, g)?;
+                Ok(z)
+            }),
+            Op::Cat { dim, sizes } => {
+                let mut out = Vec::with_capacity(sizes.len());
+                let mut start = 0;
+                for (i, &len) in sizes.iter().enumerate() {
+                    out.push(if need[i] {
+                        Some(g.narrow(*dim, start, len)?)
+                    } else {
+                        None
+                    });
+                    start += len;
+                }
+                Ok(out)
+            }
+            Op::Stack { dim, shape } => {
+                let mut out = Vec::with_capacity(need.len());
+                for (i, &n) in need.iter().enumerate() {
+                    out.push(if n {
+                        Some(g.narrow(*dim, i, 1)?.reshape(shape)?)
+                    } else {
+                        None
+                    });
+                }
+                Ok(out)
+            }
+            Op::IndexSelect {
+                indices,
+                dim,
+                shape,
+            } => one(need, || {
+                let z = Tensor::zeros(shape, g.dtype(), &g.device())?;
+                Ok(z.index_add(*dim, indices, g)?)
+            }),
+            Op::IndexAdd { indices, dim } => two(
+                need,
+                || Ok(g.clone()),
+                || Ok(g.index_select(indices, *dim)?),
+            ),
+            Op::GatherLast { indices, classes } => one(need, || {
+                let mut s = g.shape().to_vec();
+                s.push(*classes);
+                Ok(Tensor::zeros(&s, g.dtype(), &g.device())?.scatter_add_last(indices, g)?)
+            }),
+            Op::Sum {
+                dim,
+                keepdim,
+                shape,
+            } => one(need, || unreduce(g, *dim, *keepdim, shape)),
+            Op::Mean {
+                dim,
+                keepdim,
+                shape,
+            } => one(need, || {
+                Ok(unreduce(g, *dim, *keepdim, shape)?.mul_scalar(1.0 / shape[*dim] as f64)?)
+            }),
+            Op::Max { x, y, dim, keepdim } => one(need, || {
+                let yk = unreduce(y, *dim, *keepdim, x.shape())?;
+                let mask = x.eq(&yk)?;
+                let count = mask.sum(*dim, true)?;
+                let gk = unreduce(g, *dim, *keepdim, x.shape())?;
+                Ok(gk.mul(&mask)?.div(&count)?)
+            }),
+            Op::SumAll { shape } => one(need, || Ok(g.broadcast_to(shape)?)),
+            Op::MeanAll { shape } => {
+                let n: usize = shape.iter().product();
+                one(need, || {
+                    Ok(g.broadcast_to(shape)?.mul_scalar(1.0 / n.max(1) as f64)?)
+                })
+            }
+            Op::Softmax { y } => one(need, || {
+                let last = y.rank() - 1;
+                let dot = g.mul(y)?.sum(last, true)?;
+                Ok(y.mul(&g.sub(&dot)?)?)
+            }),
+            Op::LogSoftmax { y } => one(need, || {
+                let last = y.rank() - 1;
+                let total = g.sum(last, true)?;
+                Ok(g.sub(&y.exp()?.mul(&total)?)?)
+            }),
+            Op::Matmul { lhs, rhs, tl, tr } => {
+                let (tl, tr) = (*tl, *tr);
+                two(
+                    need,
+                    || {
+                        let ga = match (tl, tr) {
+                            (false, false) => g.matmul_t(rhs, false, true)?,
+                            (false, true) => g.matmul_t(rhs, false, false)?,
+                            (true, false) => rhs.matmul_t(g, false, true)?,
+                            (true, true) => rhs.matmul_t(g, true, true)?,
+                        };
+                        reduce_to(ga, lhs.shape())
+                    },
+                    || {
+                        let gb = match (tl, tr) {
+                            (false, false) => lhs.matmul_t(g, true, false)?,
+                            (false, true) => g.matmul_t(lhs, true, false)?,
+                            (true, false) => lhs.matmul_t(g, false, false)?,
+                            (true, true) => g.matmul_t(lhs, true, true)?,
+                        };
+                        reduce_to(gb, rhs.shape())
+                    },
+                )
+            }
+            Op::Conv2d {
+                x,
+                w,
+                stride,
+                padding,
+                groups,
+            } => {
+                let gx = if need[0] {
+                    Some(Tensor::conv2d_backward_input(
+                        g,
+                        w,
+                        x.shape(),
+                        *stride,
+                        *padding,
+                        *groups,
+                    )?)
+                } else {
+                    None
+                };
+                let gw = if need[1] {
+                    Some(Tensor::conv2d_backward_weight(
+                        x,
+                        g,
+                        w.shape(),
+                        *stride,
+                        *padding,
+                        *groups,
+                    )?)
+                } else {
+                    None
+                };
+                let gb = if need.get(2) == Some(&true) {
+                    let o = g.shape()[1];
+                    Some(g.sum_to(&[1, o, 1, 1])?.reshape(&[o])?)
+                } else {
+                    None
+                };
+                Ok(vec![gx, gw, gb])
+            }
+            Op::MaxPool2d { indices, shape } => {
+                one(need, || Ok(Tensor::max_pool2d_backward(g, indices, shape)?))
+            }
+            Op::WhereCond {
+                mask,
+                on_true,
+                on_false,
+            } => {
+                let z = zeros_like(g)?;
+                two(
+                    need,
+                    || reduce_to(Tensor::where_cond(mask, g, &z)?, on_true),
+                    || reduce_to(Tensor::where_cond(mask, &z, g)?, on_false),
+                )
+            }
+            Op::CrossEntropy {
+                probs,
+                onehot,
+                batch,
+            } => one(need, || {
+                let mut s = g.shape().to_vec();
+                s.extend([1, 1]);
+                let scale = g.reshape(&s)?.mul_scalar(1.0 / *batch as f64)?;
+                Ok(probs.sub(onehot)?.mul(&scale)?)
+            }),
+        }
+    }
+}

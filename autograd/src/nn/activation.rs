@@ -1,0 +1,66 @@
+use serde::{Deserialize, Serialize};
+
+use super::{Features, Module};
+use crate::{Param, Result, Tape};
+
+/// An element-wise non-linearity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationKind {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+    /// `tanh(x)`.
+    Tanh,
+}
+
+impl ActivationKind {
+    /// From its spec name (`relu`, `gelu`, `tanh`).
+    pub fn parse(s: &str) -> Option<ActivationKind> {
+        match s {
+            "relu" => Some(ActivationKind::Relu),
+            "gelu" => Some(ActivationKind::Gelu),
+            "tanh" => Some(ActivationKind::Tanh),
+            _ => None,
+        }
+    }
+
+    /// Variance gain for the layer feeding it (He for ReLU-like, 1 otherwise).
+    pub fn gain(self) -> f64 {
+        match self {
+            ActivationKind::Relu | ActivationKind::Gelu => 2.0,
+            ActivationKind::Tanh => 1.0,
+        }
+    }
+}
+
+/// ReLU / GELU / Tanh as a layer (any layout).
+#[derive(Debug)]
+pub struct Activation(pub ActivationKind);
+
+impl Module for Activation {
+    fn forward(&self, _tape: &Tape, x: Features) -> Result<Features> {
+        let var = match self.0 {
+            ActivationKind::Relu => x.var.relu()?,
+            ActivationKind::Gelu => x.var.gelu()?,
+            ActivationKind::Tanh => x.var.tanh()?,
+        };
+        Ok(Features {
+            var,
+            layout: x.layout,
+        })
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.0 {
+            ActivationKind::Relu => "relu",
+            ActivationKind::Gelu => "gelu",
+            ActivationKind::Tanh => "tanh",
+        }
+    }
+}

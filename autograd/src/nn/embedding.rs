@@ -1,0 +1,144 @@
+use cohort_tensor::{DType, Device, Tensor};
+
+use super::{Features, Layout, Module, init_normal};
+use crate::{Error, Param, Result, Tape};
+
+/// A lookup table per member: weight `[M, V, D]`; i32 token ids `[B, ..]` (shared) or `[M, B, ..]` give
+/// `[M, B, .., D]`.
+#[derive(Debug)]
+pub struct Embedding {
+    weight: Param,
+}
+
+impl Embedding {
+    /// N(0, 1) rows per member seed.
+    ///
+    /// # Errors
+    /// When the table cannot be made on `dev`.
+    pub fn new(
+        vocab: usize,
+        dim: usize,
+        seeds: &[u64],
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: Param::new(
+                "weight",
+                init_normal(&[vocab, dim], 1.0, seeds, 0, dtype, dev)?,
+            ),
+        })
+    }
+
+    fn lookup(&self, tape: &Tape, x: &Features, op: &'static str) -> Result<crate::Var> {
+        let ws = self.weight.shape();
+        let (m, v, d) = (ws[0], ws[1], ws[2]);
+        let ids_t = x.var.value();
+        let s = ids_t.shape().to_vec();
+        if ids_t.dtype() != DType::I32
+            || s.is_empty()
+            || (x.layout == Layout::Members && s[0] != m)
+            || x.layout == Layout::Packed
+        {
+            return Err(Error::Shape {
+                op,
+                reason: format!(
+                    "needs i32 token ids [B, ..] or [{m}, B, ..], got {s:?} {} ({:?})",
+                    ids_t.dtype(),
+                    x.layout
+                ),
+            });
+        }
+        let ids = ids_t.to_device(&Device::Cpu)?.to_vec::<i32>()?;
+        if let Some(bad) = ids.iter().find(|&&i| i < 0 || i as usize >= v) {
+            return Err(Error::Shape {
+                op,
+                reason: format!("token id {bad} outside the vocabulary of {v}"),
+            });
+        }
+        // Offsets into the members' stacked tables `[M*V, D]`: one gather for all members.
+        let per = if x.layout == Layout::Shared {
+            ids.len()
+        } else {
+            ids.len() / m
+        };
+        let mut flat = Vec::with_capacity(per * m);
+        for mi in 0..m {
+            let src = if x.layout == Layout::Shared {
+                &ids[..]
+            } else {
+                &ids[mi * per..(mi + 1) * per]
+            };
+            flat.extend(src.iter().map(|&i| i + (mi * v) as i32));
+        }
+        let idx = Tensor::from_vec(flat, &[per * m], &ids_t.device())?;
+        let rows = tape
+            .param(&self.weight)
+            .reshape(&[m * v, d])?
+            .index_select(&idx, 0)?;
+        let mut shape = vec![m];
+        shape.extend_from_slice(if x.layout == Layout::Shared {
+            &s[..]
+        } else {
+            &s[1..]
+        });
+        shape.push(d);
+        rows.reshape(&shape)
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        Ok(Features::members(self.lookup(tape, &x, "embedding")?))
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        vec![("weight".into(), self.weight.clone())]
+    }
+
+    fn kind(&self) -> &'static str {
+        "embedding"
+    }
+}
+
+/// The mean of the embeddings of each bag: ids `[B, L]` (or `[M, B, L]`) give `[M, B, D]`.
+#[derive(Debug)]
+pub struct EmbeddingBag(Embedding);
+
+impl EmbeddingBag {
+    /// N(0, 1) rows per member seed.
+    ///
+    /// # Errors
+    /// When the table cannot be made on `dev`.
+    pub fn new(
+        vocab: usize,
+        dim: usize,
+        seeds: &[u64],
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<EmbeddingBag> {
+        Ok(EmbeddingBag(Embedding::new(vocab, dim, seeds, dtype, dev)?))
+    }
+}
+
+impl Module for EmbeddingBag {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        let rows = self.0.lookup(tape, &x, "embedding_bag")?; // [M, B, L, D]
+        let r = rows.shape().len();
+        if r != 4 {
+            return Err(Error::Shape {
+                op: "embedding_bag",
+                reason: format!("needs bags [B, L] of ids, got rows {:?}", rows.shape()),
+            });
+        }
+        Ok(Features::members(rows.mean(2, false)?))
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        self.0.params()
+    }
+
+    fn kind(&self) -> &'static str {
+        "embedding_bag"
+    }
+}

@@ -1,0 +1,106 @@
+use cohort_tensor::{DType, Device};
+
+use super::{Features, Layout, Module, init_full, init_normal, per_member};
+use crate::{Error, Param, Result, Tape};
+
+/// `y = x W + b` per member: weight `[M, in, out]`, bias `[M, out]`. Acts on the last dimension.
+#[derive(Debug)]
+pub struct Linear {
+    weight: Param,
+    bias: Option<Param>,
+}
+
+impl Linear {
+    /// Weights drawn from N(0, std) per member seed (`std = sqrt(gain / in)`), zero bias.
+    ///
+    /// # Errors
+    /// When the tensors cannot be made on `dev`.
+    pub fn new(
+        inp: usize,
+        out: usize,
+        bias: bool,
+        gain: f64,
+        seeds: &[u64],
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Linear> {
+        let w = init_normal(
+            &[inp, out],
+            (gain / inp as f64).sqrt(),
+            seeds,
+            0,
+            dtype,
+            dev,
+        )?;
+        let b = if bias {
+            Some(Param::new(
+                "bias",
+                init_full(&[out], 0.0, seeds.len(), dtype, dev)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight: Param::new("weight", w),
+            bias: b,
+        })
+    }
+
+    /// From existing parameters: weight `[M, in, out]`, bias `[M, out]`.
+    pub fn from_params(weight: Param, bias: Option<Param>) -> Linear {
+        Linear { weight, bias }
+    }
+
+    /// The weight `[M, in, out]`.
+    pub fn weight(&self) -> &Param {
+        &self.weight
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        let ws = self.weight.shape();
+        let (m, inp, out) = (ws[0], ws[1], ws[2]);
+        let s = x.var.shape().to_vec();
+        let bad = |why: &str| Error::Shape {
+            op: "linear",
+            reason: format!("input {s:?} ({:?}) for weight {ws:?}: {why}", x.layout),
+        };
+        if s.last() != Some(&inp) {
+            return Err(bad("the last dimension must equal the layer's input size"));
+        }
+        let (lead, flat) = match x.layout {
+            Layout::Shared if s.len() >= 2 => (
+                s[..s.len() - 1].to_vec(),
+                x.var.reshape(&[s[..s.len() - 1].iter().product(), inp])?,
+            ),
+            Layout::Members if s.len() >= 3 && s[0] == m => {
+                let n: usize = s[1..s.len() - 1].iter().product();
+                (s[1..s.len() - 1].to_vec(), x.var.reshape(&[m, n, inp])?)
+            }
+            Layout::Packed => return Err(bad("convolution features must be flattened first")),
+            _ => return Err(bad("expected [B, .., in] shared or [M, B, .., in]")),
+        };
+        let w = tape.param(&self.weight);
+        let mut y = flat.matmul(&w)?; // [M, N, out]
+        if let Some(b) = &self.bias {
+            y = y.add(&per_member(&tape.param(b), 3)?)?;
+        }
+        let mut shape = vec![m];
+        shape.extend_from_slice(&lead);
+        shape.push(out);
+        Ok(Features::members(y.reshape(&shape)?))
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+
+    fn kind(&self) -> &'static str {
+        "linear"
+    }
+}

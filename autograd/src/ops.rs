@@ -1,0 +1,478 @@
+//! Differentiable operations on [`Var`]: one per tensor op of cohort-tensor, recorded with its backward.
+
+use cohort_tensor::{DType, Tensor};
+
+use crate::backward::Op;
+use crate::{Error, Result, Var};
+
+macro_rules! unary {
+    ($(#[$doc:meta] $name:ident => |$x:ident, $y:ident| $op:expr;)*) => {$(
+        #[$doc]
+        ///
+        /// # Errors
+        /// When the tensor op fails (dtype, device).
+        pub fn $name(&self) -> Result<Var> {
+            let $x = self.value();
+            let $y = $x.$name()?;
+            let saved = $y.clone();
+            Var::record(stringify!($name), $y, &[self], move || {
+                #[allow(unused_variables)]
+                let $y = saved;
+                $op
+            })
+        }
+    )*};
+}
+
+impl Var {
+    /// `self + other`, numpy broadcasting.
+    ///
+    /// # Errors
+    /// When the shapes do not broadcast, or dtypes/devices differ.
+    pub fn add(&self, other: &Var) -> Result<Var> {
+        let out = self.value().add(other.value())?;
+        Var::record("add", out, &[self, other], || Op::Add {
+            lhs: self.shape().to_vec(),
+            rhs: other.shape().to_vec(),
+        })
+    }
+
+    /// `self - other`, numpy broadcasting.
+    ///
+    /// # Errors
+    /// As [`Var::add`].
+    pub fn sub(&self, other: &Var) -> Result<Var> {
+        let out = self.value().sub(other.value())?;
+        Var::record("sub", out, &[self, other], || Op::Sub {
+            lhs: self.shape().to_vec(),
+            rhs: other.shape().to_vec(),
+        })
+    }
+
+    /// `self * other`, numpy broadcasting.
+    ///
+    /// # Errors
+    /// As [`Var::add`].
+    pub fn mul(&self, other: &Var) -> Result<Var> {
+        let out = self.value().mul(other.value())?;
+        Var::record("mul", out, &[self, other], || Op::Mul {
+            lhs: self.value().clone(),
+            rhs: other.value().clone(),
+        })
+    }
+
+    /// `self / other`, numpy broadcasting.
+    ///
+    /// # Errors
+    /// As [`Var::add`].
+    pub fn div(&self, other: &Var) -> Result<Var> {
+        let out = self.value().div(other.value())?;
+        let saved = out.clone();
+        Var::record("div", out, &[self, other], || Op::Div {
+            rhs: other.value().clone(),
+            out: saved,
+            lhs_shape: self.shape().to_vec(),
+        })
+    }
+
+    /// Element-wise maximum (ties send the gradient to `self`).
+    ///
+    /// # Errors
+    /// As [`Var::add`].
+    pub fn maximum(&self, other: &Var) -> Result<Var> {
+        let out = self.value().maximum(other.value())?;
+        Var::record("maximum", out, &[self, other], || Op::Maximum {
+            lhs: self.value().clone(),
+            rhs: other.value().clone(),
+        })
+    }
+
+    /// `self + s`.
+    ///
+    /// # Errors
+    /// When the tensor op fails.
+    pub fn add_scalar(&self, s: f64) -> Result<Var> {
+        Var::record("add_scalar", self.value().add_scalar(s)?, &[self], || {
+            Op::AddScalar
+        })
+    }
+
+    /// `self * s`.
+    ///
+    /// # Errors
+    /// When the tensor op fails.
+    pub fn mul_scalar(&self, s: f64) -> Result<Var> {
+        Var::record("mul_scalar", self.value().mul_scalar(s)?, &[self], || {
+            Op::MulScalar(s)
+        })
+    }
+
+    /// `self ^ p`.
+    ///
+    /// # Errors
+    /// When the tensor op fails.
+    pub fn powf(&self, p: f64) -> Result<Var> {
+        Var::record("powf", self.value().powf(p)?, &[self], || Op::Powf {
+            x: self.value().clone(),
+            p,
+        })
+    }
+
+    /// `-self`.
+    ///
+    /// # Errors
+    /// When the tensor op fails.
+    pub fn neg(&self) -> Result<Var> {
+        Var::record("neg", self.value().neg()?, &[self], || Op::Neg)
+    }
+
+    unary! {
+        /// `max(x, 0)`.
+        relu => |x, y| Op::Relu { y };
+        /// Rectified linear unit's smooth cousin (tanh approximation, as JAX's default and PyTorch's `approximate="tanh"`).
+        gelu => |x, y| Op::Gelu { x: x.clone() };
+        /// Hyperbolic tangent.
+        tanh => |x, y| Op::Tanh { y };
+        /// Logistic sigmoid.
+        sigmoid => |x, y| Op::Sigmoid { y };
+        /// `e^x`.
+        exp => |x, y| Op::Exp { y };
+        /// Natural logarithm.
+        log => |x, y| Op::Log { x: x.clone() };
+        /// Square root.
+        sqrt => |x, y| Op::Sqrt { y };
+        /// Absolute value (gradient 0 at 0).
+        abs => |x, y| Op::Abs { x: x.clone() };
+        /// `x * x`.
+        square => |x, y| Op::Square { x: x.clone() };
+        /// Softmax over the last dimension.
+        softmax_last => |x, y| Op::Softmax { y };
+        /// Log-softmax over the last dimension (stable).
+        log_softmax_last => |x, y| Op::LogSoftmax { y };
+    }
+
+    /// The same values in a new shape (shares storage).
+    ///
+    /// # Errors
+    /// When the element counts differ.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Var> {
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
+        Var::record("reshape", self.value().reshape(shape)?, &[self], || {
+            Op::Reshape {
+                shape: self.shape().to_vec(),
+            }
+        })
+    }
+
+    /// Swaps the last two dimensions.
+    ///
+    /// # Errors
+    /// When the rank is below 2.
+    pub fn transpose(&self) -> Result<Var> {
+        Var::record("transpose", self.value().transpose()?, &[self], || {
+            Op::Transpose
+        })
+    }
+
+    /// Swaps the first two dimensions (`[a, b, ...]` to `[b, a, ...]`), built from reshapes and transposes.
+    ///
+    /// # Errors
+    /// When the rank is below 2.
+    pub fn swap_leading(&self) -> Result<Var> {
+        let s = self.shape().to_vec();
+        if s.len() < 2 {
+            return Err(Error::Shape {
+                op: "swap_leading",
+                reason: format!("rank {} below 2 ({s:?})", s.len()),
+            });
+        }
+        let (a, b) = (s[0], s[1]);
+        let rest: usize = s[2..].iter().product();
+        let t = self.reshape(&[a, b * rest])?.transpose()?; // [b*rest, a]
+        let t = t.reshape(&[b, rest, a])?.transpose()?; // [b, a, rest]
+        let mut out = vec![b, a];
+        out.extend_from_slice(&s[2..]);
+        t.reshape(&out)
+    }
+
+    /// Broadcasts to `shape` (numpy rules).
+    ///
+    /// # Errors
+    /// When the shapes do not broadcast.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Var> {
+        Var::record(
+            "broadcast_to",
+            self.value().broadcast_to(shape)?,
+            &[self],
+            || Op::BroadcastTo {
+                shape: self.shape().to_vec(),
+            },
+        )
+    }
+
+    /// Sums a broadcast value back to `shape`.
+    ///
+    /// # Errors
+    /// When `shape` does not broadcast to this shape.
+    pub fn sum_to(&self, shape: &[usize]) -> Result<Var> {
+        Var::record("sum_to", self.value().sum_to(shape)?, &[self], || {
+            Op::SumTo {
+                shape: self.shape().to_vec(),
+            }
+        })
+    }
+
+    /// `len` entries of `dim` from `start`.
+    ///
+    /// # Errors
+    /// When out of range.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Var> {
+        Var::record(
+            "narrow",
+            self.value().narrow(dim, start, len)?,
+            &[self],
+            || Op::Narrow {
+                dim,
+                start,
+                shape: self.shape().to_vec(),
+            },
+        )
+    }
+
+    /// Concatenates along `dim`.
+    ///
+    /// # Errors
+    /// When the shapes differ outside `dim`, or `vars` is empty.
+    pub fn cat(vars: &[&Var], dim: usize) -> Result<Var> {
+        let ts: Vec<&Tensor> = vars.iter().map(|v| v.value()).collect();
+        let out = Tensor::cat(&ts, dim)?;
+        Var::record("cat", out, vars, || Op::Cat {
+            dim,
+            sizes: vars.iter().map(|v| v.shape()[dim]).collect(),
+        })
+    }
+
+    /// Stacks along a new `dim`.
+    ///
+    /// # Errors
+    /// When the shapes differ, or `vars` is empty.
+    pub fn stack(vars: &[&Var], dim: usize) -> Result<Var> {
+        let ts: Vec<&Tensor> = vars.iter().map(|v| v.value()).collect();
+        let out = Tensor::stack(&ts, dim)?;
+        Var::record("stack", out, vars, || Op::Stack {
+            dim,
+            shape: vars[0].shape().to_vec(),
+        })
+    }
+
+    /// Rows of `self` along `dim` picked by I32 `indices` (embedding lookup).
+    ///
+    /// # Errors
+    /// When an index is out of range or `indices` is not I32.
+    pub fn index_select(&self, indices: &Tensor, dim: usize) -> Result<Var> {
+        Var::record(
+            "index_select",
+            self.value().index_select(indices, dim)?,
+            &[self],
+            || Op::IndexSelect {
+                indices: indices.clone(),
+                dim,
+                shape: self.shape().to_vec(),
+            },
+        )
+    }
+
+    /// `self` with `src[i]` added at `indices[i]` along `dim`.
+    ///
+    /// # Errors
+    /// When shapes or indices do not fit.
+    pub fn index_add(&self, dim: usize, indices: &Tensor, src: &Var) -> Result<Var> {
+        let out = self.value().index_add(dim, indices, src.value())?;
+        Var::record("index_add", out, &[self, src], || Op::IndexAdd {
+            indices: indices.clone(),
+            dim,
+        })
+    }
+
+    /// `out[..] = self[.., indices[..]]` over the last dimension.
+    ///
+    /// # Errors
+    /// When the shapes do not fit or `indices` is not I32.
+    pub fn gather_last(&self, indices: &Tensor) -> Result<Var> {
+        let classes = *self.shape().last().unwrap_or(&0);
+        Var::record(
+            "gather_last",
+            self.value().gather_last(indices)?,
+            &[self],
+            || Op::GatherLast {
+                indices: indices.clone(),
+                classes,
+            },
+        )
+    }
+
+    /// Sum over `dim`.
+    ///
+    /// # Errors
+    /// When `dim` is out of range.
+    pub fn sum(&self, dim: usize, keepdim: bool) -> Result<Var> {
+        Var::record("sum", self.value().sum(dim, keepdim)?, &[self], || {
+            Op::Sum {
+                dim,
+                keepdim,
+                shape: self.shape().to_vec(),
+            }
+        })
+    }
+
+    /// Mean over `dim`.
+    ///
+    /// # Errors
+    /// When `dim` is out of range.
+    pub fn mean(&self, dim: usize, keepdim: bool) -> Result<Var> {
+        Var::record("mean", self.value().mean(dim, keepdim)?, &[self], || {
+            Op::Mean {
+                dim,
+                keepdim,
+                shape: self.shape().to_vec(),
+            }
+        })
+    }
+
+    /// Maximum over `dim` (tied maxima share the gradient).
+    ///
+    /// # Errors
+    /// When `dim` is out of range.
+    pub fn max(&self, dim: usize, keepdim: bool) -> Result<Var> {
+        let out = self.value().max(dim, keepdim)?;
+        let saved = out.clone();
+        Var::record("max", out, &[self], || Op::Max {
+            x: self.value().clone(),
+            y: saved,
+            dim,
+            keepdim,
+        })
+    }
+
+    /// Sum of all elements (shape `[]`).
+    ///
+    /// # Errors
+    /// When the tensor op fails.
+    pub fn sum_all(&self) -> Result<Var> {
+        Var::record("sum_all", self.value().sum_all()?, &[self], || Op::SumAll {
+            shape: self.shape().to_vec(),
+        })
+    }
+
+    /// Mean of all elements (shape `[]`).
+    ///
+    /// # Errors
+    /// When the tensor op fails.
+    pub fn mean_all(&self) -> Result<Var> {
+        Var::record("mean_all", self.value().mean_all()?, &[self], || {
+            Op::MeanAll {
+                shape: self.shape().to_vec(),
+            }
+        })
+    }
+
+    /// Matrix product; a 2-D side broadcasts over the other's leading (member) dimension.
+    ///
+    /// # Errors
+    /// When the inner dimensions differ.
+    pub fn matmul(&self, other: &Var) -> Result<Var> {
+        self.matmul_t(other, false, false)
+    }
+
+    /// Matrix product with either side's last two dimensions transposed (not materialized).
+    ///
+    /// # Errors
+    /// When the inner dimensions differ.
+    pub fn matmul_t(&self, other: &Var, trans_lhs: bool, trans_rhs: bool) -> Result<Var> {
+        let out = self.value().matmul_t(other.value(), trans_lhs, trans_rhs)?;
+        Var::record("matmul", out, &[self, other], || Op::Matmul {
+            lhs: self.value().clone(),
+            rhs: other.value().clone(),
+            tl: trans_lhs,
+            tr: trans_rhs,
+        })
+    }
+
+    /// 2-D convolution, NCHW; weight `[O, C/groups, kh, kw]`, bias `[O]`.
+    ///
+    /// # Errors
+    /// When the shapes do not fit.
+    pub fn conv2d(
+        &self,
+        weight: &Var,
+        bias: Option<&Var>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<Var> {
+        let out = self.value().conv2d(
+            weight.value(),
+            bias.map(Var::value),
+            stride,
+            padding,
+            groups,
+        )?;
+        let op = || Op::Conv2d {
+            x: self.value().clone(),
+            w: weight.value().clone(),
+            stride,
+            padding,
+            groups,
+        };
+        match bias {
+            Some(b) => Var::record("conv2d", out, &[self, weight, b], op),
+            None => Var::record("conv2d", out, &[self, weight], op),
+        }
+    }
+
+    /// Max pooling over `kernel x kernel` windows, NCHW.
+    ///
+    /// # Errors
+    /// When the input is not 4-D or smaller than the window.
+    pub fn max_pool2d(&self, kernel: usize, stride: usize) -> Result<Var> {
+        let (out, indices) = self.value().max_pool2d(kernel, stride)?;
+        Var::record("max_pool2d", out, &[self], || Op::MaxPool2d {
+            indices,
+            shape: self.shape().to_vec(),
+        })
+    }
+
+    /// Picks `on_true` where `mask != 0`, else `on_false`.
+    ///
+    /// # Errors
+    /// When the shapes do not broadcast.
+    pub fn where_cond(mask: &Tensor, on_true: &Var, on_false: &Var) -> Result<Var> {
+        let out = Tensor::where_cond(mask, on_true.value(), on_false.value())?;
+        Var::record("where_cond", out, &[on_true, on_false], || Op::WhereCond {
+            mask: mask.clone(),
+            on_true: on_true.shape().to_vec(),
+            on_false: on_false.shape().to_vec(),
+        })
+    }
+
+    /// The value's dtype.
+    pub fn dtype(&self) -> DType {
+        self.value().dtype()
+    }
+
+    pub(crate) fn record_cross_entropy(
+        loss: Tensor,
+        logits: &Var,
+        probs: Tensor,
+        onehot: Tensor,
+        batch: usize,
+    ) -> Result<Var> {
+        Var::record("cross_entropy", loss, &[logits], || Op::CrossEntropy {
+            probs,
+            onehot,
+            batch,
+        })
+    }
+}

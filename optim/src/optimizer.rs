@@ -1,0 +1,530 @@
+use cohort_autograd::Param;
+use cohort_tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result, Schedule};
+
+/// Which update rule, with its hyper-parameters (PyTorch's names and defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum OptimConfig {
+    /// `torch.optim.SGD`.
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+        /// Momentum factor (0: plain SGD).
+        #[serde(default)]
+        momentum: f64,
+        /// Dampening of the momentum.
+        #[serde(default)]
+        dampening: f64,
+        /// L2 penalty added to the gradient.
+        #[serde(default)]
+        weight_decay: f64,
+        /// Nesterov momentum.
+        #[serde(default)]
+        nesterov: bool,
+    },
+    /// `torch.optim.Adam` (weight decay added to the gradient).
+    Adam {
+        /// Learning rate.
+        lr: f64,
+        /// `(beta1, beta2)`.
+        #[serde(default = "default_betas")]
+        betas: (f64, f64),
+        /// Denominator term.
+        #[serde(default = "default_eps")]
+        eps: f64,
+        /// L2 penalty added to the gradient.
+        #[serde(default)]
+        weight_decay: f64,
+    },
+    /// `torch.optim.AdamW` (decoupled weight decay).
+    AdamW {
+        /// Learning rate.
+        lr: f64,
+        /// `(beta1, beta2)`.
+        #[serde(default = "default_betas")]
+        betas: (f64, f64),
+        /// Denominator term.
+        #[serde(default = "default_eps")]
+        eps: f64,
+        /// Decoupled decay (PyTorch default 0.01).
+        #[serde(default = "default_adamw_decay")]
+        weight_decay: f64,
+    },
+}
+
+fn default_betas() -> (f64, f64) {
+    (0.9, 0.999)
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+fn default_adamw_decay() -> f64 {
+    0.01
+}
+
+impl OptimConfig {
+    /// Adam with PyTorch's defaults and rate `lr`.
+    pub fn adam(lr: f64) -> OptimConfig {
+        OptimConfig::Adam {
+            lr,
+            betas: default_betas(),
+            eps: default_eps(),
+            weight_decay: 0.0,
+        }
+    }
+
+    /// AdamW with PyTorch's defaults and rate `lr`.
+    pub fn adamw(lr: f64) -> OptimConfig {
+        OptimConfig::AdamW {
+            lr,
+            betas: default_betas(),
+            eps: default_eps(),
+            weight_decay: default_adamw_decay(),
+        }
+    }
+
+    /// Plain SGD with rate `lr`.
+    pub fn sgd(lr: f64) -> OptimConfig {
+        OptimConfig::Sgd {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+
+    /// The base learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            OptimConfig::Sgd { lr, .. }
+            | OptimConfig::Adam { lr, .. }
+            | OptimConfig::AdamW { lr, .. } => *lr,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let check = |name, value: f64, ok: bool, reason| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::Config {
+                    name,
+                    value,
+                    reason,
+                })
+            }
+        };
+        check(
+            "lr",
+            self.lr(),
+            self.lr() >= 0.0 && self.lr().is_finite(),
+            "must be finite and >= 0",
+        )?;
+        match self {
+            OptimConfig::Sgd {
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
+                ..
+            } => {
+                check("momentum", *momentum, *momentum >= 0.0, "must be >= 0")?;
+                check(
+                    "weight_decay",
+                    *weight_decay,
+                    *weight_decay >= 0.0,
+                    "must be >= 0",
+                )?;
+                check(
+                    "dampening",
+                    *dampening,
+                    !*nesterov || (*momentum > 0.0 && *dampening == 0.0),
+                    "Nesterov momentum needs momentum > 0 and dampening = 0",
+                )
+            }
+            OptimConfig::Adam {
+                betas,
+                eps,
+                weight_decay,
+                ..
+            }
+            | OptimConfig::AdamW {
+                betas,
+                eps,
+                weight_decay,
+                ..
+            } => {
+                check(
+                    "beta1",
+                    betas.0,
+                    (0.0..1.0).contains(&betas.0),
+                    "must be in [0, 1)",
+                )?;
+                check(
+                    "beta2",
+                    betas.1,
+                    (0.0..1.0).contains(&betas.1),
+                    "must be in [0, 1)",
+                )?;
+                check("eps", *eps, *eps >= 0.0, "must be >= 0")?;
+                check(
+                    "weight_decay",
+                    *weight_decay,
+                    *weight_decay >= 0.0,
+                    "must be >= 0",
+                )
+            }
+        }
+    }
+
+    fn buffers(&self) -> &'static [&'static str] {
+        match self {
+            OptimConfig::Sgd { momentum, .. } if *momentum > 0.0 => &["momentum_buffer"],
+            OptimConfig::Sgd { .. } => &[],
+            _ => &["exp_avg", "exp_avg_sq"],
+        }
+    }
+}
+
+/// Saved optimizer state: the step count and every buffer, named `<param>.<buffer>` (`layers.0.weight.exp_avg`).
+#[derive(Clone, Debug)]
+pub struct OptimizerState {
+    /// Updates made so far.
+    pub step: u64,
+    /// Buffers by name.
+    pub tensors: Vec<(String, Tensor)>,
+}
+
+impl OptimizerState {
+    /// Member `m`'s slice of every buffer, without the member dimension (for that member's checkpoint).
+    ///
+    /// # Errors
+    /// When `m` is out of range.
+    pub fn member(&self, m: usize) -> Result<OptimizerState> {
+        let mut tensors = Vec::with_capacity(self.tensors.len());
+        for (name, t) in &self.tensors {
+            let s = t.shape();
+            if s.is_empty() || m >= s[0] {
+                return Err(Error::State {
+                    name: name.clone(),
+                    reason: format!("member {m} of a buffer {s:?}"),
+                });
+            }
+            tensors.push((name.clone(), t.narrow(0, m, 1)?.reshape(&s[1..])?));
+        }
+        Ok(OptimizerState {
+            step: self.step,
+            tensors,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    param: Param,
+    /// Adam: `[exp_avg, exp_avg_sq]`; SGD with momentum: `[momentum_buffer]`; made at the first update.
+    bufs: Vec<Tensor>,
+}
+
+/// Updates a set of parameters from their accumulated gradients.
+#[derive(Debug)]
+pub struct Optimizer {
+    config: OptimConfig,
+    schedule: Schedule,
+    slots: Vec<Slot>,
+    step: u64,
+    /// Base rate per member (one value: all members).
+    member_lrs: Vec<f64>,
+    lrs_now: Vec<f64>,
+}
+
+impl Optimizer {
+    /// An optimizer over `params` (a model's [`Model::params`](cohort_autograd::Model::params)).
+    ///
+    /// # Errors
+    /// When a hyper-parameter is out of range.
+    pub fn new(config: OptimConfig, params: &[Param]) -> Result<Optimizer> {
+        config.validate()?;
+        Ok(Optimizer {
+            member_lrs: vec![config.lr()],
+            config,
+            schedule: Schedule::Constant,
+            slots: params
+                .iter()
+                .map(|p| Slot {
+                    param: p.clone(),
+                    bufs: Vec::new(),
+                })
+                .collect(),
+            step: 0,
+            lrs_now: Vec::with_capacity(1),
+        })
+    }
+
+    /// With a learning-rate schedule.
+    pub fn with_schedule(mut self, schedule: Schedule) -> Optimizer {
+        self.schedule = schedule;
+        self
+    }
+
+    /// The update rule.
+    pub fn config(&self) -> &OptimConfig {
+        &self.config
+    }
+
+    /// Base learning rate per member of a fused model (one value: the same for all).
+    ///
+    /// # Errors
+    /// When the count is neither 1 nor the parameters' member count, or a rate is negative.
+    pub fn set_member_lrs(&mut self, lrs: &[f64]) -> Result<()> {
+        let members = self
+            .slots
+            .first()
+            .map_or(1, |s| s.param.shape().first().copied().unwrap_or(1));
+        if lrs.is_empty() || (lrs.len() != 1 && lrs.len() != members) {
+            return Err(Error::MemberLrs {
+                given: lrs.len(),
+                members,
+            });
+        }
+        if let Some(bad) = lrs.iter().find(|l| !(**l >= 0.0 && l.is_finite())) {
+            return Err(Error::Config {
+                name: "lr",
+                value: *bad,
+                reason: "must be finite and >= 0",
+            });
+        }
+        self.member_lrs = lrs.to_vec();
+        Ok(())
+    }
+
+    /// Updates made so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// The learning rate(s) the next update will use (schedule applied).
+    pub fn current_lrs(&self) -> Vec<f64> {
+        let f = self.schedule.factor(self.step);
+        self.member_lrs.iter().map(|l| l * f).collect()
+    }
+
+    /// Clears the gradients of all parameters.
+    pub fn zero_grad(&self) {
+        self.slots.iter().for_each(|s| s.param.zero_grad());
+    }
+
+    /// One update of every parameter that has a gradient (one fused tensor call each).
+    ///
+    /// # Errors
+    /// When a tensor op fails (device, dtype).
+    pub fn step(&mut self) -> Result<()> {
+        let f = self.schedule.factor(self.step);
+        self.lrs_now.clear();
+        self.lrs_now.extend(self.member_lrs.iter().map(|l| l * f));
+        let t = self.step + 1;
+        for slot in &mut self.slots {
+            let Some(g) = slot.param.grad() else { continue };
+            let p = slot.param.value();
+            let lrs: &[f64] =
+                if self.lrs_now.len() > 1 && p.shape().first() == Some(&self.lrs_now.len()) {
+                    &self.lrs_now
+                } else {
+                    &self.lrs_now[..1]
+                };
+            match &self.config {
+                OptimConfig::Sgd {
+                    momentum,
+                    dampening,
+                    weight_decay,
+                    nesterov,
+                    ..
+                } => {
+                    if *momentum > 0.0 && slot.bufs.is_empty() {
+                        // PyTorch starts the buffer at the first gradient; the fused update computes
+                        // momentum * buf + (1 - dampening) * g, so start from buf = dampening / momentum * g.
+                        let b = if *dampening == 0.0 {
+                            Tensor::zeros(p.shape(), p.dtype(), &p.device())?
+                        } else {
+                            let gd = if *weight_decay > 0.0 {
+                                g.add(&p.mul_scalar(*weight_decay)?)?
+                            } else {
+                                g.clone()
+                            };
+                            gd.mul_scalar(dampening / momentum)?
+                        };
+                        slot.bufs.push(b);
+                    }
+                    Tensor::sgd_step_(
+                        p,
+                        &g,
+                        slot.bufs.first(),
+                        lrs,
+                        *momentum,
+                        *dampening,
+                        *weight_decay,
+                        *nesterov,
+                    )?;
+                }
+                OptimConfig::Adam {
+                    betas,
+                    eps,
+                    weight_decay,
+                    ..
+                }
+                | OptimConfig::AdamW {
+                    betas,
+                    eps,
+                    weight_decay,
+                    ..
+                } => {
+                    if slot.bufs.is_empty() {
+                        slot.bufs
+                            .push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
+                        slot.bufs
+                            .push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
+                    }
+                    let decoupled = matches!(self.config, OptimConfig::AdamW { .. });
+                    Tensor::adam_step_(
+                        p,
+                        &g,
+                        &slot.bufs[0],
+                        &slot.bufs[1],
+                        lrs,
+                        betas.0,
+                        betas.1,
+                        *eps,
+                        *weight_decay,
+                        decoupled,
+                        t,
+                    )?;
+                }
+            }
+        }
+        self.step = t;
+        Ok(())
+    }
+
+    /// The step count and every buffer by name, for a checkpoint (buffers not made yet are left out).
+    pub fn state_dict(&self) -> OptimizerState {
+        let names = self.config.buffers();
+        let mut tensors = Vec::new();
+        for slot in &self.slots {
+            let pn = slot.param.name();
+            for (b, t) in names.iter().zip(&slot.bufs) {
+                tensors.push((format!("{pn}.{b}"), t.clone()));
+            }
+        }
+        OptimizerState {
+            step: self.step,
+            tensors,
+        }
+    }
+
+    /// Restores a [`Optimizer::state_dict`] (copies the buffers).
+    ///
+    /// # Errors
+    /// When a buffer is unknown or has the wrong shape, or some but not all buffers of a parameter are given.
+    pub fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
+        self.check_names(state)?;
+        let names = self.config.buffers();
+        for slot in &mut self.slots {
+            let pn = slot.param.name();
+            let mut bufs = Vec::with_capacity(names.len());
+            for b in names {
+                let name = format!("{pn}.{b}");
+                if let Some((_, t)) = state.tensors.iter().find(|(n, _)| *n == name) {
+                    if t.shape() != slot.param.shape() {
+                        return Err(Error::State {
+                            name,
+                            reason: format!(
+                                "shape {:?}, the parameter {:?}",
+                                t.shape(),
+                                slot.param.shape()
+                            ),
+                        });
+                    }
+                    let p = slot.param.value();
+                    let own = Tensor::zeros(p.shape(), p.dtype(), &p.device())?;
+                    own.assign_(&t.to_device(&p.device())?.to_dtype(p.dtype())?)?;
+                    bufs.push(own);
+                }
+            }
+            if !bufs.is_empty() && bufs.len() != names.len() {
+                return Err(Error::State {
+                    name: pn,
+                    reason: format!("needs all of {names:?}"),
+                });
+            }
+            slot.bufs = bufs;
+        }
+        self.step = state.step;
+        Ok(())
+    }
+
+    /// Writes member `m`'s slice of every buffer from a [`OptimizerState::member`] state (the step count is
+    /// shared by all members and left as is).
+    ///
+    /// # Errors
+    /// When a buffer is unknown or has the wrong shape.
+    pub fn load_member_state(&mut self, m: usize, state: &OptimizerState) -> Result<()> {
+        self.check_names(state)?;
+        let names = self.config.buffers();
+        for slot in &mut self.slots {
+            let pn = slot.param.name();
+            let p = slot.param.value().clone();
+            for (i, b) in names.iter().enumerate() {
+                let name = format!("{pn}.{b}");
+                let Some((_, t)) = state.tensors.iter().find(|(n, _)| *n == name) else {
+                    continue;
+                };
+                if slot.bufs.len() < names.len() {
+                    slot.bufs = names
+                        .iter()
+                        .map(|_| Tensor::zeros(p.shape(), p.dtype(), &p.device()))
+                        .collect::<std::result::Result<_, _>>()?;
+                }
+                let s = p.shape();
+                if m >= s[0] || t.elem_count() * s[0] != p.elem_count() {
+                    return Err(Error::State {
+                        name,
+                        reason: format!("member {m} slice {:?} of a parameter {s:?}", t.shape()),
+                    });
+                }
+                let mut one = vec![1];
+                one.extend_from_slice(&s[1..]);
+                slot.bufs[i].narrow_assign_(
+                    0,
+                    m,
+                    &t.to_device(&p.device())?
+                        .to_dtype(p.dtype())?
+                        .reshape(&one)?,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_names(&self, state: &OptimizerState) -> Result<()> {
+        let names = self.config.buffers();
+        for (n, _) in &state.tensors {
+            let known = self.slots.iter().any(|s| {
+                let pn = s.param.name();
+                names.iter().any(|b| {
+                    n.len() == pn.len() + 1 + b.len() && n.starts_with(&pn) && n.ends_with(b)
+                })
+            });
+            if !known {
+                return Err(Error::State {
+                    name: n.clone(),
+                    reason: "no such buffer in this optimizer".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
