@@ -70,7 +70,9 @@ struct Inner<S> {
     config: Config,
     limit: u64,
     chunks: Chunks,
-    bins: Bins,
+    bins: [Bins; 2],
+    /// Stitched layout: requests of at least this many bytes are placed in the large arena.
+    large: u64,
     regions: Vec<RegionEntry>,
     pages: Option<PageTable>,
     /// Stitched layout: the most pages that may be mapped.
@@ -99,7 +101,8 @@ impl<S: MemorySource> Bfc<S> {
             name,
             limit,
             chunks: Chunks::new(),
-            bins: Bins::new(),
+            bins: [Bins::new(), Bins::new()],
+            large: u64::MAX,
             regions: Vec::new(),
             pages: None,
             page_limit: 0,
@@ -121,23 +124,43 @@ impl<S: MemorySource> Bfc<S> {
                     .virtual_range()
                     .map_err(|e| source_error(e, "virtual range"))?;
                 let pt = PageTable::new(range, page);
-                let idx = inner.chunks.add(Chunk {
-                    ptr: range.base,
-                    size: range.size,
-                    prev: NIL,
-                    next: NIL,
-                    left: NIL,
-                    right: NIL,
-                    region: 0,
-                    tenant: 0,
-                    state: State::Free,
-                });
-                inner.regions.push(RegionEntry {
-                    region: range,
-                    first: idx,
-                    live: true,
-                });
-                inner.bins.insert(&mut inner.chunks.v, idx);
+                // Two arenas: small blocks from the lower half, large ones from the upper half, so that the churn
+                // of small blocks never splits the holes large blocks come back to.
+                let half = (range.size / 2).next_multiple_of(page).min(range.size);
+                let arenas = [
+                    Region {
+                        base: range.base,
+                        size: half,
+                    },
+                    Region {
+                        base: range.base + half,
+                        size: range.size - half,
+                    },
+                ];
+                for (arena, r) in arenas.into_iter().enumerate() {
+                    if r.size == 0 {
+                        continue;
+                    }
+                    let idx = inner.chunks.add(Chunk {
+                        ptr: r.base,
+                        size: r.size,
+                        prev: NIL,
+                        next: NIL,
+                        left: NIL,
+                        right: NIL,
+                        region: inner.regions.len() as u32,
+                        tenant: 0,
+                        arena: arena as u8,
+                        state: State::Free,
+                    });
+                    inner.regions.push(RegionEntry {
+                        region: r,
+                        first: idx,
+                        live: true,
+                    });
+                    inner.bin_insert(idx);
+                }
+                inner.large = inner.config.large_block;
                 inner.page_limit = limit / page;
                 inner.pages = Some(pt);
             }
@@ -383,6 +406,30 @@ fn growth_size(rounded: u64) -> u64 {
 }
 
 impl<S: MemorySource> Inner<S> {
+    fn bin_insert(&mut self, i: u32) {
+        let a = usize::from(self.chunks.v[i as usize].arena);
+        self.bins[a].insert(&mut self.chunks.v, i);
+    }
+
+    fn bin_remove(&mut self, i: u32) {
+        let a = usize::from(self.chunks.v[i as usize].arena);
+        self.bins[a].remove(&mut self.chunks.v, i);
+    }
+
+    fn arena_for(&self, rounded: u64) -> usize {
+        usize::from(rounded >= self.large)
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.bins[0].bytes + self.bins[1].bytes
+    }
+
+    fn largest_free_chunk(&self) -> u64 {
+        self.bins[0]
+            .largest(&self.chunks.v)
+            .max(self.bins[1].largest(&self.chunks.v))
+    }
+
     fn frozen(&self, setting: &'static str) -> Result<()> {
         match self.first_use {
             Some(loc) => Err(Error::ConfigFrozen {
@@ -577,7 +624,7 @@ impl<S: MemorySource> Inner<S> {
         if self.stitched() {
             return self.place_stitched(rounded, tenant);
         }
-        let i = match self.bins.best_fit(&self.chunks.v, rounded) {
+        let i = match self.bins[0].best_fit(&self.chunks.v, rounded) {
             Some(i) => i,
             None => {
                 let may_grow = !self.caches() || self.config.policy == Policy::Growth;
@@ -597,7 +644,7 @@ impl<S: MemorySource> Inner<S> {
         } else {
             0
         };
-        if self.bins.bytes + room >= rounded {
+        if self.free_bytes() + room >= rounded {
             OomCause::Fragmentation
         } else {
             OomCause::DeviceFull
@@ -652,6 +699,7 @@ impl<S: MemorySource> Inner<S> {
             right: NIL,
             region: slot as u32,
             tenant: 0,
+            arena: 0,
             state: State::Free,
         });
         self.regions[slot] = RegionEntry {
@@ -659,7 +707,7 @@ impl<S: MemorySource> Inner<S> {
             first: idx,
             live: true,
         };
-        self.bins.insert(&mut self.chunks.v, idx);
+        self.bin_insert(idx);
         self.c.reserved += region.size;
         self.c.peak_reserved = self.c.peak_reserved.max(self.c.reserved);
         self.c.source_reserves += 1;
@@ -674,7 +722,7 @@ impl<S: MemorySource> Inner<S> {
 
     /// Takes free chunk `i` out of its bin, splits off what is beyond `rounded`, marks it used.
     fn carve(&mut self, i: u32, rounded: u64, tenant: TenantId) -> u32 {
-        self.bins.remove(&mut self.chunks.v, i);
+        self.bin_remove(i);
         let c = self.chunks.v[i as usize];
         if c.size - rounded >= GRANULE {
             let r = self.chunks.add(Chunk {
@@ -686,6 +734,7 @@ impl<S: MemorySource> Inner<S> {
                 right: NIL,
                 region: c.region,
                 tenant: 0,
+                arena: c.arena,
                 state: State::Free,
             });
             if c.next != NIL {
@@ -694,7 +743,7 @@ impl<S: MemorySource> Inner<S> {
             let ci = &mut self.chunks.v[i as usize];
             ci.next = r;
             ci.size = rounded;
-            self.bins.insert(&mut self.chunks.v, r);
+            self.bin_insert(r);
         }
         let ci = &mut self.chunks.v[i as usize];
         ci.state = State::Used;
@@ -707,13 +756,13 @@ impl<S: MemorySource> Inner<S> {
         self.chunks.v[i as usize].state = State::Free;
         let prev = self.chunks.v[i as usize].prev;
         if prev != NIL && self.chunks.v[prev as usize].state == State::Free {
-            self.bins.remove(&mut self.chunks.v, prev);
+            self.bin_remove(prev);
             self.absorb_next(prev);
             i = prev;
         }
         let next = self.chunks.v[i as usize].next;
         if next != NIL && self.chunks.v[next as usize].state == State::Free {
-            self.bins.remove(&mut self.chunks.v, next);
+            self.bin_remove(next);
             self.absorb_next(i);
         }
         i
@@ -737,7 +786,8 @@ impl<S: MemorySource> Inner<S> {
         rounded: u64,
         tenant: TenantId,
     ) -> std::result::Result<u32, PlaceError> {
-        let Some(first) = self.bins.best_fit(&self.chunks.v, rounded) else {
+        let arena = self.arena_for(rounded);
+        let Some(first) = self.bins[arena].best_fit(&self.chunks.v, rounded) else {
             return Err(PlaceError::Oom(OomCause::Fragmentation));
         };
         // Page-aware best fit: among the few smallest free chunks that fit, take the one (and the end of it) whose
@@ -768,7 +818,7 @@ impl<S: MemorySource> Inner<S> {
             if best.2 == 0 || seen >= self.config.placement_candidates {
                 break;
             }
-            cand = self.bins.successor(&self.chunks.v, i);
+            cand = self.bins[arena].successor(&self.chunks.v, i);
         }
         let (i, at_end, _) = best;
         let i = if at_end {
@@ -781,7 +831,7 @@ impl<S: MemorySource> Inner<S> {
             Ok(()) => Ok(i),
             Err(e) => {
                 let m = self.coalesce(i);
-                self.bins.insert(&mut self.chunks.v, m);
+                self.bin_insert(m);
                 Err(e)
             }
         }
@@ -793,7 +843,7 @@ impl<S: MemorySource> Inner<S> {
         if c.size - rounded < GRANULE {
             return self.carve(i, rounded, tenant);
         }
-        self.bins.remove(&mut self.chunks.v, i);
+        self.bin_remove(i);
         let u = self.chunks.add(Chunk {
             ptr: c.ptr + c.size - rounded,
             size: rounded,
@@ -803,6 +853,7 @@ impl<S: MemorySource> Inner<S> {
             right: NIL,
             region: c.region,
             tenant: tenant.0,
+            arena: c.arena,
             state: State::Used,
         });
         if c.next != NIL {
@@ -811,7 +862,7 @@ impl<S: MemorySource> Inner<S> {
         let ci = &mut self.chunks.v[i as usize];
         ci.next = u;
         ci.size -= rounded;
-        self.bins.insert(&mut self.chunks.v, i);
+        self.bin_insert(i);
         u
     }
 
@@ -940,7 +991,7 @@ impl<S: MemorySource> Inner<S> {
         self.c.frees += 1;
         self.c.live_blocks -= 1;
         let m = self.coalesce(block.chunk);
-        self.bins.insert(&mut self.chunks.v, m);
+        self.bin_insert(m);
         self.record(EventKind::Free, block.tenant, c.size, c.ptr);
         if !self.caches() && !self.stitched() {
             let mc = self.chunks.v[m as usize];
@@ -960,7 +1011,7 @@ impl<S: MemorySource> Inner<S> {
         self.source
             .release(entry.region)
             .map_err(|e| source_error(e, "release"))?;
-        self.bins.remove(&mut self.chunks.v, first);
+        self.bin_remove(first);
         self.chunks.vacate(first);
         self.regions[slot as usize].live = false;
         self.c.reserved -= entry.region.size;
@@ -1027,7 +1078,7 @@ impl<S: MemorySource> Inner<S> {
     }
 
     fn largest_free_block(&self) -> u64 {
-        let largest = self.bins.largest(&self.chunks.v);
+        let largest = self.largest_free_chunk();
         match &self.pages {
             Some(pt) => {
                 let backable = self.page_limit.saturating_sub(pt.touched) * pt.size;
@@ -1049,7 +1100,7 @@ impl<S: MemorySource> Inner<S> {
         let largest = self.largest_free_block();
         let cached_largest = match &self.pages {
             Some(_) => cached_free,
-            None => self.bins.largest(&self.chunks.v),
+            None => self.largest_free_chunk(),
         };
         MemoryReport {
             device: self.name.clone(),
@@ -1158,23 +1209,25 @@ impl<S: MemorySource> Inner<S> {
         }
         let mut binned = 0u64;
         let mut bad = None;
-        self.bins.for_each(ch, |b, i| {
-            binned += 1;
-            let c = &ch[i as usize];
-            if c.state != State::Free || bin_of(c.size) != b {
-                bad = Some(format!(
-                    "chunk {i} ({:?}, {} B) in bin {b}",
-                    c.state, c.size
-                ));
-            }
-        });
+        for (arena, bins) in self.bins.iter().enumerate() {
+            bins.for_each(ch, |b, i| {
+                binned += 1;
+                let c = &ch[i as usize];
+                if c.state != State::Free || bin_of(c.size) != b || usize::from(c.arena) != arena {
+                    bad = Some(format!(
+                        "chunk {i} ({:?}, {} B, arena {}) in bin {b} of arena {arena}",
+                        c.state, c.size, c.arena
+                    ));
+                }
+            });
+        }
         if let Some(e) = bad {
             return Err(e);
         }
-        if binned != free_count || self.bins.count != free_count || self.bins.bytes != free_bytes {
+        let (count, bytes) = (self.bins[0].count + self.bins[1].count, self.free_bytes());
+        if binned != free_count || count != free_count || bytes != free_bytes {
             return Err(format!(
-                "bins hold {binned} chunks ({} counted, {} B), regions {free_count} free chunks ({free_bytes} B)",
-                self.bins.count, self.bins.bytes
+                "bins hold {binned} chunks ({count} counted, {bytes} B), regions {free_count} free chunks ({free_bytes} B)"
             ));
         }
         if in_use != self.c.in_use || live != self.c.live_blocks {

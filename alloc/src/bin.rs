@@ -33,6 +33,8 @@ pub(crate) struct Chunk {
     pub right: u32,
     pub region: u32,
     pub tenant: u16,
+    /// Which set of bins holds it while free (the stitched layout keeps large blocks apart).
+    pub arena: u8,
     pub state: State,
 }
 

@@ -17,6 +17,10 @@ pub const DEFAULT_IDLE_PAGE_SLACK: u64 = 0;
 /// steady-state moves, so the default is plain best fit (1).
 pub const DEFAULT_PLACEMENT_CANDIDATES: usize = 1;
 
+/// Blocks of at least this size go to the stitched layout's large arena. Measured on the shared traces (crate
+/// docs): 1 MiB lowered the overhead on transformer-varlen from 1.33 % to 0.38 % and changed no other trace.
+pub const DEFAULT_LARGE_BLOCK: u64 = 1 << 20;
+
 /// Fraction of the limit reserved up front by [`Policy::Preallocate`] when `COHORT_MEMORY_GROWTH=false`.
 pub const DEFAULT_PREALLOCATE_FRACTION: f64 = 0.9;
 
@@ -232,6 +236,8 @@ pub struct Config {
     pub release_threshold: Option<u64>,
     /// Stitched layout: free chunks (smallest first) examined for one whose pages are already backed.
     pub placement_candidates: usize,
+    /// Stitched layout: blocks of at least this many bytes are placed in the large arena (`u64::MAX`: one arena).
+    pub large_block: u64,
 }
 
 impl Default for Config {
@@ -245,6 +251,7 @@ impl Default for Config {
             record_events: 0,
             release_threshold: None,
             placement_candidates: DEFAULT_PLACEMENT_CANDIDATES,
+            large_block: DEFAULT_LARGE_BLOCK,
         }
     }
 }
@@ -334,6 +341,11 @@ impl ConfigBuilder {
     /// Sets how many free chunks the stitched layout examines for backed pages (1: plain best fit).
     pub fn placement_candidates(mut self, n: usize) -> Self {
         self.config.placement_candidates = n.max(1);
+        self
+    }
+    /// Sets the stitched layout's large-block threshold (`u64::MAX`: one arena for all sizes).
+    pub fn large_block(mut self, bytes: u64) -> Self {
+        self.config.large_block = bytes;
         self
     }
     /// Sets the async pool's release threshold.

@@ -91,8 +91,9 @@ mod tenant;
 
 pub use bfc::{Bfc, Block};
 pub use config::{
-    Backend, Config, ConfigBuilder, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_PLACEMENT_CANDIDATES,
-    DEFAULT_PREALLOCATE_FRACTION, DeviceSelector, Limit, Policy, parse_bytes,
+    Backend, Config, ConfigBuilder, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_LARGE_BLOCK,
+    DEFAULT_PLACEMENT_CANDIDATES, DEFAULT_PREALLOCATE_FRACTION, DeviceSelector, Limit, Policy,
+    parse_bytes,
 };
 #[cfg(feature = "cuda")]
 pub use cuda::cuda_context;

@@ -12,7 +12,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::bfc::{Bfc, Block};
-use crate::config::{Config, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_PLACEMENT_CANDIDATES, Policy};
+use crate::config::{
+    Config, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_LARGE_BLOCK, DEFAULT_PLACEMENT_CANDIDATES, Policy,
+};
 use crate::error::{Error, Result};
 use crate::sim::SimMemory;
 use crate::tenant::TenantId;
@@ -202,6 +204,8 @@ pub struct ReplayOptions {
     pub idle_page_slack: u64,
     /// Stitched policy: free chunks examined for backed pages.
     pub placement_candidates: usize,
+    /// Stitched policy: large-arena threshold in bytes.
+    pub large_block: u64,
 }
 
 impl Default for ReplayOptions {
@@ -214,6 +218,7 @@ impl Default for ReplayOptions {
             steps: None,
             idle_page_slack: DEFAULT_IDLE_PAGE_SLACK,
             placement_candidates: DEFAULT_PLACEMENT_CANDIDATES,
+            large_block: DEFAULT_LARGE_BLOCK,
         }
     }
 }
@@ -287,7 +292,8 @@ pub struct ReplayReport {
 pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
     let mut builder = Config::builder()
         .idle_page_slack(options.idle_page_slack)
-        .placement_candidates(options.placement_candidates);
+        .placement_candidates(options.placement_candidates)
+        .large_block(options.large_block);
     if let Some(l) = options.limit {
         builder = builder.limit_bytes(l);
     }

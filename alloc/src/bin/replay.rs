@@ -9,7 +9,7 @@ use cohort_alloc::parse_bytes;
 use cohort_alloc::replay::{ReplayOptions, read_trace, replay};
 
 const USAGE: &str = "usage: replay FILE.csv[.gz] [--policy stitched|growth|preallocate] [--limit BYTES] \
-                     [--passes N] [--steps N] [--idle-page-slack PAGES] [--placement-candidates N] [--capacity BYTES]";
+                     [--passes N] [--steps N] [--idle-page-slack PAGES] [--placement-candidates N] [--large-block BYTES] [--capacity BYTES]";
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -50,6 +50,11 @@ fn main() -> Result<()> {
                 opts.idle_page_slack = value("--idle-page-slack")?
                     .parse()
                     .context("--idle-page-slack: expected a number of pages")?;
+            }
+            "--large-block" => {
+                let v = value("--large-block")?;
+                opts.large_block = parse_bytes(&v)
+                    .with_context(|| format!("--large-block {v:?}: expected bytes"))?;
             }
             "--placement-candidates" => {
                 opts.placement_candidates = value("--placement-candidates")?
