@@ -183,6 +183,9 @@ mod imp {
     /// The stitched source: one reserved virtual range (twice the device memory), physical pages created with
     /// `cuMemCreate` and mapped with `cuMemMap` where blocks are, moved between virtual pages by unmap + map, access
     /// granted with one `cuMemSetAccess` per contiguous run. `reserve`/`release` fall back to `cuMemAlloc` segments.
+    ///
+    /// Blocks are freed in stream order, so work queued before a free may still touch an idle page: before a page
+    /// is unmapped (moved or trimmed) the context is synchronized. Creating and mapping new pages needs no sync.
     #[derive(Debug)]
     pub struct CudaVmm {
         segments: CudaMemory,
@@ -259,6 +262,14 @@ mod imp {
                     reserved: [0; 4],
                 },
             }
+        }
+
+        /// Waits for all queued work, so that no kernel still uses a page about to be unmapped.
+        fn sync(&self) -> std::result::Result<(), SourceError> {
+            self.segments
+                .ctx
+                .synchronize()
+                .map_err(|e| failed(&self.segments.name, "cuCtxSynchronize", format!("{e:?}")))
         }
 
         fn location(&self) -> sys::CUmemLocation {
@@ -426,6 +437,7 @@ mod imp {
 
         fn unmap(&mut self, va: u64, pages: u64) -> std::result::Result<(), SourceError> {
             bind(&self.segments.ctx, &self.segments.name)?;
+            self.sync()?;
             for i in 0..pages {
                 let target = va + i * self.page;
                 let Some(h) = self.handles.remove(&target) else {
