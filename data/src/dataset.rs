@@ -268,6 +268,7 @@ impl<T: Send + 'static> Dataset<T> {
                 ),
             });
         }
+        tracing::debug!(epoch = pos.epoch, index = pos.index, pipeline = %self.describe(), "resuming a dataset iterator");
         let mut it = self.iter();
         it.pos = Position {
             epoch: pos.epoch,

@@ -308,6 +308,7 @@ impl<T: Send + Sync + 'static> Dataset<T> {
             });
         }
         let it = self.iter_from(&options.start)?;
+        tracing::debug!(consumers = options.consumers, capacity = options.capacity, start = %options.start, "sharing a pipeline");
         let start = it.pos();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
