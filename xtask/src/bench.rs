@@ -11,6 +11,9 @@ use serde_json::{Value, json};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
+
+use cohort_tensor::Device;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -56,9 +59,26 @@ pub fn run(args: &Args) -> Result<()> {
 
     report["replay"] = replay(args, &root)?;
     report["criterion"] = criterion(args, &root, &out)?;
-    if args.reference {
-        report["reference"] = reference(args, &root, &out)?;
-    }
+    let device = if args.gpu {
+        Device::Cuda(0)
+    } else {
+        Device::Cpu
+    };
+    let (ns, budget): (&[usize], _) = if args.quick {
+        (&[1, 4, 16], Duration::from_millis(500))
+    } else {
+        (&[1, 2, 4, 8, 16, 32, 64, 128], Duration::from_secs(2))
+    };
+    println!("\ncohort benchmark on {device}: MLP 784-128-10, Adam, batch 256");
+    let ours = crate::cohort::run(device, ns, budget)?;
+    let theirs = if args.reference {
+        reference(args, &root, &out)?
+    } else {
+        json!({})
+    };
+    comparison_table(&ours, &theirs, args.gpu);
+    report["cohort"] = Value::Array(ours);
+    report["reference"] = theirs;
     let path = out.join("bench.json");
     fs::write(&path, serde_json::to_string_pretty(&report)?)?;
     println!("\nresults: {}", path.display());
@@ -261,6 +281,45 @@ fn format_ns(ns: f64) -> String {
     }
 }
 
+/// Bytes the PyTorch script keeps resident for its data (60,000 x 784 f32 inputs and i64 labels), which its peak
+/// counts and ours (per member) does not.
+const REFERENCE_DATA_BYTES: f64 = 60_000.0 * (784.0 * 4.0 + 8.0);
+
+/// One line per schedule and N: our model-steps/s, the reference's, and the ratio; peak memory per member beside
+/// the reference's (its peak less its resident data, over N) where both exist.
+fn comparison_table(ours: &[Value], theirs: &Value, gpu: bool) {
+    let name = if gpu { "PyTorch" } else { "JAX" };
+    println!(
+        "\n{:<7} {:>4} {:>14} {:>14} {:>8} {:>16} {:>16}",
+        "sched", "N", "cohort", name, "ratio", "peak/member", "theirs/member"
+    );
+    for r in ours {
+        let key = format!("{}-{}", r["schedule"].as_str().unwrap_or(""), r["n"]);
+        let us = r["model_steps_per_s"].as_f64().unwrap_or(f64::NAN);
+        let them = theirs["rates"][&key].as_f64();
+        let mib = |b: f64| format!("{:.2} MiB", b / (1u64 << 20) as f64);
+        let their_peak = theirs["peak_mib"][&key].as_f64().map(|p| {
+            let n = r["n"].as_f64().unwrap_or(1.0);
+            mib(((p * (1u64 << 20) as f64) - REFERENCE_DATA_BYTES).max(0.0) / n)
+        });
+        println!(
+            "{:<7} {:>4} {:>14.0} {:>14} {:>8} {:>16} {:>16}",
+            r["schedule"].as_str().unwrap_or(""),
+            r["n"],
+            us,
+            them.map(|t| format!("{t:.0}"))
+                .unwrap_or_else(|| "-".into()),
+            them.map(|t| format!("{:.2}x", us / t))
+                .unwrap_or_else(|| "-".into()),
+            r["peak_bytes_per_member"]
+                .as_f64()
+                .map(mib)
+                .unwrap_or_else(|| "-".into()),
+            their_peak.unwrap_or_else(|| "-".into()),
+        );
+    }
+}
+
 /// Runs the reference script of the device (PyTorch cohort on a GPU, JAX on the CPU) and returns its figures
 /// keyed `loop-N` / `fused-N` in model-steps/s.
 fn reference(args: &Args, root: &Path, out: &Path) -> Result<Value> {
@@ -292,9 +351,11 @@ fn reference(args: &Args, root: &Path, out: &Path) -> Result<Value> {
     Ok(parse_reference(&text))
 }
 
-/// Both scripts print lines like `mlp fused n= 16:  11736 model-steps/s` or `jax-cpu vmap n=  4:  512.0 model-steps/s`.
+/// Both scripts print lines like `mlp fused n= 16:  11736 model-steps/s  peak_alloc=190 MiB` or
+/// `jax-cpu vmap n=  4:  512.0 model-steps/s`; gives `{rates: {fused-16: ..}, peak_mib: {fused-16: ..}}`.
 fn parse_reference(text: &str) -> Value {
     let mut map = serde_json::Map::new();
+    let mut peaks = serde_json::Map::new();
     for line in text.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
         let Some(pos) = words.iter().position(|w| w.starts_with("n=")) else {
@@ -314,9 +375,16 @@ fn parse_reference(text: &str) -> Value {
         let rate = rest.get(2).and_then(|r| r.parse::<f64>().ok());
         if let (Some(n), Some(rate)) = (n, rate) {
             map.insert(format!("{mode}-{n}"), json!(rate));
+            let peak = words
+                .iter()
+                .find_map(|w| w.strip_prefix("peak_alloc="))
+                .and_then(|p| p.parse::<f64>().ok());
+            if let Some(p) = peak {
+                peaks.insert(format!("{mode}-{n}"), json!(p));
+            }
         }
     }
-    Value::Object(map)
+    json!({ "rates": map, "peak_mib": peaks })
 }
 
 #[cfg(test)]
@@ -328,8 +396,10 @@ mod tests {
         let text = "mlp loop  n=  4:        593 model-steps/s  peak_alloc=12 MiB  loss=2.1\n\
                     jax-cpu vmap n= 16:    612.5 model-steps/s\nnoise line\n";
         let v = parse_reference(text);
-        assert_eq!(v["loop-4"], json!(593.0));
-        assert_eq!(v["fused-16"], json!(612.5));
-        assert_eq!(v.as_object().map(|m| m.len()), Some(2));
+        assert_eq!(v["rates"]["loop-4"], json!(593.0));
+        assert_eq!(v["rates"]["fused-16"], json!(612.5));
+        assert_eq!(v["rates"].as_object().map(|m| m.len()), Some(2));
+        assert_eq!(v["peak_mib"]["loop-4"], json!(12.0));
+        assert!(v["peak_mib"].get("fused-16").is_none());
     }
 }

@@ -9,6 +9,7 @@
 
 mod bench;
 mod bundle;
+mod cohort;
 
 use clap::{Parser, Subcommand};
 

@@ -1,0 +1,144 @@
+//! The cohort throughput benchmark: N MLPs (784-128-10, Adam 1e-3, batch 256, data resident on the device)
+//! trained in the alternating loop (one model after another each step) and fused (one model with N members),
+//! in model-steps per second, with each member's peak memory where the device has an allocator.
+//!
+//! It mirrors ../shared/bench/torch_mlp_cohort.py step for step, so the two figures compare directly.
+
+use anyhow::Result;
+use cohort_alloc::TenantLimits;
+use cohort_autograd::{BuildOptions, Model, ModelSpec, Tape, loss};
+use cohort_optim::{OptimConfig, Optimizer};
+use cohort_tensor::{DType, Device, Tensor, memory};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const B: usize = 256;
+const ROWS: usize = 16384;
+const MLP: &str = r#"layers = [{ linear = 128, act = "relu" }, { linear = 10 }]"#;
+
+/// One model (or one fused group) with its optimizer.
+struct Trainee {
+    model: Model,
+    opt: Optimizer,
+    tenant: cohort_alloc::TenantId,
+}
+
+impl Trainee {
+    fn new(
+        members: usize,
+        seed: u64,
+        device: Device,
+        tenant: cohort_alloc::TenantId,
+    ) -> Result<Trainee> {
+        let spec = ModelSpec::from_toml(MLP)?;
+        memory::with_tenant(tenant, || {
+            let model = spec.build(&[784], &BuildOptions::new(members, seed, device))?;
+            let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
+            Ok(Trainee { model, opt, tenant })
+        })
+    }
+
+    fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<()> {
+        memory::with_tenant(self.tenant, || {
+            let tape = Tape::new();
+            let logits = self.model.forward(&tape, x)?;
+            let l = loss::cross_entropy(&logits, y)?;
+            tape.backward(&l)?;
+            self.opt.step()?;
+            self.opt.zero_grad();
+            Ok(())
+        })
+    }
+}
+
+/// Resident data, cut into batches once (as the reference slices a resident tensor).
+fn batches(device: Device) -> Result<Vec<(Tensor, Tensor)>> {
+    let x = Tensor::rand_uniform(&[ROWS, 784], 0.0, 1.0, DType::F32, 0, &device)?;
+    let y: Vec<i32> = (0..ROWS).map(|i| ((i * 7919) % 10) as i32).collect();
+    let y = Tensor::from_vec(y, &[ROWS], &device)?;
+    (0..ROWS / B)
+        .map(|i| Ok((x.narrow(0, i * B, B)?, y.narrow(0, i * B, B)?)))
+        .collect()
+}
+
+fn tenant(device: Device, name: &str) -> Result<cohort_alloc::TenantId> {
+    Ok(match device {
+        Device::Cpu => cohort_alloc::TenantId::DEFAULT,
+        Device::Cuda(_) => memory::allocator(&device)?.add_tenant(name, TenantLimits::default())?,
+    })
+}
+
+fn peak_per_member(
+    device: Device,
+    tenants: &[cohort_alloc::TenantId],
+    members: usize,
+) -> Option<f64> {
+    let alloc = memory::allocator(&device).ok()?;
+    let total: u64 = tenants
+        .iter()
+        .filter_map(|t| alloc.tenant_stats(*t))
+        .map(|s| s.peak_in_use)
+        .sum();
+    Some(total as f64 / members as f64)
+}
+
+/// Times `step` for at least `budget` after `warmup` untimed calls; returns calls per second.
+fn rate(
+    device: Device,
+    warmup: usize,
+    budget: Duration,
+    mut step: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    for i in 0..warmup {
+        step(i)?;
+    }
+    device.synchronize()?;
+    let start = Instant::now();
+    let mut done = 0;
+    while done < 3 || start.elapsed() < budget {
+        step(warmup + done)?;
+        done += 1;
+        if done % 16 == 0 {
+            device.synchronize()?;
+        }
+    }
+    device.synchronize()?;
+    Ok(done as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Runs the loop and fused schedules for every N in `ns` (the loop stops at 64, as the reference does).
+pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>> {
+    let data = batches(device)?;
+    let mut rows = Vec::new();
+    for (k, &n) in ns.iter().enumerate() {
+        for schedule in ["loop", "fused"] {
+            if schedule == "loop" && n > 64 {
+                continue;
+            }
+            let tag = format!("{schedule}-{n}-{k}");
+            let mut group: Vec<Trainee> = if schedule == "loop" {
+                (0..n)
+                    .map(|i| {
+                        Trainee::new(1, i as u64, device, tenant(device, &format!("{tag}-{i}"))?)
+                    })
+                    .collect::<Result<_>>()?
+            } else {
+                vec![Trainee::new(n, 0, device, tenant(device, &tag)?)?]
+            };
+            let steps_per_s = rate(device, 5, budget, |i| {
+                let (x, y) = &data[i % data.len()];
+                group.iter_mut().try_for_each(|t| t.step(x, y))
+            })?;
+            let tenants: Vec<_> = group.iter().map(|t| t.tenant).collect();
+            let peak = peak_per_member(device, &tenants, n);
+            let model_steps = steps_per_s * n as f64;
+            println!(
+                "cohort {schedule:5} n={n:3}: {model_steps:10.0} model-steps/s{}",
+                peak.map(|p| format!("  peak/member={:.2} MiB", p / (1 << 20) as f64))
+                    .unwrap_or_default()
+            );
+            rows.push(json!({ "schedule": schedule, "n": n, "model_steps_per_s": model_steps, "peak_bytes_per_member": peak }));
+        }
+    }
+    Ok(rows)
+}
