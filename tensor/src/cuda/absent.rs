@@ -1,8 +1,5 @@
-//! The CUDA backend: every op of [`crate::cpu`] on [`CudaStorage`].
-//!
-//! Owned by the CUDA side of the project: each function mirrors the CPU one of the same name.
-//! Until an op has a GPU kernel it returns [`Error::Unsupported`]; without the `cuda` feature every
-//! function returns [`Error::NotCompiledWithCuda`].
+//! The CUDA backend of a build without the `cuda` feature: the same functions as `imp.rs`, each
+//! returning [`Error::NotCompiledWithCuda`]. No [`CudaStorage`] can be created.
 
 use cohort_kernels::binary::BinaryOp;
 use cohort_kernels::conv::ConvParams;
@@ -53,33 +50,17 @@ impl CudaStorage {
 }
 
 fn unavailable(op: &'static str, ordinal: usize) -> Error {
-    let device = Device::Cuda(ordinal);
-    if cfg!(feature = "cuda") {
-        Error::Unsupported { op, device }
-    } else {
-        Error::NotCompiledWithCuda { op, device }
+    Error::NotCompiledWithCuda {
+        op,
+        device: Device::Cuda(ordinal),
     }
 }
 
-/// Number of CUDA devices the driver reports; 0 without a driver (never panics).
+/// Always 0: this build has no CUDA support.
 ///
 /// # Errors
-/// When the driver is present but fails to initialize.
+/// Never; the signature matches the CUDA build.
 pub fn device_count() -> Result<usize> {
-    #[cfg(feature = "cuda")]
-    {
-        // SAFETY: probing only tries to load the driver library; it does not call into it.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Ok(0);
-        }
-        cudarc::driver::CudaContext::device_count()
-            .map(|n| usize::try_from(n).unwrap_or(0))
-            .map_err(|e| Error::DeviceUnavailable {
-                device: Device::Cuda(0),
-                reason: format!("the CUDA driver failed to initialize: {e:?}"),
-            })
-    }
-    #[cfg(not(feature = "cuda"))]
     Ok(0)
 }
 

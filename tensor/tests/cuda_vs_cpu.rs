@@ -1,0 +1,254 @@
+//! Whole op sequences (an MLP step, fused members, a conv net, layout ops, casts) run on CUDA and on
+//! the CPU from the same seeded inputs must agree; GPU storage is charged to the current tenant
+//! and given back on drop; bad input is an error, not a crash.
+//! Run on a GPU: `cargo test -p cohort-tensor --features cuda -- --include-ignored`.
+
+use cohort_tensor::{DType, Device, Result, Tensor, memory};
+
+const GPU: Device = Device::Cuda(0);
+
+/// Runs `f` on the CPU and on CUDA and compares every returned tensor (as f32) within `tol`
+/// relative error.
+fn agree(what: &str, tol: f32, f: impl Fn(&Device) -> Result<Vec<Tensor>>) {
+    let cpu = f(&Device::Cpu).unwrap_or_else(|e| panic!("{what} on the CPU: {e}"));
+    let gpu = f(&GPU).unwrap_or_else(|e| panic!("{what} on CUDA: {e}"));
+    assert_eq!(cpu.len(), gpu.len());
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        assert_eq!(c.shape(), g.shape(), "{what}: output {i} shape");
+        assert_eq!(g.device(), GPU, "{what}: output {i} left the GPU");
+        let c = c
+            .to_dtype(DType::F32)
+            .and_then(|t| t.to_vec::<f32>())
+            .expect("cpu read");
+        let g = g
+            .to_device(&Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .and_then(|t| t.to_vec::<f32>())
+            .unwrap_or_else(|e| panic!("{what}: reading output {i} back: {e}"));
+        for (j, (&a, &b)) in g.iter().zip(&c).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * (1.0 + b.abs()) || (a.is_nan() && b.is_nan()),
+                "{what}: output {i} element {j}: cuda {a}, cpu {b}"
+            );
+        }
+    }
+}
+
+fn rand(shape: &[usize], seed: u64, dev: &Device) -> Result<Tensor> {
+    Tensor::rand_uniform(shape, -1.0, 1.0, DType::F32, seed, dev)
+}
+
+fn labels(n: usize, classes: usize, dev: &Device) -> Result<Tensor> {
+    let v: Vec<i32> = (0..n).map(|i| ((i * 7 + 3) % classes) as i32).collect();
+    Tensor::from_vec(v, &[n], dev)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mlp_training_step_agrees() {
+    agree("mlp step", 2e-4, |dev| {
+        let (b, k, h, c) = (256, 784, 128, 10);
+        let x = Tensor::rand_uniform(&[b, k], 0.0, 1.0, DType::F32, 1, dev)?;
+        let y = labels(b, c, dev)?;
+        let w1 = rand(&[k, h], 2, dev)?.mul_scalar(0.05)?;
+        let b1 = Tensor::zeros(&[h], DType::F32, dev)?;
+        let w2 = rand(&[h, c], 3, dev)?.mul_scalar(0.1)?;
+        let pre = x.matmul(&w1)?.add(&b1)?;
+        let hid = pre.relu()?;
+        let logits = hid.matmul(&w2)?;
+        let lsm = logits.log_softmax_last()?;
+        let loss = lsm.gather_last(&y)?.mean_all()?.neg()?;
+        let acc = logits.argmax(1)?.eq(&y)?.to_dtype(DType::F32)?.mean_all()?;
+        // backward by hand
+        let onehot = Tensor::one_hot(&y, c, DType::F32)?;
+        let dlogits = logits
+            .softmax_last()?
+            .sub(&onehot)?
+            .mul_scalar(1.0 / b as f64)?;
+        let dw2 = hid.matmul_t(&dlogits, true, false)?;
+        let dhid = dlogits.matmul_t(&w2, false, true)?;
+        let zero = Tensor::zeros_like(&dhid)?;
+        let dpre = Tensor::where_cond(&pre.gt_scalar(0.0)?, &dhid, &zero)?;
+        let db1 = dpre.sum(0, false)?;
+        let db1_to = dpre.sum_to(&[h])?;
+        let dw1 = x.matmul_t(&dpre, true, false)?;
+        // Adam on w1, SGD with momentum on w2
+        let (m, v) = (Tensor::zeros_like(&w1)?, Tensor::zeros_like(&w1)?);
+        Tensor::adam_step_(&w1, &dw1, &m, &v, &[1e-3], 0.9, 0.999, 1e-8, 0.01, true, 1)?;
+        let buf = Tensor::zeros_like(&w2)?;
+        Tensor::sgd_step_(&w2, &dw2, Some(&buf), &[0.1], 0.9, 0.0, 1e-4, false)?;
+        Ok(vec![
+            loss, acc, logits, dw2, dhid, db1, db1_to, dw1, w1, m, v, w2, buf,
+        ])
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_members_agree() {
+    agree("fused members", 1e-4, |dev| {
+        let (m, b, k, n) = (8, 32, 64, 16);
+        let x_shared = rand(&[b, k], 10, dev)?;
+        let x = rand(&[m, b, k], 11, dev)?;
+        let w = rand(&[m, k, n], 12, dev)?;
+        let w_t = rand(&[m, n, k], 13, dev)?;
+        let bias = rand(&[m, 1, n], 14, dev)?;
+        let per_member = x.matmul(&w)?.add(&bias)?;
+        let shared = x_shared.matmul(&w)?;
+        let shared_t = x_shared.matmul_t(&w_t, false, true)?;
+        let one_weight = x.matmul(&rand(&[k, n], 15, dev)?)?;
+        let grad_w = x.matmul_t(&per_member, true, false)?;
+        let lrs: Vec<f64> = (0..m).map(|i| 0.01 * (i + 1) as f64).collect();
+        let buf = Tensor::zeros_like(&w)?;
+        Tensor::sgd_step_(&w, &grad_w, Some(&buf), &lrs, 0.9, 0.1, 0.0, true)?;
+        let (mm, vv) = (Tensor::zeros_like(&w_t)?, Tensor::zeros_like(&w_t)?);
+        let g_t = rand(&[m, n, k], 16, dev)?;
+        Tensor::adam_step_(&w_t, &g_t, &mm, &vv, &lrs, 0.9, 0.99, 1e-8, 0.01, false, 5)?;
+        Ok(vec![
+            per_member, shared, shared_t, one_weight, grad_w, w, buf, w_t, mm, vv,
+        ])
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn conv_net_pieces_agree() {
+    agree("conv net", 2e-4, |dev| {
+        let x = rand(&[8, 3, 16, 16], 20, dev)?;
+        let w = rand(&[6, 3, 3, 3], 21, dev)?.mul_scalar(0.3)?;
+        let bias = rand(&[6], 22, dev)?;
+        let y = x.conv2d(&w, Some(&bias), 1, 1, 1)?;
+        let (p, idx) = y.relu()?.max_pool2d(2, 2)?;
+        let gp = rand(p.shape(), 23, dev)?;
+        let gy = Tensor::max_pool2d_backward(&gp, &idx, y.shape())?;
+        let gx = Tensor::conv2d_backward_input(&gy, &w, x.shape(), 1, 1, 1)?;
+        let gw = Tensor::conv2d_backward_weight(&x, &gy, w.shape(), 1, 1, 1)?;
+        let wg = rand(&[4, 3, 3, 2], 24, dev)?;
+        let xg = rand(&[2, 6, 9, 7], 25, dev)?;
+        let yg = xg.conv2d(&wg, None, 2, 1, 2)?;
+        Ok(vec![y, p, idx.to_dtype(DType::F32)?, gy, gx, gw, yg])
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn layout_index_and_cast_ops_agree() {
+    agree("layout", 1e-5, |dev| {
+        let a = rand(&[4, 6, 5], 30, dev)?;
+        let b = rand(&[4, 2, 5], 31, dev)?;
+        let cat = Tensor::cat(&[&a, &b], 1)?;
+        let stack = Tensor::stack(&[&a, &a], 0)?;
+        let narrow = cat.narrow(1, 3, 4)?;
+        let target = Tensor::zeros(&[4, 8, 5], DType::F32, dev)?;
+        target.narrow_assign_(1, 2, &a)?;
+        let tr = a.transpose()?;
+        let bc = rand(&[6, 1], 32, dev)?.broadcast_to(&[3, 6, 5])?;
+        let sum_to = bc.sum_to(&[6, 1])?;
+        let table = rand(&[50, 8], 33, dev)?;
+        let ids = Tensor::from_vec(vec![3i32, 0, 49, 3, 7], &[5], dev)?;
+        let emb = table.index_select(&ids, 0)?;
+        let table_grad = table.index_add(0, &ids, &rand(&[5, 8], 34, dev)?)?;
+        let reductions = vec![
+            a.sum(1, true)?,
+            a.mean(2, false)?,
+            a.max(0, false)?,
+            a.min(1, false)?,
+            a.argmax(2)?.to_dtype(DType::F32)?,
+            a.sum_all()?,
+        ];
+        let h16 = a.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
+        let hb16 = a.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+        let ints = a
+            .mul_scalar(100.0)?
+            .to_dtype(DType::I32)?
+            .to_dtype(DType::F32)?;
+        let bytes = a
+            .mul_scalar(300.0)?
+            .to_dtype(DType::U8)?
+            .to_dtype(DType::F32)?;
+        let acc = a.copy()?;
+        acc.add_assign_(&a)?;
+        let filled = Tensor::full(&[3, 3], 2.5, DType::F32, dev)?;
+        let ar = Tensor::arange(10, DType::F32, dev)?;
+        let un = vec![
+            a.exp()?,
+            a.abs()?.log()?,
+            a.abs()?.sqrt()?,
+            a.tanh()?,
+            a.sigmoid()?,
+            a.gelu()?,
+            a.powf(2.0)?,
+        ];
+        let mut out = vec![
+            cat, stack, narrow, target, tr, bc, sum_to, emb, table_grad, h16, hb16, ints, bytes,
+            acc, filled, ar,
+        ];
+        out.extend(reductions);
+        out.extend(un);
+        Ok(out)
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn half_precision_matmul_is_close_to_f32() -> Result<()> {
+    let a = rand(&[64, 96], 40, &GPU)?;
+    let b = rand(&[96, 32], 41, &GPU)?;
+    let want = a.matmul(&b)?.to_vec::<f32>()?;
+    for dt in [DType::F16, DType::BF16] {
+        let got = a.to_dtype(dt)?.matmul(&b.to_dtype(dt)?)?;
+        assert_eq!(got.dtype(), dt);
+        let got = got.to_dtype(DType::F32)?.to_vec::<f32>()?;
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 0.1, "{dt}: {g} vs {w}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_storage_is_charged_to_the_tenant_and_freed_on_drop() -> Result<()> {
+    let alloc = memory::allocator(&GPU)?;
+    let tenant = alloc.add_tenant("cuda-test-member", Default::default())?;
+    let before = alloc.tenant_stats(tenant).map_or(0, |r| r.in_use);
+    let t = memory::with_tenant(tenant, || Tensor::zeros(&[1 << 20], DType::F32, &GPU))?;
+    let during = alloc.tenant_stats(tenant).map_or(0, |r| r.in_use);
+    assert!(
+        during >= before + (4 << 20),
+        "in use {during} after a 4 MiB tensor (was {before})"
+    );
+    drop(t);
+    let after = alloc.tenant_stats(tenant).map_or(0, |r| r.in_use);
+    assert_eq!(after, before, "dropping the tensor gives its block back");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_input_on_the_gpu_is_an_error() -> Result<()> {
+    let table = rand(&[10, 4], 50, &GPU)?;
+    let ids = Tensor::from_vec(vec![1i32, 10], &[2], &GPU)?;
+    let err = table.index_select(&ids, 0).and_then(|t| t.to_vec::<f32>());
+    assert!(err.is_err(), "an index out of range must be reported");
+    // The device stays usable afterwards.
+    assert_eq!(table.sum_all()?.to_device(&Device::Cpu)?.elem_count(), 1);
+    let f64_on_gpu = Tensor::zeros(&[2], DType::F64, &GPU);
+    assert!(
+        f64_on_gpu.is_err(),
+        "f64 has no CUDA kernels and must say so"
+    );
+    let no_such_gpu = Tensor::zeros(&[2], DType::F32, &Device::Cuda(99));
+    assert!(no_such_gpu.is_err());
+    Ok(())
+}
+
+#[test]
+fn asking_for_a_gpu_without_one_is_an_error() {
+    if cohort_tensor::cuda::device_count().unwrap_or(0) > 0 {
+        return;
+    }
+    let err = Tensor::zeros(&[2], DType::F32, &GPU).expect_err("no GPU here");
+    let msg = err.to_string();
+    assert!(msg.contains("cuda"), "{msg}");
+}
