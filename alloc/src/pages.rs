@@ -1,16 +1,73 @@
 //! The stitched layout's page table: which virtual pages are backed by physical pages, how many live blocks touch
-//! each, and the list of idle pages (mapped, touched by no live block) in the order they became idle.
+//! each, and the set of idle pages (mapped, touched by no live block).
+//!
+//! When a block needs pages and idle ones must be moved, the idle page with the highest address goes first: best
+//! fit fills the bottom of each arena, so the top pages are the ones least likely to be wanted again soon. On the
+//! shared traces this moved 31-47 % fewer pages per pass than taking the page idle longest (crate docs).
 
-use crate::bin::NIL;
 use crate::source::Region;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Page {
     live: u32,
     mapped: bool,
-    /// Idle list links.
-    prev: u32,
-    next: u32,
+}
+
+/// A set of page indices with O(1) insert and remove and a highest-member query in three word scans: one bit per
+/// page, one per non-empty word, one per non-empty word of those. Allocated once.
+#[derive(Debug)]
+struct IdleSet {
+    l0: Vec<u64>,
+    l1: Vec<u64>,
+    l2: Vec<u64>,
+}
+
+impl IdleSet {
+    fn new(n: usize) -> Self {
+        let w0 = n.div_ceil(64).max(1);
+        let w1 = w0.div_ceil(64).max(1);
+        let w2 = w1.div_ceil(64).max(1);
+        Self {
+            l0: vec![0; w0],
+            l1: vec![0; w1],
+            l2: vec![0; w2],
+        }
+    }
+
+    fn insert(&mut self, p: u32) {
+        let p = p as usize;
+        self.l0[p >> 6] |= 1 << (p & 63);
+        self.l1[p >> 12] |= 1 << ((p >> 6) & 63);
+        self.l2[p >> 18] |= 1 << ((p >> 12) & 63);
+    }
+
+    fn remove(&mut self, p: u32) {
+        let p = p as usize;
+        self.l0[p >> 6] &= !(1 << (p & 63));
+        if self.l0[p >> 6] == 0 {
+            self.l1[p >> 12] &= !(1 << ((p >> 6) & 63));
+            if self.l1[p >> 12] == 0 {
+                self.l2[p >> 18] &= !(1 << ((p >> 12) & 63));
+            }
+        }
+    }
+
+    fn highest(&self) -> Option<u32> {
+        let i2 = self.l2.iter().rposition(|&w| w != 0)?;
+        let i1 = i2 * 64 + 63 - self.l2[i2].leading_zeros() as usize;
+        let i0 = i1 * 64 + 63 - self.l1[i1].leading_zeros() as usize;
+        Some((i0 * 64 + 63 - self.l0[i0].leading_zeros() as usize) as u32)
+    }
+
+    fn for_each(&self, mut f: impl FnMut(u32)) {
+        for (i, &w) in self.l0.iter().enumerate() {
+            let mut w = w;
+            while w != 0 {
+                f((i * 64 + w.trailing_zeros() as usize) as u32);
+                w &= w - 1;
+            }
+        }
+    }
 }
 
 /// Per-page state of one virtual range.
@@ -20,8 +77,7 @@ pub(crate) struct PageTable {
     pub size: u64,
     shift: u32,
     pages: Vec<Page>,
-    idle_head: u32,
-    idle_tail: u32,
+    idle_set: IdleSet,
     pub idle: u64,
     pub mapped: u64,
     /// Pages touched by at least one live block.
@@ -35,17 +91,8 @@ impl PageTable {
             range,
             size,
             shift: size.trailing_zeros(),
-            pages: vec![
-                Page {
-                    live: 0,
-                    mapped: false,
-                    prev: NIL,
-                    next: NIL,
-                };
-                n
-            ],
-            idle_head: NIL,
-            idle_tail: NIL,
+            pages: vec![Page::default(); n],
+            idle_set: IdleSet::new(n),
             idle: 0,
             mapped: 0,
             touched: 0,
@@ -86,31 +133,12 @@ impl PageTable {
     }
 
     fn unlink(&mut self, p: u32) {
-        let Page { prev, next, .. } = self.pages[p as usize];
-        if prev == NIL {
-            self.idle_head = next;
-        } else {
-            self.pages[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.idle_tail = prev;
-        } else {
-            self.pages[next as usize].prev = prev;
-        }
-        self.pages[p as usize].prev = NIL;
-        self.pages[p as usize].next = NIL;
+        self.idle_set.remove(p);
         self.idle -= 1;
     }
 
     fn push_idle(&mut self, p: u32) {
-        self.pages[p as usize].prev = self.idle_tail;
-        self.pages[p as usize].next = NIL;
-        if self.idle_tail == NIL {
-            self.idle_head = p;
-        } else {
-            self.pages[self.idle_tail as usize].next = p;
-        }
-        self.idle_tail = p;
+        self.idle_set.insert(p);
         self.idle += 1;
     }
 
@@ -142,12 +170,9 @@ impl PageTable {
         }
     }
 
-    /// Takes the page that has been idle longest, unbacking it; returns its index.
+    /// Takes the idle page with the highest address, unbacking it; returns its index.
     pub fn take_idle(&mut self) -> Option<u32> {
-        let p = self.idle_head;
-        if p == NIL {
-            return None;
-        }
+        let p = self.idle_set.highest()?;
         self.unlink(p);
         self.pages[p as usize].mapped = false;
         self.mapped -= 1;
@@ -181,17 +206,37 @@ impl PageTable {
         self.mapped -= 1;
     }
 
-    /// Indices of all idle pages, in list order.
+    /// Indices of all idle pages, ascending.
     pub fn idle_pages(&self, out: &mut Vec<u32>) {
         out.clear();
-        let mut p = self.idle_head;
-        while p != NIL {
-            out.push(p);
-            p = self.pages[p as usize].next;
-        }
+        self.idle_set.for_each(|p| out.push(p));
     }
 
     pub fn len(&self) -> u32 {
         self.pages.len() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdleSet;
+
+    #[test]
+    fn idle_set_keeps_the_highest_member() {
+        let mut s = IdleSet::new(300_000);
+        assert_eq!(s.highest(), None);
+        for p in [5, 70_000, 4095, 4096, 262_143, 262_144, 299_999] {
+            s.insert(p);
+        }
+        for expect in [299_999, 262_144, 262_143, 70_000, 4096, 4095, 5] {
+            assert_eq!(s.highest(), Some(expect));
+            s.remove(expect);
+        }
+        assert_eq!(s.highest(), None);
+        s.insert(7);
+        s.insert(9);
+        let mut all = Vec::new();
+        s.for_each(|p| all.push(p));
+        assert_eq!(all, vec![7, 9]);
     }
 }
