@@ -334,8 +334,27 @@ impl<S: MemorySource> Bfc<S> {
             g.page_limit = limit / pt.size;
         }
         g.events = (config.record_events > 0).then(|| EventLog::new(config.record_events));
+        if g.pages.is_some() {
+            g.large = config.large_block;
+        }
         g.config = config;
         Ok(())
+    }
+
+    /// Applies the `COHORT_*` environment variables as they are now: nothing to do when they match the
+    /// configuration in force; a change before the first allocation reconfigures the allocator.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEnv`] for a bad value; [`Error::ConfigFrozen`] when a variable changed after the first
+    /// allocation, naming where that allocation was made.
+    pub fn apply_env(&self) -> Result<()> {
+        let current = self.config();
+        let wanted = Config::builder_from(current.clone()).env()?.build()?;
+        if wanted == current {
+            return Ok(());
+        }
+        self.lock().frozen("COHORT_* environment variables")?;
+        self.reconfigure(wanted)
     }
 
     /// Sets the hard limit; only before the first allocation.
@@ -462,7 +481,7 @@ impl<S: MemorySource> Inner<S> {
             .filter(|(i, _)| Some(TenantId(*i as u16)) != replacing)
             .map(|(_, t)| t.limits.reserve)
             .sum();
-        if others + limits.reserve > self.limit {
+        if others.saturating_add(limits.reserve) > self.limit {
             return Err(Error::InvalidTenant {
                 name: name.into(),
                 detail: format!(
@@ -509,7 +528,10 @@ impl<S: MemorySource> Inner<S> {
             t.limits.reserve,
             t.unmet_reserve(),
         );
-        let rounded = bytes.max(1).next_multiple_of(GRANULE);
+        let rounded = bytes
+            .max(1)
+            .checked_next_multiple_of(GRANULE)
+            .unwrap_or(u64::MAX);
         if rounded > self.limit {
             return Err(self.oom(bytes, rounded, tenant, OomCause::TooLarge));
         }

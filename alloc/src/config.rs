@@ -265,6 +265,11 @@ impl Config {
         }
     }
 
+    /// A builder starting from an existing configuration.
+    pub fn builder_from(config: Config) -> ConfigBuilder {
+        ConfigBuilder { config }
+    }
+
     /// The defaults overridden by `COHORT_MEMORY_LIMIT`, `COHORT_MEMORY_GROWTH`, `COHORT_ALLOCATOR` and
     /// `COHORT_DEVICE`.
     ///

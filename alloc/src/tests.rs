@@ -304,6 +304,37 @@ fn configuration_freezes_at_first_allocation() {
     bfc.free(a);
 }
 
+#[test]
+fn a_huge_request_is_too_large_not_a_panic() {
+    let bfc = sim(16 * MIB);
+    let e = bfc.alloc(usize::MAX, TenantId::DEFAULT).unwrap_err();
+    assert_eq!(e.out_of_memory().unwrap().cause, OomCause::TooLarge);
+    assert!(e.to_string().contains("can never fit"), "{e}");
+    assert!(
+        bfc.add_tenant("x", TenantLimits::unlimited().with_reserve(u64::MAX))
+            .is_err()
+    );
+}
+
+#[test]
+fn environment_changes_after_first_use_are_refused() {
+    let bfc = sim(16 * MIB);
+    bfc.apply_env().unwrap();
+    let a = bfc.alloc(100, TenantId::DEFAULT).unwrap();
+    bfc.apply_env().unwrap();
+    // SAFETY: no other test reads or writes COHORT_ALLOCATOR.
+    unsafe { std::env::set_var("COHORT_ALLOCATOR", "direct") };
+    let e = bfc.apply_env().unwrap_err();
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("COHORT_ALLOCATOR") };
+    assert!(matches!(e, Error::ConfigFrozen { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("COHORT_* environment variables"),
+        "{e}"
+    );
+    bfc.free(a);
+}
+
 fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
     move |name| {
         pairs
