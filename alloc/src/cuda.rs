@@ -97,7 +97,9 @@ mod imp {
         ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
     }
 
-    /// Segments from `cuMemAlloc` / `cuMemFree` (the portable fallback); frees what is left when dropped.
+    /// Segments from `cuMemAlloc` / `cuMemFree` (the portable fallback); frees what is left when dropped. A release
+    /// (trim, or every free under the direct backend) first synchronizes the context, since queued work may still
+    /// use a block freed in stream order.
     #[derive(Debug)]
     pub struct CudaMemory {
         ctx: Arc<CudaContext>,
@@ -160,6 +162,10 @@ mod imp {
                 ));
             }
             bind(&self.ctx, &self.name)?;
+            // Blocks are freed in stream order: wait for queued work that may still use the region.
+            self.ctx
+                .synchronize()
+                .map_err(|e| failed(&self.name, "cuCtxSynchronize", format!("{e:?}")))?;
             // SAFETY: `base` was returned by cuMemAlloc in this context and is freed once (removed below).
             let r = unsafe { sys::cuMemFree_v2(region.base) };
             check(r, &self.name, "cuMemFree", region.size)?;
