@@ -18,44 +18,41 @@ fn warm<S: cohort_alloc::MemorySource>(bfc: &Bfc<S>) {
     }
 }
 
-fn cached_pair(c: &mut Criterion) {
-    let sim = Bfc::new(SimMemory::new(1 << 40), Config::default()).unwrap();
-    warm(&sim);
-    c.bench_function("sim_cached_alloc_free", |b| {
-        b.iter(|| {
-            let block = sim.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
-            sim.free(black_box(block));
-        })
-    });
-    // The same pair timed in CPU time of this thread (CLOCK_THREAD_CPUTIME_ID), which a machine shared with
-    // other builds does not inflate.
+/// Times `f` in wall time (`NAME`) and in this thread's CPU time (`NAME_cpu_time`), which a machine shared with
+/// other builds does not inflate.
+fn both(c: &mut Criterion, name: &str, mut f: impl FnMut()) {
+    c.bench_function(name, |b| b.iter(&mut f));
     if on_cpu_ns().is_some() {
-        c.bench_function("sim_cached_alloc_free_cpu_time", |b| {
+        c.bench_function(&format!("{name}_cpu_time"), |b| {
             b.iter_custom(|iters| {
                 let start = on_cpu_ns().unwrap_or(0);
                 for _ in 0..iters {
-                    let block = sim.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
-                    sim.free(black_box(block));
+                    f();
                 }
                 Duration::from_nanos(on_cpu_ns().unwrap_or(0).saturating_sub(start))
             })
         });
     }
+}
+
+fn cached_pair(c: &mut Criterion) {
+    let sim = Bfc::new(SimMemory::new(1 << 40), Config::default()).unwrap();
+    warm(&sim);
+    both(c, "sim_cached_alloc_free", || {
+        let block = sim.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
+        sim.free(black_box(block));
+    });
     let stitched = Bfc::new(SimMemory::stitched(1 << 40), Config::default()).unwrap();
     warm(&stitched);
-    c.bench_function("sim_stitched_cached_alloc_free", |b| {
-        b.iter(|| {
-            let block = stitched.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
-            stitched.free(black_box(block));
-        })
+    both(c, "sim_stitched_cached_alloc_free", || {
+        let block = stitched.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
+        stitched.free(black_box(block));
     });
     let host = Bfc::new(HostMemory::with_capacity(1 << 30), Config::default()).unwrap();
     warm(&host);
-    c.bench_function("cpu_cached_alloc_free", |b| {
-        b.iter(|| {
-            let block = host.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
-            host.free(black_box(block));
-        })
+    both(c, "cpu_cached_alloc_free", || {
+        let block = host.alloc(black_box(4096), TenantId::DEFAULT).unwrap();
+        host.free(black_box(block));
     });
 }
 
@@ -88,16 +85,14 @@ fn mixed_sizes(c: &mut Criterion) {
         window.push_back(bfc.alloc(s, TenantId::DEFAULT).unwrap());
     }
     let mut i = 0;
-    c.bench_function("sim_mixed_sizes_alloc_free", |b| {
-        b.iter(|| {
-            let old = window.pop_front().unwrap();
-            bfc.free(old);
-            window.push_back(
-                bfc.alloc(sizes[i % sizes.len()], TenantId::DEFAULT)
-                    .unwrap(),
-            );
-            i += 1;
-        })
+    both(c, "sim_mixed_sizes_alloc_free", || {
+        let old = window.pop_front().unwrap();
+        bfc.free(old);
+        window.push_back(
+            bfc.alloc(sizes[i % sizes.len()], TenantId::DEFAULT)
+                .unwrap(),
+        );
+        i += 1;
     });
     for blk in window.drain(..) {
         bfc.free(blk);
