@@ -33,7 +33,7 @@ pub use scalar::{Float, Scalar};
 /// Element counts above which CPU element-wise kernels split work across rayon threads.
 ///
 /// Below it, the cost of waking threads outweighs the work.
-pub const PAR_THRESHOLD: usize = 1 << 15;
+pub const PAR_THRESHOLD: usize = 1 << 16;
 
 /// Minimum number of elements a rayon task handles in element-wise kernels.
 pub const PAR_CHUNK: usize = 1 << 13;

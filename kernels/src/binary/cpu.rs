@@ -71,6 +71,14 @@ pub fn binary<T: Scalar>(
     out_shape: &[usize],
 ) -> Vec<T> {
     let len: usize = out_shape.iter().product();
+    if len < PAR_THRESHOLD {
+        // One pass that writes each element once (no zero fill first).
+        let mut out = Vec::with_capacity(len);
+        with_op!(op, |f| {
+            extend(&mut out, lhs, lhs_shape, rhs, rhs_shape, out_shape, f)
+        });
+        return out;
+    }
     let mut out = vec![T::ZERO; len];
     with_op!(op, |f| {
         run(&mut out, lhs, lhs_shape, rhs, rhs_shape, out_shape, f)
@@ -78,15 +86,48 @@ pub fn binary<T: Scalar>(
     out
 }
 
-/// `dst = dst (op) src`, with `src` broadcast to `dst_shape`.
-pub fn binary_assign<T: Scalar>(
-    op: BinaryOp,
-    dst: &mut [T],
-    dst_shape: &[usize],
-    src: &[T],
-    src_shape: &[usize],
+fn extend<T: Scalar, F: Fn(T, T) -> T>(
+    out: &mut Vec<T>,
+    lhs: &[T],
+    lhs_shape: &[usize],
+    rhs: &[T],
+    rhs_shape: &[usize],
+    out_shape: &[usize],
+    f: F,
 ) {
-    with_op!(op, |f| assign(dst, dst_shape, src, src_shape, f));
+    let len: usize = out_shape.iter().product();
+    if len == 0 {
+        return;
+    }
+    if lhs_shape == rhs_shape {
+        out.extend(lhs.iter().zip(rhs).map(|(&a, &b)| f(a, b)));
+        return;
+    }
+    let plan = BroadcastPlan::new(lhs_shape, rhs_shape, out_shape);
+    let n = plan.inner;
+    for r in 0..plan.rows() {
+        let (lo, ro) = plan.offsets(r);
+        match (plan.lhs_inner_step, plan.rhs_inner_step) {
+            (1, 1) => out.extend(
+                lhs[lo..lo + n]
+                    .iter()
+                    .zip(&rhs[ro..ro + n])
+                    .map(|(&a, &b)| f(a, b)),
+            ),
+            (1, 0) => {
+                let y = rhs[ro];
+                out.extend(lhs[lo..lo + n].iter().map(|&a| f(a, y)));
+            }
+            (0, 1) => {
+                let x = lhs[lo];
+                out.extend(rhs[ro..ro + n].iter().map(|&b| f(x, b)));
+            }
+            _ => {
+                let v = f(lhs[lo], rhs[ro]);
+                out.extend(std::iter::repeat_n(v, n));
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -128,19 +169,10 @@ fn run<T: Scalar, F: Fn(T, T) -> T + Sync>(
     out_shape: &[usize],
     f: F,
 ) {
-    if out.is_empty() {
-        return;
-    }
     let plan = BroadcastPlan::new(lhs_shape, rhs_shape, out_shape);
     let inner = plan.inner;
     let (la, lb) = (plan.lhs_inner_step, plan.rhs_inner_step);
-    let rows = plan.rows();
-    if out.len() < PAR_THRESHOLD {
-        for (r, o) in out.chunks_mut(inner).enumerate() {
-            let (lo, ro) = plan.offsets(r);
-            row(o, &lhs[lo..], la, &rhs[ro..], lb, &f);
-        }
-    } else if rows == 1 {
+    if plan.rows() == 1 {
         out.par_chunks_mut(PAR_CHUNK)
             .enumerate()
             .for_each(|(c, o)| {
@@ -160,6 +192,17 @@ fn run<T: Scalar, F: Fn(T, T) -> T + Sync>(
                 }
             });
     }
+}
+
+/// `dst = dst (op) src`, with `src` broadcast to `dst_shape`.
+pub fn binary_assign<T: Scalar>(
+    op: BinaryOp,
+    dst: &mut [T],
+    dst_shape: &[usize],
+    src: &[T],
+    src_shape: &[usize],
+) {
+    with_op!(op, |f| assign(dst, dst_shape, src, src_shape, f));
 }
 
 #[inline(always)]
