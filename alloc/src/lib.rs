@@ -60,36 +60,39 @@
 //!
 //! ## Measured on the shared traces (`cargo run --release -p cohort-alloc --bin replay -- TRACE`)
 //!
-//! Peak reserved over peak live with the replay's defaults (stitched layout on [`SimMemory`], idle-page slack 0,
-//! large-block arena from 1 MiB), against the growth policy over segments and PyTorch on the same runs:
+//! Peak reserved over peak live with the replay's defaults (stitched layout on [`SimMemory`], idle-page slack 8,
+//! large blocks from 1 MiB in their own arena, page-aligned), against the growth policy over segments and PyTorch
+//! on the same runs (mlp-grid8's floor is 1.48 %: its 102.5 MiB peak needs 52 pages of 2 MiB):
 //!
 //! | trace | stitched (default) | growth (segments) | PyTorch default / expandable |
 //! | --- | --- | --- | --- |
-//! | transformer-lm | 1.39 % | 18.99 % | 20.1 % / 8.1 % |
-//! | transformer-varlen | 0.38 % | 10.51 % | 11.6 % / 7.5 % |
+//! | transformer-lm | 1.27 % | 18.99 % | 20.1 % / 8.1 % |
+//! | transformer-varlen | 0.72 % | 10.51 % | 11.6 % / 7.5 % |
 //! | mlp-grid8 | 1.48 % | 1.48 % | 3.4 % / 13.2 % |
 //!
 //! Steady state, replaying each trace twice on one allocator (`--passes 2 --steps N`): the segment policy makes no
-//! source call in the second pass. The stitched layout keeps physical memory at the peak of touched pages and pays
-//! with page moves; second pass, by idle-page slack ([`ConfigBuilder::idle_page_slack`], pages kept mapped before
-//! moving):
+//! source call in the second pass. The stitched layout keeps physical memory near the peak of touched pages and
+//! pays with page moves; second pass, by idle-page slack ([`ConfigBuilder::idle_page_slack`], idle pages kept
+//! mapped before moving instead of creating):
 //!
-//! | slack (pages) | transformer-lm: overhead, moves / map calls per step (3 steps) | transformer-varlen (10 steps) | mlp-grid8 |
+//! | slack (pages) | transformer-lm (3 steps): overhead, moves / map calls per step | transformer-varlen (10 steps) | mlp-grid8 |
 //! | --- | --- | --- | --- |
-//! | 0 (default) | 1.39 %, 78 / 12.0 | 0.38 %, 34.3 / 4.5 | 1.48 %, 0 / 0 |
-//! | 8 | 2.35 %, 62 / 11.3 | 0.92 %, 31.3 / 3.9 | 1.48 %, 0 / 0 |
-//! | 32 | 5.25 %, 27 / 4.7 | 2.55 %, 20.4 / 2.2 | 1.48 %, 0 / 0 |
-//! | 64 | 7.78 %, 0 / 0 | 4.73 %, 6.8 / 0.7 | 1.48 %, 0 / 0 |
+//! | 0 | 0.30 %, 81.3 / 13.3 | 0.17 %, 36.4 / 5.9 | 1.48 %, 0 / 0 |
+//! | 8 (default) | 1.27 %, 68.0 / 11.0 | 0.72 %, 33.0 / 5.6 | 1.48 %, 0 / 0 |
+//! | 32 | 4.16 %, 36.0 / 5.3 | 2.35 %, 23.2 / 3.8 | 1.48 %, 0 / 0 |
+//! | 64 | 7.66 %, 0 / 0 | 4.53 %, 9.6 / 0.9 | 1.48 %, 0 / 0 |
 //!
-//! Moves stop only once the slack covers every page the step touches at some point (about the memory of PyTorch's
-//! expandable segments), so the default keeps none and takes the lowest memory; a job that cannot afford a device
-//! synchronization per move call ([`CudaVmm`] synchronizes before unmapping) sets a slack. Two placement choices
-//! were measured and kept: large blocks in their own arena (1.33 % to 0.38 % on transformer-varlen) and moving the
-//! highest idle page first rather than the one idle longest (31 % and 47 % fewer moves on the two transformer
-//! traces). Looking past the best fit for chunks on mapped pages ([`ConfigBuilder::placement_candidates`]) saved
-//! a few moves for more memory, so it is off.
+//! Moves stop only once the slack covers every page a step touches at some point (about the memory of PyTorch's
+//! expandable segments). The default, 8 pages (16 MiB), is the most that keeps every trace under 1.5 %; a job that
+//! cannot afford a device synchronization per map call that moves pages ([`CudaVmm`] synchronizes before it
+//! unmaps) sets a larger slack. Three placement choices were measured and kept: large blocks in their own arena
+//! (transformer-varlen 1.33 % to 0.38 %), large blocks starting on a page boundary (transformer-lm 1.39 % to
+//! 0.30 %, transformer-varlen 0.38 % to 0.17 %, at slack 0), and moving the highest idle page first rather than the
+//! one idle longest (31 % and 47 % fewer moves on the two transformer traces). Looking past the best fit for
+//! chunks on mapped pages ([`ConfigBuilder::placement_candidates`]) saved a few moves for more memory, so it is off.
 //!
-//! Speed (criterion, `cargo bench -p cohort-alloc`): a cached alloc + free pair costs about 64 ns of CPU time.
+//! Speed (criterion, `cargo bench -p cohort-alloc`): a cached alloc + free pair costs about 59 ns of CPU time
+//! (segments; 80 ns stitched).
 
 mod bfc;
 mod bin;

@@ -451,7 +451,13 @@ fn direct_backend_calls_the_source_every_time() {
 #[test]
 fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
     let page = 2 * MIB;
-    let config = Config::builder().limit_bytes(8 * page).build().unwrap();
+    // One arena (no large-block alignment), so that blocks share pages.
+    let config = Config::builder()
+        .limit_bytes(8 * page)
+        .large_block(u64::MAX)
+        .idle_page_slack(0)
+        .build()
+        .unwrap();
     let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
     let a = bfc.alloc((3 * MIB) as usize, TenantId::DEFAULT).unwrap();
     assert_eq!(bfc.stats().pages_mapped, 2);
@@ -480,7 +486,11 @@ fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
     assert_eq!(bfc.stats().pages_mapped, 0);
 
     for (slack, moves, mapped) in [(0, 1, 3), (1, 0, 4)] {
-        let config = Config::builder().idle_page_slack(slack).build().unwrap();
+        let config = Config::builder()
+            .idle_page_slack(slack)
+            .large_block(u64::MAX)
+            .build()
+            .unwrap();
         let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
         let a = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
         let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
@@ -501,6 +511,33 @@ fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
     let sim = bfc.with_source(|s| s.counters());
     assert_eq!(sim.page_releases, bfc.counters().page_releases);
     assert_eq!(bfc.with_source(|s| s.used()), 0);
+}
+
+#[test]
+fn stitched_large_blocks_start_on_a_page_in_their_own_arena() {
+    let bfc = Bfc::new(SimMemory::stitched(1 << 30), Config::default()).unwrap();
+    let small = bfc.alloc(1000, TenantId::DEFAULT).unwrap();
+    let large = bfc.alloc((3 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    let large2 = bfc.alloc((3 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(large.ptr % (2 * MIB), 0);
+    assert_eq!(
+        large2.ptr % (2 * MIB),
+        0,
+        "the padding after the first large block is skipped"
+    );
+    assert!(
+        large.ptr > small.ptr + (256 << 20),
+        "large blocks live in the upper arena"
+    );
+    assert_eq!(bfc.stats().pages_mapped, 1 + 2 + 2);
+    bfc.free(large);
+    let again = bfc.alloc((4 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(again.ptr % (2 * MIB), 0);
+    bfc.check_invariants().unwrap();
+    for b in [small, large2, again] {
+        bfc.free(b);
+    }
+    bfc.check_invariants().unwrap();
 }
 
 #[test]
