@@ -210,20 +210,20 @@ impl OutOfMemory {
     pub fn advice(&self) -> &'static str {
         match self.cause {
             OomCause::TenantLimit => {
-                "raise this tenant's limit, or lower its batch size; other tenants are unaffected"
+                "Raise this tenant's limit, or lower its batch size; other tenants are unaffected"
             }
             OomCause::ReservedByOthers => {
-                "the free memory is promised to other tenants' reserves: lower their reserve, or give this tenant one"
+                "The free memory is promised to other tenants' reserves: lower their reserve, or give this tenant one"
             }
             OomCause::DeviceFull => {
-                "lower the batch size or the number of models, raise COHORT_MEMORY_LIMIT, or free tensors that are no longer needed"
+                "Lower the batch size or the number of models, raise COHORT_MEMORY_LIMIT, or free tensors that are no longer needed"
             }
             OomCause::Fragmentation => {
-                "free memory is split into blocks too small for this request: call trim() and retry, or use the stitched \
+                "Free memory is split into blocks too small for this request: call trim() and retry, or use the stitched \
                  (virtual memory) source, which does not fragment"
             }
             OomCause::TooLarge => {
-                "this one request is larger than the allocator's whole limit: raise COHORT_MEMORY_LIMIT or split the tensor"
+                "This one request is larger than the allocator's whole limit: raise COHORT_MEMORY_LIMIT or split the tensor"
             }
         }
     }
@@ -254,7 +254,7 @@ impl fmt::Display for OutOfMemory {
         write!(
             f,
             "; all tenants use {} of the allocator's {} limit, {} reserved from the device, {} held for other \
-             tenants' reserves; device free {}; largest free block {}; fragmentation {:.1} %. cause: {}. {}",
+             tenants' reserves; device free {}; largest free block {}; fragmentation {:.1} %. Cause: {}. {}",
             fmt_bytes(self.in_use),
             fmt_bytes(self.limit),
             fmt_bytes(self.reserved),

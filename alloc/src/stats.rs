@@ -101,7 +101,7 @@ pub struct MemoryReport {
     pub limit: u64,
     /// Free bytes of the device (driver's view).
     pub device_free: u64,
-    /// Largest block that could be handed out now without growing.
+    /// Largest block that could be handed out now: from the cache, or by growing (mapping pages) within the limit.
     pub largest_free_block: u64,
     /// Bytes reserved but not in live blocks.
     pub cached_free: u64,

@@ -210,8 +210,8 @@ fn tenant_limit_fails_that_tenant_alone_with_a_full_report() {
     for needle in [
         "tenant \"cnn\" asked 1.00 MiB",
         "1.50 MiB of its 2.00 MiB limit",
-        "cause: tenant limit",
-        "raise this tenant's limit",
+        "Cause: tenant limit",
+        "Raise this tenant's limit",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from {text}");
     }
