@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cohort_data::{Dataset, Layout, Mnist, MnistConfig, Split, bundled_mnist_dir};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 
 const BATCH: usize = 256;
 
@@ -186,5 +186,184 @@ fn bench_share(c: &mut Criterion) {
     g.finish();
 }
 
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+mod cpu_clock {
+    #[repr(C)]
+    pub struct Timespec {
+        pub tv_sec: i64,
+        pub tv_nsec: i64,
+    }
+    pub const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    unsafe extern "C" {
+        pub fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+}
+
+/// CPU time of the calling thread in ns, to compare work rather than wall time on a loaded host.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn thread_cpu_ns() -> Option<u64> {
+    let mut ts = cpu_clock::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit Linux); the call only writes it.
+    let rc = unsafe { cpu_clock::clock_gettime(cpu_clock::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn thread_cpu_ns() -> Option<u64> {
+    None
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Interleaved rounds of the variants (so that load from other processes hits all alike), medians of wall time and
+/// of this thread's CPU time; printed as ratios to the first variant.
+/// A named way to run one epoch.
+type Variant<'a> = (&'static str, Box<dyn FnMut() -> f32 + 'a>);
+
+fn ratios(title: &str, variants: &mut [Variant<'_>], rounds: usize) {
+    let k = variants.len();
+    let (mut wall, mut cpu) = (vec![Vec::new(); k], vec![Vec::new(); k]);
+    for r in 0..rounds {
+        for j in 0..k {
+            let i = (r + j) % k;
+            let (t0, c0) = (std::time::Instant::now(), thread_cpu_ns());
+            black_box((variants[i].1)());
+            wall[i].push(t0.elapsed().as_secs_f64());
+            if let (Some(a), Some(b)) = (c0, thread_cpu_ns()) {
+                cpu[i].push((b - a) as f64 * 1e-9);
+            }
+        }
+    }
+    println!("\n{title} (median of {rounds} interleaved rounds)");
+    println!(
+        "{:<34} {:>12} {:>8} {:>14} {:>8}",
+        "variant", "wall ms", "x", "thread cpu ms", "x"
+    );
+    let (w0, c0) = (
+        median(wall[0].clone()),
+        if cpu[0].is_empty() {
+            0.0
+        } else {
+            median(cpu[0].clone())
+        },
+    );
+    for i in 0..k {
+        let w = median(wall[i].clone());
+        let c = if cpu[i].is_empty() {
+            0.0
+        } else {
+            median(cpu[i].clone())
+        };
+        println!(
+            "{:<34} {:>12.3} {:>8.2} {:>14.3} {:>8.2}",
+            variants[i].0,
+            w * 1e3,
+            w / w0,
+            c * 1e3,
+            if c0 > 0.0 { c / c0 } else { 0.0 }
+        );
+    }
+}
+
+fn figures() {
+    let m = mnist();
+    let batches = m.len.div_ceil(BATCH);
+    let inline = MnistConfig {
+        batch_size: BATCH,
+        workers: 1,
+        prefetch: 0,
+        ..MnistConfig::default()
+    };
+    let pre = m.images_f32();
+    let one = m.batches(&inline);
+    let (p1, p2) = (
+        m.batches(&inline),
+        m.batches(&MnistConfig {
+            seed: 1,
+            ..inline.clone()
+        }),
+    );
+    let shared = m.batches(&inline);
+    let prefetched = m.batches(&MnistConfig {
+        prefetch: 2,
+        ..inline.clone()
+    });
+    let epoch = |ds: &Dataset<(cohort_data::Array, cohort_data::Array)>| -> f32 {
+        ds.iter().map(|b| touch(&b.expect("batch").0)).sum()
+    };
+    let mut v: Vec<Variant<'_>> = vec![
+        (
+            "plain loop over a pre-built array",
+            Box::new(|| {
+                pre.chunks(BATCH * 784)
+                    .map(|c| {
+                        let b = c.to_vec();
+                        b[0] + b[b.len() - 1]
+                    })
+                    .sum()
+            }),
+        ),
+        ("pipeline, inline", Box::new(|| epoch(&one))),
+        ("pipeline, prefetch(2)", Box::new(|| epoch(&prefetched))),
+    ];
+    ratios(
+        &format!(
+            "MNIST epoch ({} images, {batches} batches of {BATCH})",
+            m.len
+        ),
+        &mut v,
+        41,
+    );
+    let mut v: Vec<Variant<'_>> = vec![
+        ("one member, one pipeline", Box::new(|| epoch(&one))),
+        (
+            "two members, two pipelines",
+            Box::new(|| {
+                let (mut a, mut b) = (p1.iter(), p2.iter());
+                let mut s = 0.0;
+                while let (Some(x), Some(y)) = (a.next(), b.next()) {
+                    s += touch(&x.expect("batch").0) + touch(&y.expect("batch").0);
+                }
+                s
+            }),
+        ),
+        (
+            "two members, share(2)",
+            Box::new(|| {
+                let mut cs = shared
+                    .share_with(cohort_data::ShareOptions {
+                        epochs: Some(1),
+                        ..cohort_data::ShareOptions::new(2)
+                    })
+                    .expect("share");
+                let b = cs.pop().expect("consumer");
+                let mut a = cs.pop().expect("consumer");
+                let mut b = b;
+                let mut s = 0.0;
+                while let (Some(x), Some(y)) = (a.next(), b.next()) {
+                    s += touch(&x.expect("batch").0) + touch(&y.expect("batch").0);
+                }
+                s
+            }),
+        ),
+    ];
+    ratios(
+        "Two members in lockstep on one thread (one epoch)",
+        &mut v,
+        41,
+    );
+}
+
 criterion_group!(benches, bench_pipeline, bench_overhead, bench_share);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    figures();
+    Criterion::default().configure_from_args().final_summary();
+}

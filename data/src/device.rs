@@ -197,6 +197,23 @@ impl<T: ToDevice> Dataset<T> {
     }
 }
 
+impl Dataset<(Array, Array)> {
+    /// Batches of host `(inputs, labels)` (from `batch`/`padded_batch` of any source: CSV, text, synthetic) as
+    /// [`TrainBatch`]es on `device`, made `prefetch` deep on a background thread (0: on the consumer's thread).
+    pub fn to_train_batches(&self, device: Device, prefetch: usize) -> Dataset<TrainBatch> {
+        let on_cpu = self.map_named("train_batch", 1, |(x, y)| {
+            TrainBatch::from_arrays(x, y, &Device::Cpu)
+        });
+        if device.is_cuda() {
+            on_cpu.prefetch_to_device(device, prefetch.max(1))
+        } else if prefetch > 0 {
+            on_cpu.prefetch(prefetch)
+        } else {
+            on_cpu
+        }
+    }
+}
+
 impl Mnist {
     /// The training batches of this split as tensors on `device`, per `config`: shuffled (seeded, new order each
     /// epoch), batched, decoded and normalised on `config.workers` threads, and prefetched `config.prefetch` deep
@@ -210,17 +227,7 @@ impl Mnist {
             prefetch: 0,
             ..config.clone()
         });
-        let on_cpu = host.map_named("train_batch", 1, |(x, y)| {
-            TrainBatch::from_arrays(x, y, &Device::Cpu)
-        });
-        let depth = config.prefetch.max(1);
-        if device.is_cuda() {
-            on_cpu.prefetch_to_device(device, depth)
-        } else if config.prefetch > 0 {
-            on_cpu.prefetch(depth)
-        } else {
-            on_cpu
-        }
+        host.to_train_batches(device, config.prefetch)
     }
 
     /// The whole split as two tensors on `device`: images `f32 [n, 784]` in `[0, 1]`, labels `i32 [n]`.

@@ -172,3 +172,29 @@ fn shared_train_batches_are_one_copy() {
     assert!(Arc::ptr_eq(&a, &b));
     assert_eq!(a.inputs.shape(), &[1000, 784]);
 }
+
+#[test]
+fn synthetic_and_text_sources_make_train_batches() {
+    let (x, y) = cohort_data::synthetic::classification(100, 5, 3, 4.0, 9).unwrap();
+    let ds = Dataset::from_tensor_slices((x, y))
+        .shuffle(100, 2)
+        .batch(32, true)
+        .to_train_batches(Device::Cpu, 2);
+    let batches: Vec<TrainBatch> = ds.iter().map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 3);
+    assert_eq!(batches[0].inputs.shape(), &[32, 5]);
+    assert_eq!(batches[0].labels.dtype(), DType::I32);
+
+    let vocab = cohort_data::Vocabulary::build(["a b c", "b c"], 1, 10);
+    let corpus = cohort_data::LabeledText {
+        texts: vec!["a b c".into(), "c".into()],
+        labels: vec![1, 0],
+    };
+    let ds = corpus
+        .dataset(&vocab, 16)
+        .padded_batch(2, 0.0, false)
+        .to_train_batches(Device::Cpu, 0);
+    let b = ds.iter().next().unwrap().unwrap();
+    assert_eq!(b.inputs.dtype(), DType::I32);
+    assert_eq!(b.inputs.shape(), &[2, 3]);
+}
