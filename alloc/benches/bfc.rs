@@ -132,12 +132,14 @@ fn contended(c: &mut Criterion) {
 }
 
 fn trace(c: &mut Criterion) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/traces/transformer-lm.csv.gz"
-    );
-    let Ok(trace) = cohort_alloc::replay::read_trace(std::path::Path::new(path)) else {
-        eprintln!("skipping sim_replay_transformer_lm: {path} not found");
+    // Found at run time (the package folder), so a bench binary carried elsewhere still finds the traces.
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let path = std::path::Path::new(&dir).join("../../shared/traces/transformer-lm.csv.gz");
+    let Ok(trace) = cohort_alloc::replay::read_trace(&path) else {
+        eprintln!(
+            "skipping sim_replay_transformer_lm: {} not found",
+            path.display()
+        );
         return;
     };
     let mut group = c.benchmark_group("replay");
