@@ -51,10 +51,11 @@ pub(crate) fn skip_by_pulling<T: Send + 'static>(
     Ok(it)
 }
 
-/// Where an iterator stands: the epoch, the number of elements it has yielded in that epoch, and the fingerprint of
-/// the pipeline (its structure, sizes and seeds). The random state of every stage is a function of its seed and the
-/// epoch, so these numbers are all it takes to continue with the very same elements. Serializable with serde, to go
-/// into a checkpoint.
+/// Where an iterator stands: the epoch, the number of elements it has yielded in that epoch, the epoch's random
+/// state, and the fingerprint of the pipeline (its structure, sizes and seeds). Every random stage draws from a
+/// generator seeded by its own seed mixed with `rng`, so these numbers are all it takes to continue with the very
+/// same elements (stages that cannot seek replay the epoch from its start under the same draws). Serializable with
+/// serde, to go into a checkpoint.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
@@ -63,7 +64,12 @@ pub struct Position {
     pub epoch: u64,
     /// Elements yielded so far in this epoch.
     pub index: u64,
+    /// The epoch's random state ([`Position::epoch_key`]), which every random stage mixes with its seed; 0 in a
+    /// hand-made position means "derive it from `epoch`".
+    #[serde(default)]
+    pub rng: u64,
     /// Fingerprint of the pipeline that saved it ([`Dataset::fingerprint`]); 0 accepts any pipeline.
+    #[serde(default)]
     pub fingerprint: u64,
 }
 
@@ -73,13 +79,14 @@ impl Position {
         Position {
             epoch,
             index,
+            rng: Self::epoch_key(epoch),
             fingerprint: 0,
         }
     }
 
-    /// The key every random stage mixes with its seed for this epoch.
-    pub fn epoch_key(&self) -> u64 {
-        splitmix64(self.epoch ^ 0x005E_ED0F_E90C)
+    /// The random state of `epoch`: the key every random stage mixes with its seed.
+    pub fn epoch_key(epoch: u64) -> u64 {
+        splitmix64(epoch ^ 0x005E_ED0F_E90C).max(1)
     }
 }
 
@@ -246,6 +253,7 @@ impl<T: Send + 'static> Dataset<T> {
             pos: Position {
                 epoch: 0,
                 index: 0,
+                rng: Position::epoch_key(0),
                 fingerprint: self.fingerprint(),
             },
             failed: false,
@@ -256,8 +264,18 @@ impl<T: Send + 'static> Dataset<T> {
     /// yielded next.
     ///
     /// # Errors
-    /// [`Error::Position`] when `pos` was saved by a pipeline with another fingerprint.
+    /// [`Error::Position`] when `pos` was saved by a pipeline with another fingerprint, or holds a random state
+    /// that is not its epoch's (saved by a version that derived seeds differently).
     pub fn iter_from(&self, pos: &Position) -> Result<Iter<T>> {
+        let key = Position::epoch_key(pos.epoch);
+        if pos.rng != 0 && pos.rng != key {
+            return Err(Error::Position {
+                reason: format!(
+                    "random state {:016x} saved for epoch {}, where this version derives {key:016x}",
+                    pos.rng, pos.epoch
+                ),
+            });
+        }
         let fp = self.fingerprint();
         if pos.fingerprint != 0 && pos.fingerprint != fp {
             return Err(Error::Position {
@@ -273,6 +291,7 @@ impl<T: Send + 'static> Dataset<T> {
         it.pos = Position {
             epoch: pos.epoch,
             index: pos.index,
+            rng: key,
             fingerprint: fp,
         };
         Ok(it)
@@ -412,7 +431,7 @@ impl<T: Send + 'static> Iterator for Iter<T> {
             return None;
         }
         if self.inner.is_none() {
-            match self.dataset.node.open(self.pos.epoch_key(), self.pos.index) {
+            match self.dataset.node.open(self.pos.rng, self.pos.index) {
                 Ok(it) => self.inner = Some(it),
                 Err(e) => {
                     self.failed = true;
@@ -435,6 +454,7 @@ impl<T: Send + 'static> Iterator for Iter<T> {
                 self.inner = None;
                 self.pos.epoch += 1;
                 self.pos.index = 0;
+                self.pos.rng = Position::epoch_key(self.pos.epoch);
                 None
             }
         }

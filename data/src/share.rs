@@ -140,6 +140,7 @@ impl<T: Send + 'static> SharedIter<T> {
             Some(Msg::EndOfEpoch) => {
                 self.pos.epoch += 1;
                 self.pos.index = 0;
+                self.pos.rng = Position::epoch_key(self.pos.epoch);
                 None
             }
             Some(Msg::Error(e)) => {

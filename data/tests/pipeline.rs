@@ -39,6 +39,7 @@ fn iterator_runs_one_epoch_per_pass_and_counts_epochs() {
         Position {
             epoch: 2,
             index: 0,
+            rng: Position::epoch_key(2),
             fingerprint: ds.fingerprint()
         }
     );

@@ -59,7 +59,7 @@ proptest! {
         let e0: Vec<Vec<i64>> = it.by_ref().map(|r| r.unwrap()).collect();
         let e1: Vec<Vec<i64>> = it.by_ref().map(|r| r.unwrap()).collect();
         let cut = (cut_frac * e1.len() as f64) as usize;
-        let mut it = ds.iter_from(&Position { epoch: 1, index: 0, fingerprint: ds.fingerprint() }).unwrap();
+        let mut it = ds.iter_from(&Position { fingerprint: ds.fingerprint(), ..Position::new(1, 0) }).unwrap();
         for _ in 0..cut { it.next(); }
         let saved: Position = serde_json::from_str(&serde_json::to_string(&it.pos()).unwrap()).unwrap();
         let rest: Vec<Vec<i64>> = ds.iter_from(&saved).unwrap().map(|r| r.unwrap()).collect();

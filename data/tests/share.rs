@@ -275,9 +275,8 @@ fn share_from_continues_the_sequence() {
         let ds = Dataset::range(0, 40).shuffle(40, 8);
         let all: Vec<i64> = ds.iter().map(|x| x.unwrap()).collect();
         let pos = Position {
-            epoch: 0,
-            index: 15,
             fingerprint: ds.fingerprint(),
+            ..Position::new(0, 15)
         };
         let mut cs = ds.share_from(2, &pos).unwrap();
         let (mut a, mut b) = (cs.remove(0), cs.remove(0));
