@@ -35,6 +35,9 @@ pub struct Args {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Parts to leave out: any of `replay`, `criterion`, `cohort`.
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
     /// Only criterion benchmarks whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -57,8 +60,24 @@ pub fn run(args: &Args) -> Result<()> {
     fs::create_dir_all(&out)?;
     let mut report = json!({ "quick": args.quick, "gpu": args.gpu });
 
-    report["replay"] = replay(args, &root)?;
-    report["criterion"] = criterion(args, &root, &out)?;
+    let run_part = |part: &str| !args.skip.iter().any(|s| s == part);
+    if run_part("replay") {
+        report["replay"] = replay(args, &root)?;
+    }
+    if run_part("criterion") {
+        report["criterion"] = criterion(args, &root, &out)?;
+    }
+    if run_part("cohort") {
+        cohort(args, &root, &out, &mut report)?;
+    }
+    let path = out.join("bench.json");
+    fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!("\nresults: {}", path.display());
+    Ok(())
+}
+
+/// The cohort benchmark on the chosen device, beside the reference script's figures from this same call.
+fn cohort(args: &Args, root: &Path, out: &Path, report: &mut Value) -> Result<()> {
     let device = if args.gpu {
         Device::Cuda(0)
     } else {
@@ -79,9 +98,6 @@ pub fn run(args: &Args) -> Result<()> {
     comparison_table(&ours, &theirs, args.gpu);
     report["cohort"] = Value::Array(ours);
     report["reference"] = theirs;
-    let path = out.join("bench.json");
-    fs::write(&path, serde_json::to_string_pretty(&report)?)?;
-    println!("\nresults: {}", path.display());
     Ok(())
 }
 
@@ -305,7 +321,7 @@ fn comparison_table(ours: &[Value], theirs: &Value, gpu: bool) {
         println!(
             "{:<7} {:>4} {:>14.0} {:>14} {:>8} {:>16} {:>16}",
             r["schedule"].as_str().unwrap_or(""),
-            r["n"],
+            r["n"].as_u64().unwrap_or(0),
             us,
             them.map(|t| format!("{t:.0}"))
                 .unwrap_or_else(|| "-".into()),
