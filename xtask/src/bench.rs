@@ -91,7 +91,7 @@ fn cohort(args: &Args, root: &Path, out: &Path, report: &mut Value) -> Result<()
     println!("\ncohort benchmark on {device}: MLP 784-128-10, Adam, batch 256");
     let ours = crate::cohort::run(device, ns, budget)?;
     let theirs = if args.reference {
-        reference(args, &root, &out)?
+        reference(args, root, out)?
     } else {
         json!({})
     };
