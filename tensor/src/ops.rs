@@ -994,4 +994,102 @@ impl Tensor {
             _ => Err(param.device_mismatch(OP, grad)),
         }
     }
+
+    /// Adam / AdamW steps on many parameters at once, each entry `(param, grad, m, v, lrs)`; on
+    /// CUDA one fused launch updates them all (f32), on the CPU they run one after another.
+    /// Same semantics as [`Tensor::adam_step_`].
+    ///
+    /// # Errors
+    /// As [`Tensor::adam_step_`] for any entry (checked before anything is updated); a tensor
+    /// appearing in two entries.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub fn adam_step_many_(
+        params: &[(&Tensor, &Tensor, &Tensor, &Tensor, &[f64])],
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+        step: u64,
+    ) -> Result<()> {
+        const OP: &str = "adam_step_many_";
+        if step == 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "step is 1-based: pass 1 for the first update".into(),
+            });
+        }
+        let mut seen: Vec<&Tensor> = Vec::with_capacity(params.len() * 4);
+        for &(p, g, m, v, lrs) in params {
+            Tensor::check_step(OP, p, &[g, m, v], lrs)?;
+            for t in [p, g, m, v] {
+                if seen.iter().any(|s| s.same_storage(t)) {
+                    return Err(Error::InvalidArgument {
+                        op: OP,
+                        reason: format!("a tensor of shape {:?} appears in two entries", t.shape),
+                    });
+                }
+                seen.push(t);
+            }
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(&(first, ..)) = params.first() {
+            let fused = first.device.is_cuda()
+                && params
+                    .iter()
+                    .all(|(p, ..)| p.device == first.device && p.dtype == DType::F32);
+            if fused {
+                let mut pg: Vec<_> = params.iter().map(|e| e.0.write()).collect();
+                let gg: Vec<_> = params.iter().map(|e| e.1.read()).collect();
+                let mut mg: Vec<_> = params.iter().map(|e| e.2.write()).collect();
+                let mut vg: Vec<_> = params.iter().map(|e| e.3.write()).collect();
+                let mut entries = Vec::with_capacity(params.len());
+                for ((((p, g), m), v), e) in pg
+                    .iter_mut()
+                    .zip(&gg)
+                    .zip(mg.iter_mut())
+                    .zip(vg.iter_mut())
+                    .zip(params)
+                {
+                    match (&mut **p, &**g, &mut **m, &mut **v) {
+                        (
+                            Storage::Cuda(p),
+                            Storage::Cuda(g),
+                            Storage::Cuda(m),
+                            Storage::Cuda(v),
+                        ) => {
+                            entries.push((p, g, m, v, e.4));
+                        }
+                        _ => return Err(e.0.device_mismatch(OP, e.1)),
+                    }
+                }
+                let h = AdamParams {
+                    lrs: &[],
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                    decoupled,
+                    step,
+                };
+                return cuda::adam_step_many(&mut entries, &h);
+            }
+        }
+        for &(p, g, m, v, lrs) in params {
+            Tensor::adam_step_(
+                p,
+                g,
+                m,
+                v,
+                lrs,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                decoupled,
+                step,
+            )?;
+        }
+        Ok(())
+    }
 }

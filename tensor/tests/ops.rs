@@ -818,6 +818,36 @@ fn optimizers(dev: &Device) -> Result<()> {
                 tol(dt) * 10.0,
             );
         }
+        // Many parameters at once equal one call per parameter.
+        let shapes: [&[usize]; 3] = [&[3, 40], &[3], &[7, 2]];
+        let mk = |seed: u64| -> Result<Vec<Tensor>> {
+            shapes.iter().map(|s| rand(s, seed, dt, dev)).collect()
+        };
+        let (pa, pb, g) = (mk(1700)?, mk(1700)?, mk(1701)?);
+        let zeros = || -> Result<Vec<Tensor>> {
+            shapes.iter().map(|s| Tensor::zeros(s, dt, dev)).collect()
+        };
+        let (ma, va, mb, vb) = (zeros()?, zeros()?, zeros()?, zeros()?);
+        let lrs: [&[f64]; 3] = [&[0.1, 0.2, 0.3], &[0.01], &[0.05]];
+        for step in 1..=2 {
+            let entries: Vec<_> = (0..3)
+                .map(|i| (&pa[i], &g[i], &ma[i], &va[i], lrs[i]))
+                .collect();
+            Tensor::adam_step_many_(&entries, 0.9, 0.99, 1e-8, 0.01, true, step)?;
+            for i in 0..3 {
+                Tensor::adam_step_(
+                    &pb[i], &g[i], &mb[i], &vb[i], lrs[i], 0.9, 0.99, 1e-8, 0.01, true, step,
+                )?;
+            }
+        }
+        for i in 0..3 {
+            assert_close("adam_step_many_", &pa[i], shapes[i], &host(&pb[i]), tol(dt));
+        }
+        let dup = [
+            (&pa[0], &g[0], &ma[0], &va[0], lrs[0]),
+            (&pa[0], &g[1], &ma[1], &va[1], lrs[1]),
+        ];
+        assert!(Tensor::adam_step_many_(&dup, 0.9, 0.99, 1e-8, 0.0, false, 1).is_err());
         // A single rate applies to all members.
         let p = Tensor::ones(&[2, 2], dt, dev)?;
         let g = Tensor::ones(&[2, 2], dt, dev)?;
