@@ -318,7 +318,7 @@ fn figures() {
             m.len
         ),
         &mut v,
-        41,
+        101,
     );
     let mut v: Vec<Variant<'_>> = vec![
         ("one member, one pipeline", Box::new(|| epoch(&one))),
@@ -356,7 +356,7 @@ fn figures() {
     ratios(
         "Two members in lockstep on one thread (one epoch)",
         &mut v,
-        41,
+        101,
     );
 }
 
