@@ -84,6 +84,19 @@ impl Position {
         }
     }
 
+    /// The position in a pipeline rebuilt with batches of `new_batch` instead of `old_batch` (the trainer shrinking
+    /// a batch after an out-of-memory error): the same epoch and shuffle, from the first example not yet seen,
+    /// rounded down to a whole new batch (so at most `new_batch - 1` examples are seen twice). The fingerprint is
+    /// cleared, since the rebuilt pipeline has another one.
+    pub fn rebatched(&self, old_batch: usize, new_batch: usize) -> Position {
+        let seen = self.index.saturating_mul(old_batch.max(1) as u64);
+        Position {
+            index: seen / new_batch.max(1) as u64,
+            fingerprint: 0,
+            ..*self
+        }
+    }
+
     /// The random state of `epoch`: the key every random stage mixes with its seed.
     pub fn epoch_key(epoch: u64) -> u64 {
         splitmix64(epoch ^ 0x005E_ED0F_E90C).max(1)

@@ -280,3 +280,24 @@ fn same_seed_same_order_other_seed_other_order() {
     assert_eq!(a, b);
     assert_ne!(a, c);
 }
+
+#[test]
+fn rebatched_position_continues_the_same_shuffle() {
+    let base = Dataset::range(0, 100).shuffle(100, 4);
+    let order: Vec<i64> = all(&base);
+    let big = base.batch(10, false);
+    let mut it = big.iter();
+    for _ in 0..3 {
+        it.next().unwrap().unwrap();
+    }
+    let small = base.batch(8, false);
+    let pos = it.pos().rebatched(10, 8);
+    assert_eq!(pos.index, 3);
+    let rest: Vec<i64> = small
+        .iter_from(&pos)
+        .unwrap()
+        .flat_map(|b| b.unwrap())
+        .collect();
+    // 30 examples seen; the new batches start at example 24 (a whole batch of 8), in the same order
+    assert_eq!(rest, order[24..]);
+}
