@@ -172,6 +172,16 @@ impl CheckpointDir {
     pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointDir> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // Temporary files of a writer that was killed midway are garbage: never part of a checkpoint.
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with(".ckpt-") && name.contains(".tmp-") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         Ok(CheckpointDir {
             dir,
             keep: keep.max(1),

@@ -127,6 +127,26 @@ pub enum Error {
         /// The underlying error.
         source: serde_json::Error,
     },
+
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] cohort_tensor::Error),
+
+    /// A model or gradient operation failed.
+    #[error(transparent)]
+    Autograd(#[from] cohort_autograd::Error),
+
+    /// An optimizer failed.
+    #[error(transparent)]
+    Optim(#[from] cohort_optim::Error),
+
+    /// The input pipeline failed.
+    #[error(transparent)]
+    Data(#[from] cohort_data::Error),
+
+    /// The allocator failed.
+    #[error(transparent)]
+    Alloc(#[from] cohort_alloc::Error),
 }
 
 impl Error {

@@ -22,9 +22,12 @@
 //! ```
 
 pub mod checkpoint;
+pub mod cohort;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod feed;
+pub mod memory;
 pub mod metrics;
 pub mod plot;
 pub mod progress;

@@ -1,5 +1,302 @@
-//! The `cohort` binary.
+//! The `cohort` binary: `cohort train [CONFIG.toml]`, `cohort resume RUN_DIR`, `cohort memory`, `cohort replay`.
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("cohort: the trainer is not built yet")
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use cohort_trainer::cohort::{Cohort, RunOptions};
+use cohort_trainer::config::Config;
+use cohort_trainer::report::{Summary, bytes};
+
+/// Train several models at once, in one process, on one GPU (or on the CPU where there is none).
+///
+/// With no command, runs the built-in default job (`cohort train`).
+#[derive(Debug, Parser)]
+#[command(name = "cohort", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train the members of a TOML config (with no CONFIG: the built-in default job, a small grid of MLPs and one
+    /// CNN on the bundled MNIST digits). Documented configs: examples/*.toml.
+    Train {
+        /// The config file.
+        config: Option<PathBuf>,
+        /// Run name (the directory under [run].dir); overrides [run].name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Device: auto, cpu, cuda or cuda:N; overrides [run].device.
+        #[arg(long)]
+        device: Option<String>,
+        /// Epochs per member; overrides [run].epochs and the members' own.
+        #[arg(long)]
+        epochs: Option<u32>,
+        /// Directory runs are created in; overrides [run].dir.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// No progress lines (the summary is still printed).
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Continue an interrupted run from its members' latest valid checkpoints, with the config saved in it. The
+    /// result is the same as if the run had never stopped.
+    Resume {
+        /// The run directory (runs/<run>).
+        run_dir: PathBuf,
+        /// No progress lines.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Show the device and its allocator, and, given a run directory, each member's memory.
+    Memory {
+        /// A run directory whose members' memory to show.
+        run_dir: Option<PathBuf>,
+        /// The device: auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+    /// Replay an allocator trace (CSV `op,id,bytes`, `a` alloc / `f` free, optionally gzip) on a simulated device.
+    Replay {
+        /// The trace file.
+        trace: PathBuf,
+        /// Allocator policy: stitched, growth or preallocate.
+        #[arg(long, default_value = "stitched")]
+        policy: String,
+        /// A hard limit on the pool, e.g. 12GiB.
+        #[arg(long)]
+        limit: Option<String>,
+        /// Capacity of the simulated device, e.g. 140GiB (default: an H200's).
+        #[arg(long)]
+        capacity: Option<String>,
+        /// Replay the trace this many times on one allocator (steady state).
+        #[arg(long, default_value_t = 1)]
+        passes: u32,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_summary(summary: &Summary, wall: f64) {
+    println!("{summary}");
+    let dir = &summary.run_dir;
+    println!(
+        "{dir}/  (checkpoints, TensorBoard logs, summary.json, loss.png, memory.png)  {wall:.1} s"
+    );
+    println!("tensorboard --logdir {dir}");
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let command = cli.command.unwrap_or(Command::Train {
+        config: None,
+        name: None,
+        device: None,
+        epochs: None,
+        dir: None,
+        quiet: false,
+    });
+    match command {
+        Command::Train {
+            config,
+            name,
+            device,
+            epochs,
+            dir,
+            quiet,
+        } => {
+            let t0 = Instant::now();
+            let is_default = config.is_none();
+            let mut config = match &config {
+                Some(p) => Config::from_file(p)?,
+                None => Config::default_job()?,
+            };
+            if let Some(n) = name {
+                config.run.name = Some(n);
+            }
+            if let Some(d) = device {
+                config.run.device = d;
+            }
+            if let Some(d) = dir {
+                config.run.dir = d;
+            }
+            if let Some(e) = epochs {
+                config.run.epochs = e;
+                for m in &mut config.members {
+                    m.epochs = e;
+                }
+            }
+            let cohort = Cohort::new(
+                config,
+                RunOptions {
+                    progress: !quiet,
+                    halt_after_steps: None,
+                },
+            )?;
+            eprintln!(
+                "cohort {} · device: {}",
+                env!("CARGO_PKG_VERSION"),
+                describe_device(cohort.device())
+            );
+            eprintln!(
+                "{}{}",
+                if is_default { "default job: " } else { "" },
+                cohort.describe()
+            );
+            let outcome = cohort.run()?;
+            if let Some(s) = outcome.summary {
+                print_summary(&s, t0.elapsed().as_secs_f64());
+            }
+            Ok(())
+        }
+        Command::Resume { run_dir, quiet } => {
+            let t0 = Instant::now();
+            let cohort = Cohort::resume(
+                &run_dir,
+                RunOptions {
+                    progress: !quiet,
+                    halt_after_steps: None,
+                },
+            )?;
+            eprintln!(
+                "cohort {} · resuming {} · device: {}",
+                env!("CARGO_PKG_VERSION"),
+                run_dir.display(),
+                describe_device(cohort.device())
+            );
+            let outcome = cohort.run()?;
+            if let Some(s) = outcome.summary {
+                print_summary(&s, t0.elapsed().as_secs_f64());
+            }
+            Ok(())
+        }
+        Command::Memory { run_dir, device } => memory(run_dir, &device),
+        Command::Replay {
+            trace,
+            policy,
+            limit,
+            capacity,
+            passes,
+            json,
+        } => {
+            use cohort_alloc::replay::{ReplayOptions, read_trace, replay};
+            let parse = |what: &str, s: &str| {
+                cohort_alloc::parse_bytes(s).with_context(|| {
+                    format!("--{what} {s:?}: expected a size such as 12GiB, 512MiB or bytes")
+                })
+            };
+            let mut opts = ReplayOptions {
+                policy: policy.parse()?,
+                passes,
+                ..ReplayOptions::default()
+            };
+            if let Some(l) = limit {
+                opts.limit = Some(parse("limit", &l)?);
+            }
+            if let Some(c) = capacity {
+                opts.capacity = parse("capacity", &c)?;
+            }
+            let t = read_trace(&trace)?;
+            let r = replay(&t, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("trace            {} ({} events)", r.trace, r.events);
+                println!("policy           {}", r.policy);
+                println!("peak live        {}", bytes(r.peak_live_bytes));
+                println!("peak reserved    {}", bytes(r.peak_reserved_bytes));
+                println!("source calls     {}", r.source_calls);
+                println!("page moves       {}", r.page_moves);
+                println!("OOMs             {}", r.ooms);
+                println!("ns per op        {:.1}", r.ns_per_op);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn describe_device(d: cohort_tensor::Device) -> String {
+    match d {
+        cohort_tensor::Device::Cpu => format!(
+            "cpu ({} threads, {} host memory)",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            bytes(cohort_trainer::memory::host_total_bytes())
+        ),
+        cuda => match cohort_trainer::memory::device_total_bytes(&cuda) {
+            Ok(b) => format!("{cuda} ({})", bytes(b)),
+            Err(_) => cuda.to_string(),
+        },
+    }
+}
+
+fn memory(run_dir: Option<PathBuf>, device: &str) -> anyhow::Result<()> {
+    let dev = cohort_tensor::Device::parse(device)?;
+    println!("device: {}", describe_device(dev));
+    if dev.is_cuda() {
+        match cohort_trainer::memory::device_report(&dev) {
+            Some(r) => println!("{r}"),
+            None => println!("(no allocator report)"),
+        }
+    } else {
+        println!(
+            "allocator: host tensors are plain host memory; members' budgets are charged to a host-accounting \
+             allocator while they train"
+        );
+    }
+    if let Some(dir) = run_dir {
+        let summary_path = dir.join(cohort_trainer::run_dir::SUMMARY_FILE);
+        println!("\nrun {}:", dir.display());
+        println!(
+            "{:<24} {:>12} {:>12} {:>6}  device",
+            "member", "last mem", "peak mem", "OOMs"
+        );
+        let summary = Summary::read(&summary_path).ok();
+        let config = Config::from_file(&dir.join(cohort_trainer::run_dir::CONFIG_FILE))?;
+        for m in &config.members {
+            let records = cohort_trainer::metrics::read(&dir.join(&m.name).join("metrics.jsonl"))?;
+            let last = records.last().map_or(0, |r| r.mem_bytes);
+            let peak_seen = records.iter().map(|r| r.mem_bytes).max().unwrap_or(0);
+            let s = summary
+                .as_ref()
+                .and_then(|s| s.members.iter().find(|x| x.name == m.name));
+            let peak = s.map_or(peak_seen, |s| s.peak_memory_bytes.max(peak_seen));
+            let ooms = s.map_or_else(
+                || {
+                    records
+                        .iter()
+                        .filter(|r| {
+                            r.event
+                                .as_deref()
+                                .is_some_and(|e| e.contains("out of memory"))
+                        })
+                        .count() as u64
+                },
+                |s| s.oom_events,
+            );
+            let dev = s.map_or("-".to_string(), |s| s.device.clone());
+            println!(
+                "{:<24} {:>12} {:>12} {:>6}  {dev}",
+                m.name,
+                bytes(last),
+                bytes(peak),
+                ooms
+            );
+        }
+    }
+    Ok(())
 }

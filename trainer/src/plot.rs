@@ -432,6 +432,49 @@ pub fn line_plot(path: &Path, spec: &PlotSpec<'_>, series: &[Series]) -> Result<
     Ok(())
 }
 
+/// Writes `loss.png` (training loss by step) and `memory.png` (bytes held by member over time) of a run from its
+/// members' `metrics.jsonl`.
+///
+/// # Errors
+/// I/O errors reading the metrics or writing the images.
+pub fn write_run_plots(root: &Path, members: &[String]) -> Result<()> {
+    let mut loss = Vec::new();
+    let mut mem = Vec::new();
+    for name in members {
+        let records = crate::metrics::read(&root.join(name).join("metrics.jsonl"))?;
+        let train: Vec<_> = records.iter().filter(|r| r.event.is_none()).collect();
+        loss.push(Series {
+            name: name.clone(),
+            points: train.iter().map(|r| (r.step as f64, r.loss)).collect(),
+        });
+        mem.push(Series {
+            name: name.clone(),
+            points: train
+                .iter()
+                .map(|r| (r.time, r.mem_bytes as f64 / (1024.0 * 1024.0)))
+                .collect(),
+        });
+    }
+    line_plot(
+        &root.join("loss.png"),
+        &PlotSpec {
+            title: "training loss",
+            x_label: "step",
+            y_label: "loss",
+        },
+        &loss,
+    )?;
+    line_plot(
+        &root.join("memory.png"),
+        &PlotSpec {
+            title: "memory by member",
+            x_label: "time (s)",
+            y_label: "MiB",
+        },
+        &mem,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,1580 @@
+//! The [`Cohort`]: members, the units that train them, schedules, OOM recovery, control, checkpoints and reports.
+//!
+//! Every member trains in a *unit*: a model of `M` members built from one [`ModelSpec`] (`M = 1` for a member on its
+//! own; `M > 1` for a fused group of same-spec members, issue 7), with its optimizer, its feed of batches and its
+//! allocator tenant. Schedules pick units, a unit step is one optimizer step of each of its members, and everything
+//! per member (loss, logs, checkpoints, pause, batch size, OOM events) stays per member: a member's checkpoint is its
+//! own slice of the unit, and a unit can always be split, its members' parameters and optimizer state carried into
+//! the new units (this is how a fused group splits in halves on OOM, how a paused member leaves its group, and how
+//! a member moves to the CPU).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cohort_alloc::TenantLimits;
+use cohort_autograd::{BuildOptions, LayerSpec, Model, ModelSpec, Tape, loss};
+use cohort_data::Position;
+use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
+use cohort_tensor::{DType, Device, Tensor};
+use safetensors::tensor::Dtype;
+
+use crate::checkpoint::{Checkpoint, CheckpointDir, FORMAT, Manifest, TensorData};
+use crate::config::{
+    Activation, CheckpointEvery, Config, LayerConfig, LrScheduleConfig, MemberConfig,
+    OptimizerConfig, ScheduleKind,
+};
+use crate::control::ControlFile;
+use crate::error::{Error, Result};
+use crate::feed::{DataSet, Feed};
+use crate::memory::{Tenant, device_total_bytes};
+use crate::metrics::{MetricRecord, MetricsWriter};
+use crate::progress::{MemberStatus, Progress};
+use crate::report::{MemberSummary, Summary};
+use crate::run_dir::{MemberLock, RunDir};
+use crate::tensorboard::EventWriter;
+
+/// How a run is driven (not part of the config: presentation and test hooks).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Show progress lines on stderr.
+    pub progress: bool,
+    /// Stop abruptly (no final checkpoint, no summary), as a crash would, once any member has taken this many
+    /// steps. For tests of `cohort resume`.
+    pub halt_after_steps: Option<u64>,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// The summary; `None` when the run was halted by [`RunOptions::halt_after_steps`].
+    pub summary: Option<Summary>,
+}
+
+/// Where a member stands.
+#[derive(Debug, Clone, PartialEq)]
+enum State {
+    Running,
+    Paused,
+    Done,
+}
+
+/// A member's trainer-side state (saved in its checkpoints' `trainer_state`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Counters {
+    loss_sum: f64,
+    loss_n: u64,
+    last_loss: f64,
+    train_time: f64,
+    steps_timed: u64,
+    oom_events: u64,
+    peak_mem: u64,
+    test_accuracy: Option<f64>,
+    time: f64,
+    stopped: Option<String>,
+}
+
+#[derive(Debug)]
+struct MemberRun {
+    cfg: MemberConfig,
+    events: EventWriter,
+    metrics: MetricsWriter,
+    ckpt: CheckpointDir,
+    _lock: MemberLock,
+    step: u64,
+    epochs_done: u64,
+    batch: usize,
+    state: State,
+    c: Counters,
+    log_mark: (f64, u64),
+    mem_now: u64,
+    device: Device,
+    fused_with: Vec<String>,
+    last_ckpt_step: Option<u64>,
+    finalized: bool,
+}
+
+/// A model of `M` members trained together (M = 1: one member on its own).
+#[derive(Debug)]
+struct Unit {
+    members: Vec<usize>,
+    model: Model,
+    opt: Optimizer,
+    feed: Feed,
+    device: Device,
+    tenant: Tenant,
+    batch: usize,
+    act_bytes_per_example: u64,
+}
+
+/// One member's parameters and optimizer state, without the member dimension.
+type MemberState = (Vec<(String, Tensor)>, OptimizerState);
+
+fn act_name(a: Activation) -> String {
+    match a {
+        Activation::Relu => "relu",
+        Activation::Gelu => "gelu",
+        Activation::Tanh => "tanh",
+        Activation::Sigmoid => "sigmoid",
+    }
+    .to_string()
+}
+
+/// The autograd spec of a member's layers.
+pub fn model_spec(layers: &[LayerConfig]) -> ModelSpec {
+    let layers = layers
+        .iter()
+        .map(|l| {
+            let mut s = LayerSpec::default();
+            match *l {
+                LayerConfig::Linear { out, act } => {
+                    s.linear = Some(out);
+                    s.act = act.map(act_name);
+                }
+                LayerConfig::Conv {
+                    out,
+                    kernel,
+                    stride,
+                    padding,
+                    act,
+                } => {
+                    s.conv = Some(out);
+                    s.kernel = Some(kernel);
+                    s.stride = Some(stride);
+                    s.padding = Some(padding);
+                    s.act = act.map(act_name);
+                }
+                LayerConfig::MaxPool { kernel, stride } => {
+                    s.maxpool = Some(kernel);
+                    if stride != kernel {
+                        s.stride = Some(stride);
+                    }
+                }
+                LayerConfig::Flatten => s.flatten = Some(true),
+                LayerConfig::Dropout { p } => s.dropout = Some(p),
+                LayerConfig::Act(a) => s.act = Some(act_name(a)),
+            }
+            s
+        })
+        .collect();
+    ModelSpec { layers }
+}
+
+/// The per-example input shape a member's model is built for: flat for a model that starts with a dense layer.
+fn input_shape(layers: &[LayerConfig], shape: &[usize]) -> Vec<usize> {
+    let first = layers
+        .iter()
+        .find(|l| !matches!(l, LayerConfig::Dropout { .. } | LayerConfig::Act(_)));
+    match first {
+        Some(LayerConfig::Conv { .. } | LayerConfig::MaxPool { .. }) => shape.to_vec(),
+        _ => vec![shape.iter().product()],
+    }
+}
+
+/// Bytes of one example's activations and their gradients through the layers (f32), for host accounting.
+fn activation_bytes(layers: &[LayerConfig], shape: &[usize]) -> u64 {
+    let mut dims: Vec<usize> = input_shape(layers, shape);
+    let mut total: usize = dims.iter().product();
+    for l in layers {
+        match *l {
+            LayerConfig::Linear { out, act } => {
+                dims = vec![out];
+                total += out * if act.is_some() { 2 } else { 1 };
+            }
+            LayerConfig::Conv {
+                out,
+                kernel,
+                stride,
+                padding,
+                act,
+            } => {
+                let (h, w) = (
+                    dims.get(1).copied().unwrap_or(1),
+                    dims.get(2).copied().unwrap_or(1),
+                );
+                let oh = (h + 2 * padding).saturating_sub(kernel) / stride.max(1) + 1;
+                let ow = (w + 2 * padding).saturating_sub(kernel) / stride.max(1) + 1;
+                let cin = dims.first().copied().unwrap_or(1);
+                // im2col buffer of the input, plus the output (and the activation's output).
+                total += cin * kernel * kernel * oh * ow
+                    + out * oh * ow * if act.is_some() { 2 } else { 1 };
+                dims = vec![out, oh, ow];
+            }
+            LayerConfig::MaxPool { kernel, stride } => {
+                let c = dims.first().copied().unwrap_or(1);
+                let (h, w) = (
+                    dims.get(1).copied().unwrap_or(1),
+                    dims.get(2).copied().unwrap_or(1),
+                );
+                let oh = h.saturating_sub(kernel) / stride.max(1) + 1;
+                let ow = w.saturating_sub(kernel) / stride.max(1) + 1;
+                dims = vec![c, oh, ow];
+                total += 2 * c * oh * ow;
+            }
+            LayerConfig::Flatten => dims = vec![dims.iter().product()],
+            LayerConfig::Dropout { .. } | LayerConfig::Act(_) => {
+                total += 2 * dims.iter().product::<usize>()
+            }
+        }
+    }
+    // Values and gradients.
+    (total * 2 * 4) as u64
+}
+
+fn optim_config(o: &OptimizerConfig) -> OptimConfig {
+    match *o {
+        OptimizerConfig::Sgd {
+            lr,
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+        } => OptimConfig::Sgd {
+            lr,
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+        },
+        OptimizerConfig::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            decoupled,
+        } => {
+            if decoupled {
+                OptimConfig::AdamW {
+                    lr,
+                    betas: (beta1, beta2),
+                    eps,
+                    weight_decay,
+                }
+            } else {
+                OptimConfig::Adam {
+                    lr,
+                    betas: (beta1, beta2),
+                    eps,
+                    weight_decay,
+                }
+            }
+        }
+    }
+}
+
+fn optimizer_slots(o: &OptimizerConfig) -> u64 {
+    match *o {
+        OptimizerConfig::Sgd { momentum, .. } if momentum > 0.0 => 1,
+        OptimizerConfig::Sgd { .. } => 0,
+        OptimizerConfig::Adam { .. } => 2,
+    }
+}
+
+/// The learning-rate schedule of a member that trains `total` steps.
+fn lr_schedule(cfg: &MemberConfig, total: u64) -> Schedule {
+    match cfg.lr_schedule {
+        LrScheduleConfig::Constant => Schedule::Constant,
+        LrScheduleConfig::Step { every, gamma } => Schedule::Step { every, gamma },
+        LrScheduleConfig::Cosine { warmup, min_lr } => {
+            let cos = Schedule::Cosine {
+                total: total.saturating_sub(warmup).max(1),
+                min_factor: (min_lr / cfg.optimizer.lr()).min(1.0),
+            };
+            if warmup > 0 {
+                Schedule::Warmup {
+                    steps: warmup,
+                    then: Box::new(cos),
+                }
+            } else {
+                cos
+            }
+        }
+    }
+}
+
+/// Steps a member takes in total with its configured batch.
+fn planned_steps(cfg: &MemberConfig, data: &DataSet) -> u64 {
+    let s = u64::from(cfg.epochs) * data.batches_per_epoch(cfg.batch);
+    cfg.max_steps.map_or(s, |m| m.min(s))
+}
+
+/// What members must share to be fused: everything but the learning rate and the seed.
+fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
+    let mut opt = cfg.optimizer.clone();
+    match &mut opt {
+        OptimizerConfig::Sgd { lr, .. } | OptimizerConfig::Adam { lr, .. } => *lr = 0.0,
+    }
+    serde_json::json!({
+        "layers": cfg.layers,
+        "optimizer": opt,
+        "schedule": lr_schedule(cfg, planned_steps(cfg, data)),
+        "batch": cfg.batch,
+        "data": cfg.data,
+        "weight": cfg.weight,
+        "epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "oom": cfg.oom,
+    })
+    .to_string()
+}
+
+/// The allocator's out-of-memory error inside `e`, if that is what it is.
+fn oom_of(e: &Error) -> Option<&cohort_alloc::Error> {
+    use cohort_autograd::Error as A;
+    use cohort_optim::Error as O;
+    use cohort_tensor::Error as T;
+    let a = match e {
+        Error::Alloc(a)
+        | Error::Tensor(T::Alloc(a))
+        | Error::Autograd(A::Tensor(T::Alloc(a)))
+        | Error::Optim(O::Tensor(T::Alloc(a)))
+        | Error::Optim(O::Autograd(A::Tensor(T::Alloc(a)))) => a,
+        _ => return None,
+    };
+    a.is_out_of_memory().then_some(a)
+}
+
+fn tensor_data(t: &Tensor) -> Result<TensorData> {
+    let t = t.to_device(&Device::Cpu)?;
+    let (dtype, data) = match t.dtype() {
+        DType::F32 => (
+            Dtype::F32,
+            bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec(),
+        ),
+        DType::F64 => (
+            Dtype::F64,
+            bytemuck::cast_slice(&t.to_vec::<f64>()?).to_vec(),
+        ),
+        DType::I32 => (
+            Dtype::I32,
+            bytemuck::cast_slice(&t.to_vec::<i32>()?).to_vec(),
+        ),
+        _ => {
+            let t = t.to_dtype(DType::F32)?;
+            (
+                Dtype::F32,
+                bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec(),
+            )
+        }
+    };
+    Ok(TensorData {
+        dtype,
+        shape: t.shape().to_vec(),
+        data,
+    })
+}
+
+fn tensor_from(d: &TensorData, path: &Path) -> Result<Tensor> {
+    let bad = |m: String| Error::Checkpoint {
+        path: path.to_path_buf(),
+        message: m,
+    };
+    match d.dtype {
+        Dtype::F32 => {
+            let v: Vec<f32> = d.to_f32().map_err(bad)?;
+            Ok(Tensor::from_vec(v, &d.shape, &Device::Cpu)?)
+        }
+        Dtype::F64 => {
+            let v: Vec<f64> = d
+                .data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            Ok(Tensor::from_vec(v, &d.shape, &Device::Cpu)?)
+        }
+        other => Err(bad(format!(
+            "tensor of dtype {other:?}: cohort saves f32 and f64"
+        ))),
+    }
+}
+
+/// Compares two config identities key by key.
+fn differences(saved: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let (Some(a), Some(b)) = (saved.as_object(), now.as_object()) {
+        for (k, va) in a {
+            let vb = b.get(k).cloned().unwrap_or(serde_json::Value::Null);
+            if *va != vb {
+                out.push(format!("{k}: {va} in the checkpoint, {vb} now"));
+            }
+        }
+        for (k, vb) in b {
+            if !a.contains_key(k) {
+                out.push(format!("{k}: absent in the checkpoint, {vb} now"));
+            }
+        }
+    } else if saved != now {
+        out.push(format!("{saved} in the checkpoint, {now} now"));
+    }
+    out
+}
+
+/// A running cohort.
+#[derive(Debug)]
+pub struct Cohort {
+    config: Config,
+    run: RunDir,
+    device: Device,
+    data: BTreeMap<String, Arc<DataSet>>,
+    members: Vec<MemberRun>,
+    units: Vec<Unit>,
+    progress: Progress,
+    control: ControlFile,
+    started: Instant,
+    time_offset: f64,
+    opts: RunOptions,
+    slice_cursor: usize,
+    halted: bool,
+}
+
+impl Cohort {
+    /// Starts a new run of `config`.
+    ///
+    /// # Errors
+    /// Shared member directories, missing data, a device that cannot be used, I/O errors.
+    pub fn new(config: Config, opts: RunOptions) -> Result<Cohort> {
+        let run = RunDir::create(&config)?;
+        Cohort::start(config, run, opts, false)
+    }
+
+    /// Resumes the run in `dir` from its members' latest valid checkpoints.
+    ///
+    /// # Errors
+    /// Not a run directory, an incompatible config, I/O errors.
+    pub fn resume(dir: &Path, opts: RunOptions) -> Result<Cohort> {
+        let run = RunDir::open(dir)?;
+        let config = Config::from_file(&run.config_path())?;
+        Cohort::start(config, run, opts, true)
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> &Path {
+        self.run.root()
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// A one-line description: members, data, schedule.
+    pub fn describe(&self) -> String {
+        let fused: usize = self.units.iter().filter(|u| u.members.len() > 1).count();
+        let sets: Vec<String> = self
+            .data
+            .values()
+            .map(|d| {
+                format!(
+                    "{} ({} train / {} test)",
+                    d.name,
+                    d.train_len,
+                    d.test_y.len()
+                )
+            })
+            .collect();
+        format!(
+            "{} members on {}, schedule: {}{}",
+            self.members.len(),
+            sets.join(", "),
+            self.config.run.schedule,
+            if fused > 0 {
+                format!(" ({fused} fused group{})", if fused > 1 { "s" } else { "" })
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    fn start(config: Config, run: RunDir, opts: RunOptions, resuming: bool) -> Result<Cohort> {
+        apply_memory_env(&config);
+        let device = Device::parse(&config.run.device)?;
+        let config_dir = Path::new(&config.file).parent().map(Path::to_path_buf);
+        let mut data = BTreeMap::new();
+        for m in &config.members {
+            if !data.contains_key(&m.data) {
+                let d = DataSet::load(&config.data[&m.data], config_dir.as_deref())?;
+                data.insert(m.data.clone(), Arc::new(d));
+            }
+        }
+        // Lock every member directory first: two members (or runs) never share one.
+        let mut members = Vec::new();
+        let mut loaded: Vec<Option<Checkpoint>> = Vec::new();
+        let mut messages = Vec::new();
+        let mut time_offset: f64 = 0.0;
+        for cfg in &config.members {
+            let dir = run.member_dir(&cfg.name);
+            let lock = MemberLock::acquire(&dir)?;
+            let ckpt = CheckpointDir::new(run.checkpoint_dir(&cfg.name), cfg.checkpoint.keep)?;
+            let latest = if resuming { ckpt.load_latest()? } else { None };
+            let checkpoint = match latest {
+                Some(l) => {
+                    for s in &l.skipped {
+                        messages.push(format!(
+                            "warning: member \"{}\": skipping a corrupt checkpoint: {s}",
+                            cfg.name
+                        ));
+                    }
+                    let m = &l.checkpoint.manifest;
+                    if m.config_hash != cfg.config_hash() {
+                        return Err(Error::IncompatibleResume {
+                            member: cfg.name.clone(),
+                            differences: differences(&m.config, &cfg.identity()),
+                        });
+                    }
+                    Some(l.checkpoint)
+                }
+                None => None,
+            };
+            let d = &data[&cfg.data];
+            let (step, pos, batch, c, dev) = match &checkpoint {
+                Some(ck) => {
+                    let m = &ck.manifest;
+                    let pos: Position = serde_json::from_value(m.data_position.clone())
+                        .map_err(|e| Error::json("checkpoint data position", e))?;
+                    let c: Counters =
+                        serde_json::from_value(m.trainer_state.clone()).unwrap_or_default();
+                    let dev = if m.device == "cpu" {
+                        Device::Cpu
+                    } else {
+                        device
+                    };
+                    (m.step, pos, m.batch, c, dev)
+                }
+                None => (
+                    0,
+                    Position::default(),
+                    cfg.batch,
+                    Counters::default(),
+                    device,
+                ),
+            };
+            time_offset = time_offset.max(c.time);
+            let metrics = MetricsWriter::open(&dir, resuming.then_some(step))?;
+            let events = EventWriter::create(&dir)?;
+            let epochs_done = d.epochs_done(&pos);
+            let done =
+                epochs_done >= u64::from(cfg.epochs) || cfg.max_steps.is_some_and(|s| step >= s);
+            members.push(MemberRun {
+                cfg: cfg.clone(),
+                events,
+                metrics,
+                ckpt,
+                _lock: lock,
+                step,
+                epochs_done,
+                batch,
+                state: if done { State::Done } else { State::Running },
+                log_mark: (c.train_time, step),
+                c,
+                mem_now: 0,
+                device: dev,
+                fused_with: Vec::new(),
+                last_ckpt_step: checkpoint.as_ref().map(|c| c.manifest.step),
+                finalized: done,
+            });
+            loaded.push(checkpoint);
+        }
+        let names: Vec<String> = members.iter().map(|m| m.cfg.name.clone()).collect();
+        let mut cohort = Cohort {
+            control: ControlFile::new(run.control_path()),
+            progress: Progress::new(&names, opts.progress),
+            config,
+            run,
+            device,
+            data,
+            members,
+            units: Vec::new(),
+            started: Instant::now(),
+            time_offset,
+            opts,
+            slice_cursor: 0,
+            halted: false,
+        };
+        for m in messages {
+            cohort.progress.message(&m);
+        }
+        cohort.build_units(loaded)?;
+        Ok(cohort)
+    }
+
+    /// Groups members into units (fusing compatible ones) and builds them, from checkpoints where there are some.
+    fn build_units(&mut self, mut loaded: Vec<Option<Checkpoint>>) -> Result<()> {
+        let fusion = self.config.run.fuse && self.config.run.schedule != ScheduleKind::EpochSliced;
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.state == State::Done {
+                continue;
+            }
+            // A checkpointed member fuses only with members at the same point (step, data position, batch, device).
+            let mut key = if fusion && m.cfg.fuse {
+                fusion_key(&m.cfg, &self.data[&m.cfg.data])
+            } else {
+                format!("single:{i}")
+            };
+            if let Some(ck) = &loaded[i] {
+                let mf = &ck.manifest;
+                key.push_str(&format!(
+                    "|{}|{}|{}|{}",
+                    mf.step, mf.data_position, mf.batch, mf.device
+                ));
+            }
+            key.push_str(&format!("|{}", m.device));
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        for (_, g) in groups {
+            let mut states = Vec::new();
+            let mut pos = Position::default();
+            for &i in &g {
+                match loaded[i].take() {
+                    Some(ck) => {
+                        pos = serde_json::from_value(ck.manifest.data_position.clone())
+                            .map_err(|e| Error::json("checkpoint data position", e))?;
+                        states.push(Some(self.state_from_checkpoint(&ck, i)?));
+                    }
+                    None => states.push(None),
+                }
+            }
+            let states = if states.iter().all(Option::is_some) {
+                Some(states.into_iter().flatten().collect())
+            } else {
+                None
+            };
+            let dev = self.members[g[0]].device;
+            let batch = self.members[g[0]].batch;
+            let unit = self.build_unit(g, dev, &pos, batch, states)?;
+            self.units.push(unit);
+        }
+        self.note_fusion();
+        Ok(())
+    }
+
+    fn state_from_checkpoint(&self, ck: &Checkpoint, i: usize) -> Result<MemberState> {
+        let path = self.members[i].ckpt.tensors_path(ck.manifest.step);
+        let mut params = Vec::new();
+        let mut bufs = Vec::new();
+        for (name, t) in &ck.tensors {
+            if let Some(n) = name.strip_prefix("model.") {
+                params.push((n.to_string(), tensor_from(t, &path)?));
+            } else if let Some(n) = name.strip_prefix("optim.") {
+                bufs.push((n.to_string(), tensor_from(t, &path)?));
+            }
+        }
+        let step = ck
+            .manifest
+            .trainer_state
+            .get("optimizer_step")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(ck.manifest.step);
+        Ok((
+            params,
+            OptimizerState {
+                step,
+                tensors: bufs,
+            },
+        ))
+    }
+
+    fn note_fusion(&mut self) {
+        for u in &self.units {
+            let names: Vec<String> = u
+                .members
+                .iter()
+                .map(|&i| self.members[i].cfg.name.clone())
+                .collect();
+            for &i in &u.members {
+                self.members[i].fused_with = names
+                    .iter()
+                    .filter(|n| **n != self.members[i].cfg.name)
+                    .cloned()
+                    .collect();
+            }
+        }
+    }
+
+    /// Builds a unit of `members` on `device`, its feed at `pos`, from saved states when given.
+    fn build_unit(
+        &self,
+        members: Vec<usize>,
+        device: Device,
+        pos: &Position,
+        batch: usize,
+        states: Option<Vec<MemberState>>,
+    ) -> Result<Unit> {
+        let first = &self.members[members[0]].cfg;
+        let data = self.data[&first.data].clone();
+        let spec = model_spec(&first.layers);
+        let input = input_shape(&first.layers, &data.shape);
+        let seeds: Vec<u64> = members.iter().map(|&i| self.members[i].cfg.seed).collect();
+        let m = members.len();
+        let total = device_total_bytes(&device)?;
+        let limits: Vec<Option<u64>> = members
+            .iter()
+            .map(|&i| self.members[i].cfg.memory.limit.map(|l| l.bytes(total)))
+            .collect();
+        let mut limit: Option<u64> = limits.iter().copied().sum();
+        let mut reserve: u64 = members
+            .iter()
+            .map(|&i| {
+                self.members[i]
+                    .cfg
+                    .memory
+                    .reserve
+                    .map_or(0, |r| r.bytes(total))
+            })
+            .sum();
+        // A member that moved to the CPU as a last resort has no budget there.
+        if device == Device::Cpu && self.device.is_cuda() {
+            limit = None;
+            reserve = 0;
+        }
+        let group_name = if m == 1 {
+            first.name.clone()
+        } else {
+            format!(
+                "fused:{}",
+                members
+                    .iter()
+                    .map(|&i| self.members[i].cfg.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+")
+            )
+        };
+        let mut tenant = Tenant::new(&device, &group_name, TenantLimits { limit, reserve })?;
+        let opts = BuildOptions {
+            dtype: DType::F32,
+            device,
+            seeds,
+        };
+        let (model, opt) = tenant.scope(|| -> Result<(Model, Optimizer)> {
+            let model = spec.build(&input, &opts)?;
+            let planned = planned_steps(first, &data);
+            let mut opt = Optimizer::new(optim_config(&first.optimizer), model.params())?
+                .with_schedule(lr_schedule(first, planned));
+            if m > 1 {
+                let lrs: Vec<f64> = members
+                    .iter()
+                    .map(|&i| self.members[i].cfg.optimizer.lr())
+                    .collect();
+                opt.set_member_lrs(&lrs)?;
+            }
+            if let Some(states) = &states {
+                let step = states.first().map_or(0, |s| s.1.step);
+                opt.load_state_dict(&OptimizerState {
+                    step,
+                    tensors: Vec::new(),
+                })?;
+                for (j, (params, ostate)) in states.iter().enumerate() {
+                    model.load_member(j, params)?;
+                    if !ostate.tensors.is_empty() {
+                        opt.load_member_state(j, ostate)?;
+                    }
+                }
+            }
+            Ok((model, opt))
+        })?;
+        let per_member =
+            model.member_param_count() as u64 * 4 * (2 + optimizer_slots(&first.optimizer));
+        tenant.charge_persistent(per_member * m as u64)?;
+        let prefetch = self.config.data[&first.data].prefetch * batch;
+        let feed = Feed::open(data, pos, prefetch)?;
+        Ok(Unit {
+            act_bytes_per_example: activation_bytes(&first.layers, &feed.data().shape) * m as u64,
+            members,
+            model,
+            opt,
+            feed,
+            device,
+            tenant,
+            batch,
+        })
+    }
+
+    /// Member `j` of unit `u`'s parameters and optimizer state.
+    fn member_state(u: &Unit, j: usize) -> Result<MemberState> {
+        let params = u.model.member_state(j)?;
+        let ostate = u.opt.state_dict();
+        let o = if ostate.tensors.is_empty() {
+            OptimizerState {
+                step: ostate.step,
+                tensors: Vec::new(),
+            }
+        } else {
+            ostate.member(j)?
+        };
+        Ok((params, o))
+    }
+
+    /// Splits unit `ui`: the members in `first` go into a new unit, the rest into another; both continue where the
+    /// unit stood (same data position, batch, device, parameters and optimizer state).
+    fn split_unit(&mut self, ui: usize, first: &[usize], device: Device) -> Result<()> {
+        let u = &self.units[ui];
+        let pos = u.feed.position();
+        let batch = u.batch;
+        let mut a = (Vec::new(), Vec::new());
+        let mut b = (Vec::new(), Vec::new());
+        for (j, &i) in u.members.iter().enumerate() {
+            let s = Cohort::member_state(u, j)?;
+            let s = (
+                s.0.into_iter()
+                    .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
+                    .collect::<Result<Vec<_>>>()?,
+                OptimizerState {
+                    step: s.1.step,
+                    tensors: s
+                        .1
+                        .tensors
+                        .into_iter()
+                        .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
+                        .collect::<Result<Vec<_>>>()?,
+                },
+            );
+            if first.contains(&i) {
+                a.0.push(i);
+                a.1.push(s);
+            } else {
+                b.0.push(i);
+                b.1.push(s);
+            }
+        }
+        let old_device = u.device;
+        // Drop the old unit (and its memory) before building the new ones.
+        self.units.remove(ui);
+        let ua = self.build_unit(a.0, device, &pos, batch, Some(a.1))?;
+        self.units.insert(ui, ua);
+        if !b.0.is_empty() {
+            let ub = self.build_unit(b.0, old_device, &pos, batch, Some(b.1))?;
+            self.units.push(ub);
+        }
+        self.note_fusion();
+        Ok(())
+    }
+
+    /// Moves member `i` out of its fused group into a unit of its own; returns its unit's index.
+    fn isolate(&mut self, i: usize) -> Result<Option<usize>> {
+        let Some(ui) = self.units.iter().position(|u| u.members.contains(&i)) else {
+            return Ok(None);
+        };
+        if self.units[ui].members.len() > 1 {
+            let dev = self.units[ui].device;
+            self.split_unit(ui, &[i], dev)?;
+        }
+        Ok(self.units.iter().position(|u| u.members.contains(&i)))
+    }
+
+    /// Runs every unit's warm-up step: a forward and backward pass on a small batch of test examples, gradients
+    /// discarded (the parameters do not change), so kernels are compiled and caches filled before timing starts.
+    fn warm_up(&mut self) {
+        for u in &self.units {
+            let d = u.feed.data();
+            let per: usize = d.shape.iter().product();
+            let n = d.test_y.len().min(8);
+            if n == 0 {
+                continue;
+            }
+            let r = u.tenant.scope(|| -> Result<()> {
+                let x = Tensor::from_slice(&d.test_x[..n * per], &[n, per], &u.device)?;
+                let y = Tensor::from_slice(&d.test_y[..n], &[n], &u.device)?;
+                let tape = Tape::new();
+                let l = loss::cross_entropy(&u.model.forward(&tape, &x)?, &y)?;
+                tape.backward(&l)?;
+                u.model.zero_grad();
+                u.device.synchronize()?;
+                Ok(())
+            });
+            if let Err(e) = r {
+                u.model.zero_grad();
+                let names: Vec<&str> = u
+                    .members
+                    .iter()
+                    .map(|&i| self.members[i].cfg.name.as_str())
+                    .collect();
+                self.progress.message(&format!(
+                    "warning: warm-up of {} failed ({e}); training goes on",
+                    names.join(", ")
+                ));
+            }
+        }
+    }
+
+    /// Test accuracy of every member of unit `u`.
+    fn evaluate(u: &Unit) -> Result<Vec<f64>> {
+        let d = u.feed.data();
+        let per: usize = d.shape.iter().product();
+        let m = u.members.len();
+        let mut correct = vec![0.0; m];
+        let n_total = d.test_y.len();
+        if n_total == 0 {
+            return Ok(vec![0.0; m]);
+        }
+        let chunk = 500;
+        u.tenant.scope(|| -> Result<()> {
+            let mut at = 0;
+            while at < n_total {
+                let n = chunk.min(n_total - at);
+                let x =
+                    Tensor::from_slice(&d.test_x[at * per..(at + n) * per], &[n, per], &u.device)?;
+                let y = Tensor::from_slice(&d.test_y[at..at + n], &[n], &u.device)?;
+                let tape = Tape::new();
+                tape.set_training(false);
+                let logits = tape.no_grad(|| u.model.forward(&tape, &x))?;
+                let acc = loss::accuracy(logits.value(), &y)?;
+                for (c, a) in correct.iter_mut().zip(acc) {
+                    *c += a * n as f64;
+                }
+                at += n;
+            }
+            Ok(())
+        })?;
+        Ok(correct.into_iter().map(|c| c / n_total as f64).collect())
+    }
+
+    /// One optimizer step of every member of unit `ui`; per-member losses.
+    fn unit_step(u: &mut Unit) -> Result<Vec<f32>> {
+        let batch = u.feed.next_batch(u.batch)?;
+        let n = batch.n;
+        let per: usize = u.feed.data().shape.iter().product();
+        let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
+        let (model, opt, device) = (&u.model, &mut u.opt, u.device);
+        u.tenant.scope(|| -> Result<Vec<f32>> {
+            let x = Tensor::from_vec(batch.x, &[n, per], &device)?;
+            let y = Tensor::from_vec(batch.y, &[n], &device)?;
+            let tape = Tape::new();
+            let logits = model.forward(&tape, &x)?;
+            let l = loss::cross_entropy(&logits, &y)?;
+            let result = tape
+                .backward(&l)
+                .map_err(Error::from)
+                .and_then(|_| opt.step().map_err(Error::from));
+            if let Err(e) = result {
+                opt.zero_grad();
+                return Err(e);
+            }
+            opt.zero_grad();
+            Ok(l.value().to_device(&Device::Cpu)?.to_vec::<f32>()?)
+        })
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.time_offset + self.started.elapsed().as_secs_f64()
+    }
+
+    fn status(&self, i: usize) -> MemberStatus {
+        let m = &self.members[i];
+        let d = &self.data[&m.cfg.data];
+        let per_epoch = d.batches_per_epoch(m.batch);
+        let remaining_epochs = u64::from(m.cfg.epochs).saturating_sub(m.epochs_done);
+        let mut total = m.step + remaining_epochs * per_epoch;
+        if let Some(s) = m.cfg.max_steps {
+            total = total.min(s);
+        }
+        let steps = m.step.saturating_sub(m.log_mark.1) as f64;
+        let dt = m.c.train_time - m.log_mark.0;
+        let sps = if dt > 0.0 && steps > 0.0 {
+            steps / dt
+        } else if m.c.train_time > 0.0 {
+            m.c.steps_timed as f64 / m.c.train_time
+        } else {
+            0.0
+        };
+        let mut note = String::new();
+        match m.state {
+            State::Paused => note.push_str("paused"),
+            State::Done => note.push_str(m.c.stopped.as_deref().unwrap_or("done")),
+            State::Running => {}
+        }
+        if !m.fused_with.is_empty() && m.state == State::Running {
+            note.push_str(&format!("fused ×{}", m.fused_with.len() + 1));
+        }
+        if m.device != self.device {
+            note.push_str(&format!(" on {}", m.device));
+        }
+        MemberStatus {
+            name: m.cfg.name.clone(),
+            step: m.step,
+            total_steps: total.max(m.step),
+            epoch: (
+                (m.epochs_done + 1).min(u64::from(m.cfg.epochs)),
+                u64::from(m.cfg.epochs),
+            ),
+            loss: m.c.last_loss,
+            steps_per_s: sps,
+            mem_bytes: m.mem_now,
+            note,
+        }
+    }
+
+    fn event(&mut self, i: usize, text: String) -> Result<()> {
+        let m = &mut self.members[i];
+        let r = MetricRecord {
+            step: m.step,
+            epoch: m.epochs_done,
+            time: self.time_offset + self.started.elapsed().as_secs_f64(),
+            loss: m.c.last_loss,
+            lr: 0.0,
+            batch: m.batch,
+            steps_per_s: 0.0,
+            mem_bytes: m.mem_now,
+            test_accuracy: None,
+            event: Some(text.clone()),
+        };
+        m.metrics.write(&r)?;
+        tracing::info!(member = %m.cfg.name, "{text}");
+        self.progress.message(&format!("{}: {text}", m.cfg.name));
+        Ok(())
+    }
+
+    /// Writes member `i`'s checkpoint from unit `ui` (its slice, `j`).
+    fn checkpoint(&mut self, ui: usize, i: usize) -> Result<()> {
+        let u = &self.units[ui];
+        let j = u.members.iter().position(|&x| x == i).unwrap_or(0);
+        let (params, ostate) = Cohort::member_state(u, j)?;
+        let mut tensors = BTreeMap::new();
+        for (n, t) in &params {
+            tensors.insert(format!("model.{n}"), tensor_data(t)?);
+        }
+        for (n, t) in &ostate.tensors {
+            tensors.insert(format!("optim.{n}"), tensor_data(t)?);
+        }
+        let pos = u.feed.position();
+        let time = self.elapsed();
+        let m = &mut self.members[i];
+        m.c.time = time;
+        let mut trainer_state =
+            serde_json::to_value(&m.c).map_err(|e| Error::json("trainer state", e))?;
+        trainer_state["optimizer_step"] = serde_json::json!(ostate.step);
+        let mut ck = Checkpoint {
+            manifest: Manifest {
+                format: FORMAT,
+                member: m.cfg.name.clone(),
+                step: m.step,
+                epoch: m.epochs_done,
+                batch: m.batch,
+                device: m.device.to_string(),
+                data_position: serde_json::to_value(pos)
+                    .map_err(|e| Error::json("data position", e))?,
+                rng: serde_json::json!({ "seed": m.cfg.seed, "data_epoch": pos.epoch, "data_index": pos.index }),
+                config_hash: m.cfg.config_hash(),
+                config: m.cfg.identity(),
+                trainer_state,
+                tensors_file: String::new(),
+                tensors_bytes: 0,
+                checksum: String::new(),
+                wall_time: crate::tensorboard::now(),
+            },
+            tensors,
+        };
+        m.ckpt.save(&mut ck)?;
+        m.last_ckpt_step = Some(m.step);
+        Ok(())
+    }
+
+    /// Logs member `i` (a metrics record and TensorBoard scalars).
+    fn log(&mut self, i: usize, lr: f64, test_accuracy: Option<f64>) -> Result<()> {
+        let time = self.elapsed();
+        let m = &mut self.members[i];
+        let loss = if m.c.loss_n > 0 {
+            m.c.loss_sum / m.c.loss_n as f64
+        } else {
+            m.c.last_loss
+        };
+        let steps = m.step.saturating_sub(m.log_mark.1);
+        let dt = m.c.train_time - m.log_mark.0;
+        let sps = if dt > 0.0 { steps as f64 / dt } else { 0.0 };
+        if m.c.loss_n > 0 {
+            m.c.last_loss = loss;
+        }
+        let r = MetricRecord {
+            step: m.step,
+            epoch: m.epochs_done,
+            time,
+            loss,
+            lr,
+            batch: m.batch,
+            steps_per_s: sps,
+            mem_bytes: m.mem_now,
+            test_accuracy,
+            event: None,
+        };
+        m.metrics.write(&r)?;
+        let mut scalars = vec![
+            ("train/loss", loss as f32),
+            ("train/lr", lr as f32),
+            ("train/batch", m.batch as f32),
+            ("train/steps_per_s", sps as f32),
+            ("memory/bytes", m.mem_now as f32),
+        ];
+        if let Some(a) = test_accuracy {
+            scalars.push(("test/accuracy", a as f32));
+        }
+        m.events.scalars(m.step, &scalars)?;
+        m.c.loss_sum = 0.0;
+        m.c.loss_n = 0;
+        m.log_mark = (m.c.train_time, m.step);
+        Ok(())
+    }
+
+    /// After a step of unit `ui`: logs, epoch ends (evaluation), checkpoints, completion.
+    fn after_step(&mut self, ui: usize, losses: &[f32], dt: f64) -> Result<()> {
+        let u = &self.units[ui];
+        let d = u.feed.data().clone();
+        let epochs_now = d.epochs_done(&u.feed.position());
+        let lrs = u.opt.current_lrs();
+        let (mem, peak) = u.tenant.usage();
+        let m_count = u.members.len() as u64;
+        let members = u.members.clone();
+        let mut epoch_ended = false;
+        for (j, &i) in members.iter().enumerate() {
+            let m = &mut self.members[i];
+            m.step += 1;
+            m.c.loss_sum += f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
+            m.c.loss_n += 1;
+            m.c.last_loss = f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
+            m.c.train_time += dt;
+            m.c.steps_timed += 1;
+            m.mem_now = mem / m_count;
+            m.c.peak_mem = m.c.peak_mem.max(peak / m_count);
+            if epochs_now > m.epochs_done {
+                m.epochs_done = epochs_now;
+                epoch_ended = true;
+            }
+        }
+        let accs = if epoch_ended {
+            Some(Cohort::evaluate(&self.units[ui])?)
+        } else {
+            None
+        };
+        for (j, &i) in members.iter().enumerate() {
+            let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
+            let acc = accs.as_ref().map(|a| a[j]);
+            if let Some(a) = acc {
+                self.members[i].c.test_accuracy = Some(a);
+            }
+            let m = &self.members[i];
+            let complete = m.epochs_done >= u64::from(m.cfg.epochs)
+                || m.cfg.max_steps.is_some_and(|s| m.step >= s);
+            if m.step % self.config.run.log_every == 0 || acc.is_some() || complete {
+                self.log(i, lr, acc)?;
+            }
+            let m = &self.members[i];
+            let due = match m.cfg.checkpoint.every {
+                CheckpointEvery::Steps(n) => m.step % n == 0,
+                CheckpointEvery::Epochs(k) => epoch_ended && m.epochs_done % u64::from(k) == 0,
+                CheckpointEvery::End | CheckpointEvery::Never => false,
+            };
+            if due && !complete {
+                self.checkpoint(ui, i)?;
+            }
+            if complete {
+                self.members[i].state = State::Done;
+            }
+            let s = self.status(i);
+            self.progress.update(i, s);
+        }
+        if let Some(h) = self.opts.halt_after_steps
+            && members.iter().any(|&i| self.members[i].step >= h)
+        {
+            self.halted = true;
+        }
+        Ok(())
+    }
+
+    /// Final evaluation and checkpoint of the members of unit `ui` that are done; drops the unit when all are.
+    fn finalize_done(&mut self, ui: usize) -> Result<bool> {
+        let u = &self.units[ui];
+        let done: Vec<usize> = u
+            .members
+            .iter()
+            .copied()
+            .filter(|&i| self.members[i].state == State::Done && !self.members[i].finalized)
+            .collect();
+        if done.is_empty() {
+            return Ok(false);
+        }
+        let accs = Cohort::evaluate(u)?;
+        let members = u.members.clone();
+        for (j, &i) in members.iter().enumerate() {
+            if !done.contains(&i) {
+                continue;
+            }
+            self.members[i].c.test_accuracy = Some(accs[j]);
+            let m = &self.members[i];
+            if m.cfg.checkpoint.every != CheckpointEvery::Never && m.last_ckpt_step != Some(m.step)
+            {
+                self.checkpoint(ui, i)?;
+            }
+            let m = &mut self.members[i];
+            m.events.flush()?;
+            m.metrics.flush()?;
+            m.finalized = true;
+            let s = self.status(i);
+            self.progress.update(i, s);
+        }
+        if members
+            .iter()
+            .all(|&i| self.members[i].state == State::Done)
+        {
+            self.units.remove(ui);
+            return Ok(true);
+        }
+        // Some members of a fused group stopped early: the others go on without them.
+        let rest: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|i| !done.contains(i))
+            .collect();
+        let dev = self.units[ui].device;
+        self.split_unit(ui, &rest, dev)?;
+        if let Some(k) = self
+            .units
+            .iter()
+            .position(|u| u.members.iter().all(|i| done.contains(i)))
+        {
+            self.units.remove(k);
+        }
+        Ok(true)
+    }
+
+    /// OOM recovery for unit `ui`.
+    fn recover(&mut self, ui: usize, oom: &cohort_alloc::Error) -> Result<()> {
+        let u = &self.units[ui];
+        let trimmed = u.tenant.trim();
+        let members = u.members.clone();
+        let batch = u.batch;
+        let device = u.device;
+        for &i in &members {
+            self.members[i].c.oom_events += 1;
+        }
+        let first = &self.members[members[0]].cfg;
+        let policy = first.oom;
+        let detail = oom.to_string();
+        let head = format!(
+            "out of memory at step {} with batch {batch} on {device} (cache trimmed: {} released): {}",
+            self.members[members[0]].step,
+            crate::report::bytes(trimmed),
+            detail.lines().next().unwrap_or("")
+        );
+        if members.len() > 1 {
+            let half: Vec<usize> = members[..members.len() / 2].to_vec();
+            for &i in &members {
+                self.event(
+                    i,
+                    format!(
+                        "{head}; the fused group of {} splits in halves",
+                        members.len()
+                    ),
+                )?;
+            }
+            return self.split_unit(ui, &half, device);
+        }
+        let i = members[0];
+        if policy.shrink && batch > policy.min_batch {
+            let new = ((batch as f64 * (1.0 - policy.factor)).floor() as usize)
+                .clamp(policy.min_batch, batch - 1);
+            self.units[ui].batch = new;
+            self.members[i].batch = new;
+            return self.event(i, format!("{head}; batch {batch} -> {new}"));
+        }
+        if policy.cpu_fallback && device.is_cuda() {
+            self.event(
+                i,
+                format!("{head}; batch at its floor {batch}: moving the member to the CPU"),
+            )?;
+            self.members[i].device = Device::Cpu;
+            return self.split_unit(ui, &[i], Device::Cpu);
+        }
+        let why = if policy.shrink {
+            format!("batch at its floor ({batch}) and no CPU fallback left")
+        } else {
+            "oom = \"fail\"".to_string()
+        };
+        self.event(i, format!("{head}; {why}: the member stops"))?;
+        self.members[i].state = State::Done;
+        self.members[i].c.stopped = Some("out of memory".into());
+        Err(Error::OutOfMemory {
+            member: self.members[i].cfg.name.clone(),
+            message: format!("{detail}\n  {why}"),
+        })
+    }
+
+    /// Applies a changed control file.
+    fn poll_control(&mut self) -> Result<()> {
+        let wanted = match self.control.poll() {
+            Ok(Some(w)) => w,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.progress
+                    .message(&format!("warning: control file ignored: {e}"));
+                return Ok(());
+            }
+        };
+        for (name, c) in wanted {
+            let Some(i) = self.members.iter().position(|m| m.cfg.name == name) else {
+                let known: Vec<&str> = self.members.iter().map(|m| m.cfg.name.as_str()).collect();
+                self.progress.message(&format!(
+                    "warning: {}: no member \"{name}\" (members: {})",
+                    self.control.path().display(),
+                    known.join(", ")
+                ));
+                continue;
+            };
+            if self.members[i].state == State::Done {
+                continue;
+            }
+            if c.stop {
+                self.isolate(i)?;
+                self.members[i].state = State::Done;
+                self.members[i].c.stopped = Some("stopped".into());
+                self.event(i, "stopped through the control file".into())?;
+                continue;
+            }
+            if let Some(b) = c.batch
+                && b != self.members[i].batch
+            {
+                if let Some(ui) = self.isolate(i)? {
+                    let old = self.units[ui].batch;
+                    self.units[ui].batch = b;
+                    self.members[i].batch = b;
+                    self.event(i, format!("batch {old} -> {b} through the control file"))?;
+                }
+            }
+            match (c.paused, &self.members[i].state) {
+                (Some(true), State::Running) => {
+                    self.isolate(i)?;
+                    self.members[i].state = State::Paused;
+                    self.event(i, "paused through the control file".into())?;
+                }
+                (Some(false), State::Paused) => {
+                    self.members[i].state = State::Running;
+                    self.event(i, "resumed through the control file".into())?;
+                }
+                _ => {}
+            }
+            let s = self.status(i);
+            self.progress.update(i, s);
+        }
+        Ok(())
+    }
+
+    fn runnable(&self, ui: usize) -> bool {
+        self.units[ui]
+            .members
+            .iter()
+            .all(|&i| self.members[i].state == State::Running)
+    }
+
+    /// Up to `k` steps of unit `ui`; stops early at an epoch end when `until_epoch_end`. Returns whether the unit
+    /// still exists at `ui` afterwards (it may be replaced by a split).
+    fn step_unit(&mut self, ui: usize, k: u32, until_epoch_end: bool) -> Result<()> {
+        for _ in 0..k {
+            if ui >= self.units.len() || !self.runnable(ui) || self.halted {
+                return Ok(());
+            }
+            let epochs_before = self.members[self.units[ui].members[0]].epochs_done;
+            let pos = self.units[ui].feed.position();
+            let t0 = Instant::now();
+            let r = Cohort::unit_step(&mut self.units[ui]);
+            let dt = t0.elapsed().as_secs_f64();
+            match r {
+                Ok(losses) => self.after_step(ui, &losses, dt)?,
+                Err(e) => {
+                    let Some(oom) = oom_of(&e) else {
+                        return Err(e);
+                    };
+                    self.units[ui].feed.seek(&pos)?;
+                    match self.recover(ui, oom) {
+                        Ok(()) => {}
+                        Err(Error::OutOfMemory { member, message }) => {
+                            // The member is lost; the others go on.
+                            self.progress.message(&format!(
+                                "error: member \"{member}\" ran out of memory: {message}"
+                            ));
+                            self.finalize_done(ui)?;
+                            return Ok(());
+                        }
+                        Err(other) => return Err(other),
+                    }
+                    return Ok(());
+                }
+            }
+            if self.finalize_done(ui)? {
+                return Ok(());
+            }
+            if until_epoch_end
+                && self.members[self.units[ui].members[0]].epochs_done > epochs_before
+            {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Trains until every member is done (or the run is halted); returns the summary (`None` when halted).
+    ///
+    /// # Errors
+    /// Any error other than a member's unrecoverable OOM (which stops that member only).
+    pub fn run(mut self) -> Result<RunOutcome> {
+        if self.config.run.warmup {
+            self.warm_up();
+        }
+        for i in 0..self.members.len() {
+            let s = self.status(i);
+            self.progress.update(i, s);
+        }
+        self.started = Instant::now();
+        while !self.halted && self.members.iter().any(|m| m.state != State::Done) {
+            self.poll_control()?;
+            // Members stopped through the control file get their final evaluation and checkpoint.
+            let mut ui = 0;
+            while ui < self.units.len() {
+                if !self.finalize_done(ui)? {
+                    ui += 1;
+                }
+            }
+            if self
+                .units
+                .iter()
+                .enumerate()
+                .all(|(ui, _)| !self.runnable(ui))
+            {
+                if self.members.iter().all(|m| m.state == State::Done) {
+                    break;
+                }
+                // Everyone left is paused: wait for the control file.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            match self.config.run.schedule {
+                ScheduleKind::Lockstep => {
+                    let n = self.units.len();
+                    for ui in (0..n).rev() {
+                        self.step_unit(ui, 1, false)?;
+                    }
+                }
+                ScheduleKind::Weighted => {
+                    let n = self.units.len();
+                    for ui in (0..n).rev() {
+                        if ui < self.units.len() {
+                            let w = self.members[self.units[ui].members[0]].cfg.weight;
+                            self.step_unit(ui, w, false)?;
+                        }
+                    }
+                }
+                ScheduleKind::EpochSliced => {
+                    let n = self.units.len();
+                    let start = self.slice_cursor % n.max(1);
+                    let pick = (0..n)
+                        .map(|k| (start + k) % n)
+                        .find(|&ui| self.runnable(ui));
+                    if let Some(ui) = pick {
+                        let id = self.units[ui].members[0];
+                        self.step_unit(ui, u32::MAX, true)?;
+                        // Next slice: the unit after this one (found by member, the list may have changed).
+                        let now = self
+                            .units
+                            .iter()
+                            .position(|u| u.members.contains(&id))
+                            .unwrap_or(ui);
+                        self.slice_cursor = now + 1;
+                    }
+                }
+            }
+        }
+        if self.halted {
+            return Ok(RunOutcome {
+                run_dir: self.run.root().to_path_buf(),
+                summary: None,
+            });
+        }
+        self.progress.finish();
+        let summary = self.summary();
+        summary.write(&self.run.root().join(crate::run_dir::SUMMARY_FILE))?;
+        crate::plot::write_run_plots(
+            self.run.root(),
+            &self
+                .members
+                .iter()
+                .map(|m| m.cfg.name.clone())
+                .collect::<Vec<_>>(),
+        )?;
+        Ok(RunOutcome {
+            run_dir: self.run.root().to_path_buf(),
+            summary: Some(summary),
+        })
+    }
+
+    fn summary(&self) -> Summary {
+        Summary {
+            run_dir: self.run.root().display().to_string(),
+            device: self.device.to_string(),
+            schedule: self.config.run.schedule.to_string(),
+            wall_seconds: self.started.elapsed().as_secs_f64(),
+            members: self
+                .members
+                .iter()
+                .map(|m| MemberSummary {
+                    name: m.cfg.name.clone(),
+                    steps: m.step,
+                    epochs: m.epochs_done,
+                    final_loss: m.c.last_loss,
+                    test_accuracy: m.c.test_accuracy,
+                    peak_memory_bytes: m.c.peak_mem,
+                    model_steps_per_s: if m.c.train_time > 0.0 {
+                        m.c.steps_timed as f64 / m.c.train_time
+                    } else {
+                        0.0
+                    },
+                    oom_events: m.c.oom_events,
+                    batch: m.batch,
+                    device: m.device.to_string(),
+                    fused_with: m.fused_with.clone(),
+                    stopped: m.c.stopped.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Passes `[memory]` to the GPU allocator through its environment variables, unless the user set them.
+fn apply_memory_env(config: &Config) {
+    let mut vars: Vec<(&str, String)> =
+        vec![("COHORT_MEMORY_GROWTH", config.memory.growth.to_string())];
+    if let Some(l) = config.memory.limit {
+        vars.push((
+            "COHORT_MEMORY_LIMIT",
+            match l {
+                crate::config::MemAmount::Bytes(b) => b.to_string(),
+                crate::config::MemAmount::Fraction(f) => format!("{}%", f * 100.0),
+            },
+        ));
+    }
+    for (k, v) in vars {
+        if std::env::var_os(k).is_none() {
+            // SAFETY: called before the trainer starts any thread of its own (data pipelines open later); the
+            // allocator reads these variables when the device is first used, which happens after this.
+            unsafe { std::env::set_var(k, v) };
+        }
+    }
+}
+
+/// Starts a new run of `config` and trains it to the end.
+///
+/// # Errors
+/// As [`Cohort::new`] and [`Cohort::run`].
+pub fn train(config: Config, opts: RunOptions) -> Result<RunOutcome> {
+    Cohort::new(config, opts)?.run()
+}
+
+/// Resumes the run in `dir` and trains it to the end.
+///
+/// # Errors
+/// As [`Cohort::resume`] and [`Cohort::run`].
+pub fn resume(dir: &Path, opts: RunOptions) -> Result<RunOutcome> {
+    Cohort::resume(dir, opts)?.run()
+}

@@ -1,0 +1,397 @@
+//! The cohort end to end on small synthetic data, on the CPU: schedules, grid members, OOM recovery with a tiny
+//! tenant limit, exact resume, fusion equivalence, the control file, member locks and incompatible resumes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use cohort_trainer::Error;
+use cohort_trainer::checkpoint::CheckpointDir;
+use cohort_trainer::cohort::{Cohort, RunOptions, resume, train};
+use cohort_trainer::config::Config;
+use cohort_trainer::metrics::{self, MetricRecord};
+use cohort_trainer::report::Summary;
+
+const DATA: &str = r#"
+[data.blobs]
+source = { synthetic = { train = 512, test = 128, classes = 4, shape = [16] } }
+shuffle = 512
+prefetch = 2
+seed = 3
+"#;
+
+fn config(dir: &Path, name: &str, run: &str, members: &str) -> Config {
+    let text = format!(
+        "[run]\nname = \"{name}\"\ndir = \"{}\"\ndevice = \"cpu\"\nwarmup = false\n{run}\n{DATA}\n{members}",
+        dir.display()
+    );
+    Config::parse(&text, &format!("{name}.toml")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn quiet() -> RunOptions {
+    RunOptions::default()
+}
+
+fn mlp(name: &str, extra: &str) -> String {
+    format!(
+        "[[member]]\nname = \"{name}\"\nmodel = {{ layers = [{{ linear = 32, act = \"relu\" }}, {{ linear = 4 }}] }}\n\
+         data = \"blobs\"\n{extra}\n"
+    )
+}
+
+fn records(run: &Path, member: &str) -> Vec<MetricRecord> {
+    metrics::read(&run.join(member).join("metrics.jsonl")).unwrap()
+}
+
+fn final_tensors(run: &Path, member: &str) -> BTreeMap<String, Vec<u8>> {
+    let ck = CheckpointDir::new(run.join(member).join("checkpoints"), 100).unwrap();
+    let latest = ck.load_latest().unwrap().expect("a checkpoint");
+    latest
+        .checkpoint
+        .tensors
+        .into_iter()
+        .map(|(k, v)| (k, v.data))
+        .collect()
+}
+
+#[test]
+fn lockstep_members_each_take_their_steps_and_learn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "lockstep",
+        "schedule = \"lockstep\"\nepochs = 2\nfuse = false",
+        &(mlp(
+            "a",
+            "batch = 32\noptimizer = { adam = { lr = [1e-2, 3e-3] } }",
+        ) + &mlp("b", "batch = 64\noptimizer = { adam = { lr = 1e-2 } }")),
+    );
+    let out = train(c, quiet()).unwrap();
+    let s = out.summary.unwrap();
+    assert_eq!(Summary::read(&out.run_dir.join("summary.json")).unwrap(), s);
+    let steps: BTreeMap<&str, u64> = s
+        .members
+        .iter()
+        .map(|m| (m.name.as_str(), m.steps))
+        .collect();
+    assert_eq!(steps["a-lr0.01"], 32); // 2 epochs of 512 / 32
+    assert_eq!(steps["a-lr3e-3"], 32);
+    assert_eq!(steps["b"], 16);
+    for m in &s.members {
+        assert!(
+            m.test_accuracy.unwrap() > 0.7,
+            "{} learned: {:?}",
+            m.name,
+            m.test_accuracy
+        );
+        assert!(m.peak_memory_bytes > 0, "{} has a peak", m.name);
+        assert!(m.final_loss.is_finite());
+    }
+    for f in ["summary.json", "loss.png", "memory.png", "config.toml"] {
+        assert!(out.run_dir.join(f).is_file(), "{f}");
+    }
+    let tb = std::fs::read_dir(out.run_dir.join("b")).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("events.out.tfevents.")
+    });
+    assert!(tb, "a TensorBoard event file per member");
+    assert!(
+        records(&out.run_dir, "b")
+            .iter()
+            .any(|r| r.test_accuracy.is_some())
+    );
+}
+
+#[test]
+fn epoch_sliced_trains_one_member_an_epoch_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "sliced",
+        "schedule = \"epoch-sliced\"\nepochs = 2\nlog_every = 1",
+        &(mlp("a", "batch = 64") + &mlp("b", "batch = 64")),
+    );
+    let out = train(c, quiet()).unwrap();
+    let a: Vec<MetricRecord> = records(&out.run_dir, "a")
+        .into_iter()
+        .filter(|r| r.event.is_none())
+        .collect();
+    let b: Vec<MetricRecord> = records(&out.run_dir, "b")
+        .into_iter()
+        .filter(|r| r.event.is_none())
+        .collect();
+    assert_eq!(a.last().unwrap().step, 16);
+    assert_eq!(b.last().unwrap().step, 16);
+    // a's first epoch (steps 1..=8) ends before b starts; b's first epoch ends before a's second starts.
+    let t = |rs: &[MetricRecord], step: u64| rs.iter().find(|r| r.step == step).unwrap().time;
+    assert!(t(&a, 8) <= t(&b, 1), "a epoch 1 before b epoch 1");
+    assert!(t(&b, 8) <= t(&a, 9), "b epoch 1 before a epoch 2");
+    assert!(t(&a, 16) <= t(&b, 9), "a epoch 2 before b epoch 2");
+}
+
+#[test]
+fn weighted_gives_the_main_model_its_share_of_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "weighted",
+        "schedule = \"weighted\"\nepochs = 3\nlog_every = 1\nfuse = false",
+        &(mlp("main", "batch = 32\nweight = 3") + &mlp("side", "batch = 32\nweight = 1")),
+    );
+    let out = train(c, quiet()).unwrap();
+    let main: Vec<MetricRecord> = records(&out.run_dir, "main")
+        .into_iter()
+        .filter(|r| r.event.is_none())
+        .collect();
+    let side: Vec<MetricRecord> = records(&out.run_dir, "side")
+        .into_iter()
+        .filter(|r| r.event.is_none())
+        .collect();
+    assert_eq!(main.last().unwrap().step, 48);
+    assert_eq!(side.last().unwrap().step, 48);
+    // When the main model finished its 48 steps, the side model had taken about a third of that.
+    let done = main.last().unwrap().time;
+    let side_then = side
+        .iter()
+        .filter(|r| r.time <= done)
+        .map(|r| r.step)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        (14..=18).contains(&side_then),
+        "side at step {side_then} when main finished"
+    );
+}
+
+#[test]
+fn oom_shrinks_the_batch_of_its_member_and_leaves_the_neighbour_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hog = "[[member]]\nname = \"hog\"\nmodel = { layers = [{ linear = 256, act = \"relu\" }, { linear = 4 }] }\n\
+               data = \"blobs\"\nbatch = 64\nmemory = { limit = \"256KiB\" }\noom = { shrink = 0.15, min_batch = 8 }\n";
+    let neighbour = mlp("neighbour", "batch = 32\nseed = 7");
+    let c = config(
+        tmp.path(),
+        "oom",
+        "epochs = 2",
+        &format!("{hog}\n{neighbour}"),
+    );
+    let out = train(c, quiet()).unwrap();
+    let s = out.summary.unwrap();
+    let hog_s = s.members.iter().find(|m| m.name == "hog").unwrap();
+    let nb = s.members.iter().find(|m| m.name == "neighbour").unwrap();
+    assert!(hog_s.oom_events >= 1, "hog hit its limit");
+    assert!(
+        hog_s.batch < 64 && hog_s.batch >= 8,
+        "hog's batch shrank to {}",
+        hog_s.batch
+    );
+    assert!(
+        hog_s.peak_memory_bytes <= 256 * 1024,
+        "hog stayed within its limit: {}",
+        hog_s.peak_memory_bytes
+    );
+    assert_eq!(hog_s.epochs, 2, "hog still trained its epochs");
+    let events: Vec<String> = records(&out.run_dir, "hog")
+        .into_iter()
+        .filter_map(|r| r.event)
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("out of memory") && e.contains("batch 64 ->")),
+        "{events:?}"
+    );
+    assert_eq!(nb.oom_events, 0);
+    assert_eq!(nb.steps, 32, "the neighbour reached its step count");
+
+    // The neighbour's parameters are exactly those of the neighbour trained alone.
+    let alone = config(tmp.path(), "alone", "epochs = 2", &neighbour);
+    let out2 = train(alone, quiet()).unwrap();
+    assert_eq!(
+        final_tensors(&out.run_dir, "neighbour"),
+        final_tensors(&out2.run_dir, "neighbour")
+    );
+}
+
+#[test]
+fn a_member_that_cannot_fit_stops_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hog = "[[member]]\nname = \"hog\"\nmodel = { layers = [{ linear = 256, act = \"relu\" }, { linear = 4 }] }\n\
+               data = \"blobs\"\nbatch = 64\nmemory = { limit = \"100KiB\" }\noom = { shrink = 0.5, min_batch = 16 }\n";
+    let c = config(
+        tmp.path(),
+        "nofit",
+        "epochs = 1",
+        &format!("{hog}\n{}", mlp("ok", "batch = 64")),
+    );
+    let s = train(c, quiet()).unwrap().summary.unwrap();
+    let hog_s = s.members.iter().find(|m| m.name == "hog").unwrap();
+    assert_eq!(hog_s.stopped.as_deref(), Some("out of memory"));
+    assert_eq!(hog_s.batch, 16);
+    let ok = s.members.iter().find(|m| m.name == "ok").unwrap();
+    assert_eq!(ok.steps, 8);
+}
+
+fn resume_config(dir: &Path, name: &str) -> Config {
+    config(
+        dir,
+        name,
+        "epochs = 2",
+        &(mlp(
+            "g",
+            "batch = 32\noptimizer = { adam = { lr = [1e-2, 3e-3] } }\ncheckpoint = { every = 10, keep = 2 }",
+        ) + &mlp(
+            "s",
+            "batch = 64\noptimizer = { sgd = { lr = 0.1, momentum = 0.9 } }\ncheckpoint = { every = 5 }",
+        )),
+    )
+}
+
+#[test]
+fn an_interrupted_and_resumed_run_ends_bit_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = train(resume_config(tmp.path(), "full"), quiet()).unwrap();
+    let halted = train(
+        resume_config(tmp.path(), "halted"),
+        RunOptions {
+            halt_after_steps: Some(25),
+            ..quiet()
+        },
+    )
+    .unwrap();
+    assert!(halted.summary.is_none());
+    assert!(!halted.run_dir.join("summary.json").exists());
+    let resumed = resume(&halted.run_dir, quiet()).unwrap();
+    let s = resumed.summary.unwrap();
+    for m in ["g-lr0.01", "g-lr3e-3", "s"] {
+        let a = final_tensors(&full.run_dir, m);
+        let b = final_tensors(&resumed.run_dir, m);
+        assert!(!a.is_empty());
+        assert_eq!(
+            a, b,
+            "member {m}: parameters and optimizer state bit-identical"
+        );
+    }
+    let steps: BTreeMap<&str, u64> = s
+        .members
+        .iter()
+        .map(|m| (m.name.as_str(), m.steps))
+        .collect();
+    assert_eq!(steps["g-lr0.01"], 32);
+    assert_eq!(steps["s"], 16);
+    // The metrics of the resumed run hold each step once.
+    let recs: Vec<u64> = records(&resumed.run_dir, "s")
+        .iter()
+        .filter(|r| r.event.is_none())
+        .map(|r| r.step)
+        .collect();
+    let mut dedup = recs.clone();
+    dedup.dedup();
+    assert_eq!(recs, dedup);
+}
+
+#[test]
+fn fused_members_match_separate_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members = mlp(
+        "m",
+        "batch = 32\noptimizer = { adam = { lr = [1e-2, 3e-3, 1e-3] } }\nseed = 11",
+    );
+    let fused = train(
+        config(tmp.path(), "fused", "epochs = 1\nfuse = true", &members),
+        quiet(),
+    )
+    .unwrap();
+    let single = train(
+        config(tmp.path(), "single", "epochs = 1\nfuse = false", &members),
+        quiet(),
+    )
+    .unwrap();
+    let s = fused.summary.unwrap();
+    assert!(
+        s.members.iter().all(|m| m.fused_with.len() == 2),
+        "three members in one group"
+    );
+    // fp32 tolerance: the fused batched matmul sums in another order than the separate one.
+    for m in ["m-lr0.01", "m-lr3e-3", "m-lr1e-3"] {
+        let a = final_tensors(&fused.run_dir, m);
+        let b = final_tensors(&single.run_dir, m);
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (k, va) in &a {
+            let fa: &[f32] = bytemuck::cast_slice(va);
+            let fb: &[f32] = bytemuck::cast_slice(&b[k]);
+            let worst = fa
+                .iter()
+                .zip(fb)
+                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
+        }
+    }
+}
+
+#[test]
+fn the_control_file_changes_a_batch_and_stops_a_member() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "control",
+        "epochs = 2\nfuse = false",
+        &(mlp("a", "batch = 64") + &mlp("b", "batch = 64")),
+    );
+    let cohort = Cohort::new(c, quiet()).unwrap();
+    let run = cohort.run_dir().to_path_buf();
+    std::fs::write(
+        run.join("control.toml"),
+        "[a]\nbatch = 128\n\n[b]\nstop = true\n",
+    )
+    .unwrap();
+    let s = cohort.run().unwrap().summary.unwrap();
+    let a = s.members.iter().find(|m| m.name == "a").unwrap();
+    let b = s.members.iter().find(|m| m.name == "b").unwrap();
+    assert_eq!(a.batch, 128);
+    assert_eq!(a.steps, 8, "2 epochs of 512 at batch 128");
+    assert_eq!(b.stopped.as_deref(), Some("stopped"));
+    assert!(b.steps < 16);
+    assert!(
+        b.test_accuracy.is_some(),
+        "a stopped member is still evaluated"
+    );
+}
+
+#[test]
+fn a_second_run_on_a_live_member_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "locked", "epochs = 1", &mlp("a", "batch = 64"));
+    let first = Cohort::new(c.clone(), quiet()).unwrap();
+    let err = Cohort::resume(first.run_dir(), quiet()).unwrap_err();
+    assert!(matches!(err, Error::DirectoryLocked { .. }), "{err}");
+    assert!(err.to_string().contains("never share a directory"), "{err}");
+}
+
+#[test]
+fn resuming_with_a_changed_config_says_what_differs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "changed",
+        "epochs = 1",
+        &mlp("a", "batch = 64\noptimizer = { adam = { lr = 1e-3 } }"),
+    );
+    let out = train(c, quiet()).unwrap();
+    let path: PathBuf = out.run_dir.join("config.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("lr = 1e-3", "lr = 5e-3")
+        .replace("batch = 64", "batch = 32");
+    std::fs::write(&path, text).unwrap();
+    let err = Cohort::resume(&out.run_dir, quiet())
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("cannot resume member \"a\""), "{err}");
+    assert!(
+        err.contains("optimizer:") && err.contains("batch: 64 in the checkpoint, 32 now"),
+        "{err}"
+    );
+}
