@@ -295,6 +295,13 @@ impl Tensor {
             on_true.broadcast_to(&s)?,
             on_false.broadcast_to(&s)?,
         );
+        // Distinct storages only: a second read lock on one storage could deadlock behind a writer.
+        let t = if t.same_storage(&m) { t.copy()? } else { t };
+        let f = if f.same_storage(&m) || f.same_storage(&t) {
+            f.copy()?
+        } else {
+            f
+        };
         let (mg, tg, fg) = (m.read(), t.read(), f.read());
         let out = match (&*mg, &*tg, &*fg) {
             (Storage::Cpu(m), Storage::Cpu(t), Storage::Cpu(f)) => {
@@ -556,6 +563,17 @@ impl Tensor {
             }
         }
         let out = vec![p.batch, p.c_out, p.out_h(), p.out_w()];
+        // Distinct storages only: a second read lock on one storage could deadlock behind a writer.
+        let weight = &if weight.same_storage(self) {
+            weight.copy()?
+        } else {
+            weight.clone()
+        };
+        let bias = match bias {
+            Some(b) if b.same_storage(self) || b.same_storage(weight) => Some(b.copy()?),
+            other => other.cloned(),
+        };
+        let bias = bias.as_ref();
         let (xg, wg) = (self.read(), weight.read());
         let bg = bias.map(Tensor::read);
         let s = match (&*xg, &*wg, bg.as_deref()) {
