@@ -452,6 +452,19 @@ impl Gpu {
         self.check_flag()
     }
 
+    /// Waits for the compute stream and reports an index error a kernel flagged: callers that
+    /// must fail at the op itself (as the CPU does) call this right after an index kernel.
+    ///
+    /// # Errors
+    /// A kernel failed, or an index kernel met an out-of-range index.
+    pub fn check_index_errors(&self) -> Result<()> {
+        self.bind()?;
+        self.compute
+            .synchronize()
+            .map_err(|e| cuda_err("synchronizing the compute stream", e))?;
+        self.check_flag()
+    }
+
     fn check_flag(&self) -> Result<()> {
         let mut words = [0i32; 4];
         // SAFETY: the flag buffer holds 4 words; the compute stream is idle (caller synchronized).

@@ -2,6 +2,9 @@
 //! kernels. Each function mirrors the CPU one of the same name; all of them enqueue on the
 //! device's compute stream and return without waiting (reading back with [`to_host`] waits).
 //!
+//! Index ops (index_select, index_add, gather_last, scatter_add_last, one_hot, max_pool2d_backward)
+//! wait for their kernel so that an out-of-range index fails the op itself, as on the CPU.
+//!
 //! Storage is a block of the device's caching allocator, charged to the thread's current tenant
 //! and given back when the storage drops. The allocator may hand that block to the next op at
 //! once: every op runs on the one compute stream, so the next op's kernels start only after the
@@ -197,6 +200,13 @@ fn indices(op: &'static str, idx: &CudaStorage) -> Result<()> {
             hint: " (indices must be i32)",
         })
     }
+}
+
+/// Index kernels skip an out-of-range index and flag it on the device; waiting for the flag here
+/// makes the op fail itself, with the index and the size, as on the CPU (one stream
+/// synchronisation per index op; a later, unrelated read-back never inherits the error).
+fn checked(gpu: &Gpu) -> Result<()> {
+    Ok(gpu.check_index_errors()?)
 }
 
 /// Number of CUDA devices the driver reports; 0 without a driver (never panics).
@@ -714,8 +724,7 @@ pub fn max_pool2d(s: &CudaStorage, p: &PoolParams) -> Result<(CudaStorage, CudaS
 /// See [`crate::cpu::max_pool2d_backward`].
 ///
 /// # Errors
-/// Not f32, indices not i32, out of memory, or a launch failure (bad indices are reported by the
-/// next synchronisation or read-back).
+/// Not f32, indices not i32, an index outside its plane, out of memory, or a launch failure.
 pub fn max_pool2d_backward(
     grad_out: &CudaStorage,
     indices: &CudaStorage,
@@ -739,14 +748,14 @@ pub fn max_pool2d_backward(
             out.device_ptr(),
         )?
     };
+    checked(&grad_out.gpu)?;
     Ok(out)
 }
 
 /// See [`crate::cpu::index_select`].
 ///
 /// # Errors
-/// Indices not i32, f64, out of memory, or a launch failure (bad indices are reported by the next
-/// synchronisation or read-back).
+/// Indices not i32, f64, an index outside `0..dim`, out of memory, or a launch failure.
 pub fn index_select(
     src: &CudaStorage,
     idx: &CudaStorage,
@@ -772,6 +781,7 @@ pub fn index_select(
             out.device_ptr(),
         )?
     };
+    checked(&src.gpu)?;
     Ok(out)
 }
 
@@ -808,6 +818,7 @@ pub fn index_add(
             src.device_ptr(),
         )?
     };
+    checked(&dst.gpu)?;
     Ok(())
 }
 
@@ -832,6 +843,7 @@ pub fn gather_last(src: &CudaStorage, idx: &CudaStorage, cols: usize) -> Result<
             out.device_ptr(),
         )?
     };
+    checked(&src.gpu)?;
     Ok(out)
 }
 
@@ -862,6 +874,7 @@ pub fn scatter_add_last(
             src.device_ptr(),
         )?
     };
+    checked(&dst.gpu)?;
     Ok(())
 }
 
@@ -887,6 +900,7 @@ pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<Cud
             out.device_ptr(),
         )?
     };
+    checked(&labels.gpu)?;
     Ok(out)
 }
 
