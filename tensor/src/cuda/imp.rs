@@ -1026,6 +1026,54 @@ pub fn adam_step_many(
     Ok(())
 }
 
+/// One SGD step over many parameters at once: one kernel launch per 24 parameters (per-parameter
+/// learning rates in each entry's `lrs`; `h.lrs` is ignored). Each entry is (param, grad,
+/// momentum buffer, lrs); the buffer is required when `h.momentum != 0`.
+///
+/// # Errors
+/// As [`sgd_step`], for any entry; nothing is updated then.
+#[allow(clippy::type_complexity)]
+pub fn sgd_step_many(
+    params: &mut [(
+        &mut CudaStorage,
+        &CudaStorage,
+        Option<&mut CudaStorage>,
+        &[f64],
+    )],
+    h: &SgdParams<'_>,
+) -> Result<()> {
+    let Some(first) = params.first() else {
+        return Ok(());
+    };
+    let gpu = first.0.gpu.clone();
+    let ordinal = first.0.ordinal;
+    let mut bufs = Vec::with_capacity(params.len());
+    for (p, g, b, lrs) in params.iter() {
+        let b = b.as_deref();
+        let mut others = vec![*g];
+        others.extend(b);
+        optim_check("sgd_step", p, &others)?;
+        if p.ordinal != ordinal {
+            return Err(Error::DeviceMismatch {
+                op: "sgd_step",
+                lhs: Device::Cuda(ordinal),
+                rhs: Device::Cuda(p.ordinal),
+            });
+        }
+        bufs.push(optim_cuda::ParamBuffers {
+            param: p.device_ptr(),
+            grad: g.device_ptr(),
+            state1: b.map_or(0, CudaStorage::device_ptr),
+            state2: 0,
+            len: p.len,
+            lrs,
+        });
+    }
+    // SAFETY: every buffer was checked to hold len f32 on this device.
+    unsafe { optim_cuda::sgd_step(&gpu, &bufs, h)? };
+    Ok(())
+}
+
 /// The device's caching allocator, with `trim` made safe for queued work: returning regions to the
 /// driver waits for the device first, since a freed block may still be read by a queued kernel.
 struct GpuAllocator {
