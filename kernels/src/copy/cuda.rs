@@ -130,7 +130,7 @@ pub unsafe fn broadcast(
 /// Both buffers hold `batch * rows * cols` elements of `elem_bytes` bytes.
 ///
 /// # Errors
-/// An unsupported width, a batch beyond 65 535, or a launch failure.
+/// An unsupported width, or a launch failure.
 pub unsafe fn transpose(
     gpu: &Gpu,
     elem_bytes: usize,
@@ -144,10 +144,20 @@ pub unsafe fn transpose(
         return Ok(());
     }
     let name = width_name("transpose", elem_bytes)?;
-    if batch > 65_535 {
-        return Err(Error::Cuda(format!(
-            "transpose: a batch of {batch} exceeds the grid limit of 65535; reshape first"
-        )));
+    if batch > 65_535 || rows.div_ceil(32) > 65_535 {
+        // Beyond the tiled kernel's grid: the same permutation as a strided copy.
+        // SAFETY: forwarded; the strides address exactly the two buffers.
+        return unsafe {
+            strided_copy(
+                gpu,
+                elem_bytes,
+                &[batch, cols, rows],
+                src,
+                &[rows * cols, 1, cols],
+                dst,
+                &[rows * cols, rows, 1],
+            )
+        };
     }
     let cfg = Launch {
         grid: (

@@ -514,7 +514,12 @@ impl Gpu {
         let mut guard = lock(&self.scratch);
         let big_enough = guard.as_ref().is_some_and(|b| b.bytes >= bytes);
         if !big_enough {
-            // Work still queued may read the old area: cuMemFree (in Drop) waits for it.
+            // Work still queued may read the old area: let it finish before the area is freed.
+            if guard.is_some() {
+                self.compute
+                    .synchronize()
+                    .map_err(|e| cuda_err("synchronizing before growing the scratch area", e))?;
+            }
             guard.take();
             *guard = Some(self.alloc(bytes.next_power_of_two().max(1 << 16))?);
         }
