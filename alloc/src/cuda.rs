@@ -385,6 +385,10 @@ mod imp {
             moved_from: &[u64],
         ) -> std::result::Result<(), SourceError> {
             bind(&self.segments.ctx, &self.segments.name)?;
+            // Pages moved here were freed in stream order: queued kernels may still read them.
+            if !moved_from.is_empty() {
+                self.sync()?;
+            }
             let prop = self.prop();
             for i in 0..pages {
                 let target = va + i * self.page;
