@@ -968,9 +968,20 @@ impl Cohort {
     fn status(&self, i: usize) -> MemberStatus {
         let m = &self.members[i];
         let d = &self.data[&m.cfg.data];
-        let per_epoch = d.batches_per_epoch(m.batch);
-        let remaining_epochs = u64::from(m.cfg.epochs).saturating_sub(m.epochs_done);
-        let mut total = m.step + remaining_epochs * per_epoch;
+        // Steps left: the rest of this epoch and the epochs after it, at the member's current batch size.
+        let consumed = self.units.iter().find(|u| u.members.contains(&i)).map_or(
+            m.epochs_done * d.train_len,
+            |u| {
+                let p = u.feed.position();
+                p.epoch * d.train_len + p.index
+            },
+        );
+        let left = (u64::from(m.cfg.epochs) * d.train_len).saturating_sub(consumed);
+        let mut total = if m.state == State::Done {
+            m.step
+        } else {
+            m.step + left.div_ceil(m.batch.max(1) as u64)
+        };
         if let Some(s) = m.cfg.max_steps {
             total = total.min(s);
         }

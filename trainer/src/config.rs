@@ -604,6 +604,51 @@ impl Config {
         })
     }
 
+    /// This config with `[run].KEY = value` set (a command-line override), as text and parsed again, so that the
+    /// run directory's `config.toml` says what actually ran. Overriding `epochs` also drops members' own `epochs`.
+    ///
+    /// # Errors
+    /// When the new value is not valid for the key.
+    pub fn with_run_override(&self, key: &str, value: Value) -> CResult<Config> {
+        let mut root: Table = self.text.parse::<Table>().map_err(|e| ConfigError {
+            file: self.file.clone(),
+            section: String::new(),
+            key: String::new(),
+            message: format!("not valid TOML: {}", e.to_string().trim()),
+        })?;
+        let run = root
+            .entry("run")
+            .or_insert_with(|| Value::Table(Table::new()));
+        if let Value::Table(t) = run {
+            t.insert(key.to_string(), value.clone());
+        }
+        if key == "epochs"
+            && let Some(Value::Array(members)) = root.get_mut("member")
+        {
+            for m in members {
+                if let Value::Table(t) = m {
+                    t.remove("epochs");
+                }
+            }
+        }
+        let body = toml::to_string(&root).map_err(|e| ConfigError {
+            file: self.file.clone(),
+            section: "[run]".into(),
+            key: key.into(),
+            message: format!("cannot write the config back: {e}"),
+        })?;
+        let mut text = String::new();
+        for line in self.text.lines().take_while(|l| l.starts_with('#')) {
+            text.push_str(line);
+            text.push('\n');
+        }
+        text.push_str(&format!(
+            "# [run].{key} = {value} set on the command line\n"
+        ));
+        text.push_str(&body);
+        Config::parse(&text, &self.file)
+    }
+
     /// The member named `name`.
     pub fn member(&self, name: &str) -> Option<&MemberConfig> {
         self.members.iter().find(|m| m.name == name)

@@ -126,19 +126,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(p) => Config::from_file(p)?,
                 None => Config::default_job()?,
             };
-            if let Some(n) = name {
-                config.run.name = Some(n);
-            }
-            if let Some(d) = device {
-                config.run.device = d;
-            }
-            if let Some(d) = dir {
-                config.run.dir = d;
-            }
-            if let Some(e) = epochs {
-                config.run.epochs = e;
-                for m in &mut config.members {
-                    m.epochs = e;
+            let overrides = [
+                ("name", name.map(toml::Value::String)),
+                ("device", device.map(toml::Value::String)),
+                (
+                    "dir",
+                    dir.map(|d| toml::Value::String(d.display().to_string())),
+                ),
+                ("epochs", epochs.map(|e| toml::Value::Integer(i64::from(e)))),
+            ];
+            for (key, value) in overrides {
+                if let Some(v) = value {
+                    config = config.with_run_override(key, v)?;
                 }
             }
             let cohort = Cohort::new(

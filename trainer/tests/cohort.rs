@@ -395,3 +395,105 @@ fn resuming_with_a_changed_config_says_what_differs() {
         "{err}"
     );
 }
+
+#[test]
+fn a_fused_members_checkpoint_resumes_unfused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members = mlp(
+        "m",
+        "batch = 32\noptimizer = { adam = { lr = [1e-2, 3e-3] } }\nseed = 5\ncheckpoint = { every = 10 }",
+    );
+    let full = train(
+        config(tmp.path(), "full", "epochs = 2\nfuse = true", &members),
+        quiet(),
+    )
+    .unwrap();
+    let halted = train(
+        config(tmp.path(), "half", "epochs = 2\nfuse = true", &members),
+        RunOptions {
+            halt_after_steps: Some(23),
+            ..quiet()
+        },
+    )
+    .unwrap();
+    // Each member's checkpoint is its own slice, without the member dimension: [16, 32] for the first weight.
+    let ck = CheckpointDir::new(halted.run_dir.join("m-lr0.01").join("checkpoints"), 10).unwrap();
+    let latest = ck.load_latest().unwrap().unwrap().checkpoint;
+    assert_eq!(latest.manifest.step, 20);
+    let w = latest
+        .tensors
+        .keys()
+        .find(|k| k.starts_with("model.") && k.ends_with("weight"))
+        .unwrap();
+    assert_eq!(
+        latest.tensors[w].shape.len(),
+        2,
+        "{w}: {:?}",
+        latest.tensors[w].shape
+    );
+    // Resume with fusion off: every member continues alone from its slice.
+    let cfg = halted.run_dir.join("config.toml");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("fuse = true", "fuse = false");
+    std::fs::write(&cfg, text).unwrap();
+    let s = resume(&halted.run_dir, quiet()).unwrap().summary.unwrap();
+    assert!(
+        s.members
+            .iter()
+            .all(|m| m.fused_with.is_empty() && m.steps == 32)
+    );
+    for m in ["m-lr0.01", "m-lr3e-3"] {
+        let a = final_tensors(&full.run_dir, m);
+        let b = final_tensors(&halted.run_dir, m);
+        for (k, va) in &a {
+            let fa: &[f32] = bytemuck::cast_slice(va);
+            let fb: &[f32] = bytemuck::cast_slice(&b[k]);
+            let worst = fa
+                .iter()
+                .zip(fb)
+                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
+        }
+    }
+}
+
+#[test]
+fn a_fused_group_that_runs_out_of_memory_splits_in_halves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members = "[[member]]\nname = \"w\"\nmodel = { layers = [{ linear = 256, act = \"relu\" }, { linear = 4 }] }\n\
+                   data = \"blobs\"\nbatch = 64\noptimizer = { adam = { lr = [1e-2, 5e-3, 2e-3, 1e-3] } }\n\
+                   memory = { limit = \"256KiB\" }\noom = { shrink = 0.15, min_batch = 8 }\n";
+    let out = train(
+        config(tmp.path(), "split", "epochs = 2\nfuse = true", members),
+        quiet(),
+    )
+    .unwrap();
+    let s = out.summary.unwrap();
+    assert_eq!(s.members.len(), 4);
+    for m in &s.members {
+        assert_eq!(m.epochs, 2, "{} trained its epochs", m.name);
+        assert!(m.oom_events >= 2, "{}: the group's OOM and its own", m.name);
+        assert!(m.batch < 64, "{}", m.name);
+        assert!(m.test_accuracy.unwrap() > 0.5, "{}", m.name);
+    }
+    let events: Vec<String> = records(&out.run_dir, "w-lr0.01")
+        .into_iter()
+        .filter_map(|r| r.event)
+        .collect();
+    assert!(
+        events[0].contains("the fused group of 4 splits in halves"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("the fused group of 2 splits in halves")),
+        "{events:?}"
+    );
+    // Each member kept its own parameters through the splits.
+    let a = final_tensors(&out.run_dir, "w-lr0.01");
+    let b = final_tensors(&out.run_dir, "w-lr1e-3");
+    assert_ne!(a, b);
+}
