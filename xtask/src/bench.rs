@@ -35,7 +35,7 @@ pub struct Args {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Parts to leave out: any of `replay`, `criterion`, `cohort`.
+    /// Parts to leave out: any of `replay`, `criterion`, `cohort`, `input`.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Only criterion benchmarks whose name contains this.
@@ -70,10 +70,21 @@ pub fn run(args: &Args) -> Result<()> {
     if run_part("cohort") {
         cohort(args, &root, &out, &mut report)?;
     }
+    if run_part("input") {
+        report["input_bound"] = crate::input_bound::run(device(args), args.quick)?;
+    }
     let path = out.join("bench.json");
     fs::write(&path, serde_json::to_string_pretty(&report)?)?;
     println!("\nresults: {}", path.display());
     Ok(())
+}
+
+fn device(args: &Args) -> Device {
+    if args.gpu {
+        Device::Cuda(0)
+    } else {
+        Device::Cpu
+    }
 }
 
 /// The cohort benchmark on the chosen device, beside the reference script's figures from this same call.

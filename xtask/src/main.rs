@@ -10,6 +10,7 @@
 mod bench;
 mod bundle;
 mod cohort;
+mod input_bound;
 
 use clap::{Parser, Subcommand};
 
