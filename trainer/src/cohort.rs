@@ -882,6 +882,8 @@ impl Cohort {
                 let x = Tensor::from_slice(&d.test_x[..n * per], &[n, per], &u.device)?;
                 let y = Tensor::from_slice(&d.test_y[..n], &[n], &u.device)?;
                 let tape = Tape::new();
+                // Inference mode: dropout draws no mask, so its sequence (part of exact resume) is untouched.
+                tape.set_training(false);
                 let l = loss::cross_entropy(&u.model.forward(&tape, &x)?, &y)?;
                 tape.backward(&l)?;
                 u.model.zero_grad();

@@ -236,9 +236,20 @@ fn describe_device(d: cohort_tensor::Device) -> String {
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             bytes(cohort_trainer::memory::host_total_bytes())
         ),
-        cuda => match cohort_trainer::memory::device_total_bytes(&cuda) {
-            Ok(b) => format!("{cuda} ({})", bytes(b)),
-            Err(_) => cuda.to_string(),
+        cuda => match cohort_trainer::memory::device_report(&cuda) {
+            Some(r) => format!(
+                "{cuda} ({}) · allocator: {}/{}, {}, limit {}",
+                r.device,
+                r.backend,
+                r.layout,
+                if std::env::var("COHORT_MEMORY_GROWTH").is_ok_and(|v| v == "false") {
+                    "preallocate"
+                } else {
+                    "growth"
+                },
+                bytes(r.limit)
+            ),
+            None => cuda.to_string(),
         },
     }
 }
