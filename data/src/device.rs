@@ -1,11 +1,12 @@
 //! Tensors: the training batch, host arrays to tensors, and device prefetch (the next batches are copied to the
 //! target device on a background thread while the current one computes).
 //!
-//! The copy itself goes through [`DeviceTransfer`], the seam where a pinned-memory / copy-stream implementation
-//! plugs in; [`TensorCopy`] is the plain one (`Tensor::to_device`).
+//! The copy goes through a [`DeviceTransfer`]: [`PinnedTransfer`] (the default on a GPU: pinned staging buffers,
+//! the copy stream, an event per element) or [`TensorCopy`] (plain `Tensor::to_device`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use cohort_tensor::cuda::{CopyReady, Uploader};
 use cohort_tensor::{DType, Device, Tensor};
 
 use crate::array::{Array, ArrayData, Slices, Stack};
@@ -130,6 +131,13 @@ pub trait ToDevice: Sized + Send + 'static {
     /// # Errors
     /// When the copy fails (no such device, out of memory).
     fn to_device(&self, device: &Device) -> Result<Self>;
+
+    /// A copy on the uploader's GPU through its pinned staging buffers and copy stream; the
+    /// events say when the copies are done (see [`Staged`]).
+    ///
+    /// # Errors
+    /// When the copy fails (another GPU, f64, out of memory).
+    fn upload(&self, uploader: &mut Uploader) -> Result<(Self, Vec<CopyReady>)>;
 }
 
 impl ToDevice for Tensor {
@@ -138,6 +146,18 @@ impl ToDevice for Tensor {
             return Ok(self.clone());
         }
         Ok(Tensor::to_device(self, device)?)
+    }
+    fn upload(&self, uploader: &mut Uploader) -> Result<(Tensor, Vec<CopyReady>)> {
+        let (mut out, ready) = uploader.upload(&[self])?;
+        let t = out.pop().ok_or_else(|| lost("Tensor"))?;
+        Ok((t, vec![ready]))
+    }
+}
+
+fn lost(what: &str) -> Error {
+    Error::Shape {
+        op: "upload",
+        reason: format!("the uploader returned fewer tensors than a {what} has"),
     }
 }
 
@@ -148,44 +168,150 @@ impl ToDevice for TrainBatch {
             labels: ToDevice::to_device(&self.labels, device)?,
         })
     }
+    fn upload(&self, uploader: &mut Uploader) -> Result<(TrainBatch, Vec<CopyReady>)> {
+        // one staging buffer and one event for both tensors
+        let (out, ready) = uploader.upload(&[&self.inputs, &self.labels])?;
+        let mut it = out.into_iter();
+        let (Some(inputs), Some(labels)) = (it.next(), it.next()) else {
+            return Err(lost("TrainBatch"));
+        };
+        Ok((TrainBatch { inputs, labels }, vec![ready]))
+    }
 }
 
 impl<A: ToDevice, B: ToDevice> ToDevice for (A, B) {
     fn to_device(&self, device: &Device) -> Result<(A, B)> {
         Ok((self.0.to_device(device)?, self.1.to_device(device)?))
     }
+    fn upload(&self, uploader: &mut Uploader) -> Result<((A, B), Vec<CopyReady>)> {
+        let (a, mut ra) = self.0.upload(uploader)?;
+        let (b, rb) = self.1.upload(uploader)?;
+        ra.extend(rb);
+        Ok(((a, b), ra))
+    }
 }
 
-/// How batches are moved to a device by [`Dataset::prefetch_to_device_with`]: the seam for a transfer with pinned
-/// host memory and a dedicated copy stream. It runs on the prefetch thread.
+/// An element whose copy to the device may still be in flight on the copy stream. [`Staged::finish`]
+/// (called on the consumer's thread when the element is taken) makes the compute stream wait for
+/// the copy, so the element can be used there. Dropped unfinished, it still orders the compute
+/// stream after the copy, so the device memory it frees cannot be reused under a running copy.
+#[derive(Debug)]
+pub struct Staged<T> {
+    item: Option<T>,
+    ready: Vec<CopyReady>,
+}
+
+impl<T> Staged<T> {
+    /// An element that is usable as is (copied synchronously, or not copied at all).
+    pub fn done(item: T) -> Staged<T> {
+        Staged {
+            item: Some(item),
+            ready: Vec::new(),
+        }
+    }
+
+    /// An element whose copies end with `ready`.
+    pub fn in_flight(item: T, ready: Vec<CopyReady>) -> Staged<T> {
+        Staged {
+            item: Some(item),
+            ready,
+        }
+    }
+
+    /// Orders the compute stream after the element's copies and hands the element out.
+    ///
+    /// # Errors
+    /// When the driver rejects the wait.
+    pub fn finish(mut self) -> Result<T> {
+        for r in self.ready.drain(..) {
+            r.wait_on_compute()?;
+        }
+        self.item.take().ok_or_else(|| Error::Shape {
+            op: "Staged::finish",
+            reason: "the element was already taken".into(),
+        })
+    }
+}
+
+impl<T> Drop for Staged<T> {
+    fn drop(&mut self) {
+        for r in self.ready.drain(..) {
+            // best effort: a failed wait means the context is broken, and nothing runs anyway
+            let _ = r.wait_on_compute();
+        }
+    }
+}
+
+/// How elements are moved to a device by [`Dataset::prefetch_to_device_with`]. It runs on the
+/// prefetch thread; the [`Staged`] result is finished on the consumer's thread.
 pub trait DeviceTransfer<T>: Send + Sync {
-    /// Move `item` to `device`. An implementation that copies asynchronously must return only when the result may
-    /// be used on the device's compute stream (e.g. after recording an event the compute stream waits on).
+    /// Move `item` to `device` (or start moving it: see [`Staged`]).
     ///
     /// # Errors
     /// When the copy fails.
-    fn transfer(&self, item: T, device: &Device) -> Result<T>;
+    fn transfer(&self, item: T, device: &Device) -> Result<Staged<T>>;
 }
 
-/// The plain transfer: `Tensor::to_device` of every tensor.
+/// The plain transfer: `Tensor::to_device` of every tensor (a synchronous copy from pageable
+/// memory, on the compute stream).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TensorCopy;
 
 impl<T: ToDevice> DeviceTransfer<T> for TensorCopy {
-    fn transfer(&self, item: T, device: &Device) -> Result<T> {
-        item.to_device(device)
+    fn transfer(&self, item: T, device: &Device) -> Result<Staged<T>> {
+        Ok(Staged::done(item.to_device(device)?))
+    }
+}
+
+/// The GPU transfer: host bytes go into a ring of pinned (page-locked) staging buffers and from
+/// there to the device on the GPU's copy stream, asynchronously; the compute stream waits on the
+/// copy's event only when the consumer takes the element, so copies overlap the current step's
+/// kernels. On the CPU it is the plain copy.
+#[derive(Debug)]
+pub struct PinnedTransfer {
+    slots: usize,
+    uploader: Mutex<Option<Uploader>>,
+}
+
+impl PinnedTransfer {
+    /// A transfer with `slots` pinned staging buffers (at least 1); each grows to the largest
+    /// element seen.
+    pub fn new(slots: usize) -> PinnedTransfer {
+        PinnedTransfer {
+            slots: slots.max(1),
+            uploader: Mutex::new(None),
+        }
+    }
+}
+
+impl<T: ToDevice> DeviceTransfer<T> for PinnedTransfer {
+    fn transfer(&self, item: T, device: &Device) -> Result<Staged<T>> {
+        if !device.is_cuda() {
+            return Ok(Staged::done(item.to_device(device)?));
+        }
+        let mut guard = self.uploader.lock().unwrap_or_else(PoisonError::into_inner);
+        if guard.as_ref().is_none_or(|u| u.device() != *device) {
+            *guard = Some(Uploader::new(device, self.slots)?);
+        }
+        let Some(up) = guard.as_mut() else {
+            return Ok(Staged::done(item.to_device(device)?));
+        };
+        let (moved, ready) = item.upload(up)?;
+        Ok(Staged::in_flight(moved, ready))
     }
 }
 
 impl<T: ToDevice> Dataset<T> {
-    /// Keep the next `n` elements ready on `device`: a background thread copies them (with [`TensorCopy`]) while
-    /// the current one computes. The device is not part of the fingerprint: a position saved on one device
-    /// resumes on another.
+    /// Keep the next `n` elements ready on `device`: a background thread copies them while the
+    /// current one computes — on a GPU with [`PinnedTransfer`] (pinned staging buffers, the copy
+    /// stream, an event the compute stream waits on when the element is taken). The device is not
+    /// part of the fingerprint: a position saved on one device resumes on another.
     pub fn prefetch_to_device(&self, device: Device, n: usize) -> Dataset<T> {
-        self.prefetch_to_device_with(Arc::new(TensorCopy), device, n)
+        // slots: the n elements waiting, one being staged, one being finished
+        self.prefetch_to_device_with(Arc::new(PinnedTransfer::new(n + 2)), device, n)
     }
 
-    /// [`prefetch_to_device`](Self::prefetch_to_device) with another transfer (pinned memory, copy stream).
+    /// [`prefetch_to_device`](Self::prefetch_to_device) with another transfer (e.g. [`TensorCopy`]).
     pub fn prefetch_to_device_with(
         &self,
         transfer: Arc<dyn DeviceTransfer<T>>,
@@ -194,6 +320,7 @@ impl<T: ToDevice> Dataset<T> {
     ) -> Dataset<T> {
         self.map_named("to_device", 1, move |x| transfer.transfer(x, &device))
             .prefetch(n)
+            .map_named("device_ready", 1, Staged::finish)
     }
 }
 

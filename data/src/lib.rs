@@ -48,7 +48,7 @@ pub mod text;
 pub use array::{Array, ArrayData, Slices, Stack};
 pub use csv::{CsvOptions, CsvTable, read_csv};
 pub use dataset::{Cardinality, Dataset, Iter, Position};
-pub use device::{DeviceTransfer, TensorCopy, ToDevice, TrainBatch};
+pub use device::{DeviceTransfer, PinnedTransfer, Staged, TensorCopy, ToDevice, TrainBatch};
 pub use error::{Error, Result};
 pub use idx::{IdxArray, IdxData, IdxType, read_idx};
 pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cohort_data::{
-    Array, Dataset, DeviceTransfer, Layout, Mnist, MnistConfig, Result, Split, ToDevice,
-    TrainBatch, bundled_mnist_dir,
+    Array, Dataset, DeviceTransfer, Layout, Mnist, MnistConfig, PinnedTransfer, Result, Split,
+    Staged, TensorCopy, ToDevice, TrainBatch, bundled_mnist_dir,
 };
 use cohort_tensor::{DType, Device, Tensor};
 
@@ -77,9 +77,9 @@ fn image_layout_and_resume() {
 struct Counting(AtomicUsize);
 
 impl DeviceTransfer<TrainBatch> for Counting {
-    fn transfer(&self, item: TrainBatch, device: &Device) -> Result<TrainBatch> {
+    fn transfer(&self, item: TrainBatch, device: &Device) -> Result<Staged<TrainBatch>> {
         self.0.fetch_add(1, Ordering::SeqCst);
-        item.to_device(device)
+        Ok(Staged::done(item.to_device(device)?))
     }
 }
 
@@ -197,4 +197,87 @@ fn synthetic_and_text_sources_make_train_batches() {
     let b = ds.iter().next().unwrap().unwrap();
     assert_eq!(b.inputs.dtype(), DType::I32);
     assert_eq!(b.inputs.shape(), &[2, 3]);
+}
+
+type HostBatches = Vec<(Vec<f32>, Vec<i32>)>;
+
+/// Host reference batches and the same pipeline prefetched onto cuda:0 with `transfer`.
+fn cuda_pipeline(
+    transfer: Arc<dyn DeviceTransfer<TrainBatch>>,
+    depth: usize,
+) -> (HostBatches, Dataset<TrainBatch>) {
+    let m = mnist();
+    let cfg = MnistConfig {
+        batch_size: 128,
+        seed: 11,
+        prefetch: 0,
+        ..MnistConfig::default()
+    };
+    let host = m
+        .batches(&cfg)
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            (x.as_f32().unwrap().to_vec(), y.as_i32().unwrap().to_vec())
+        })
+        .collect();
+    let ds = m.train_batches(&cfg, Device::Cpu).prefetch_to_device_with(
+        transfer,
+        Device::Cuda(0),
+        depth,
+    );
+    (host, ds)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pinned_prefetch_batches_arrive_intact_under_load() {
+    let dev = Device::Cuda(0);
+    let (host, ds) = cuda_pipeline(Arc::new(PinnedTransfer::new(3)), 4);
+    let w = Tensor::rand_uniform(&[784, 784], -0.01, 0.01, DType::F32, 5, &dev).unwrap();
+    for epoch in 0..2 {
+        let mut n = 0;
+        for (i, b) in ds.iter().enumerate() {
+            let b = b.unwrap();
+            assert_eq!(b.device(), dev);
+            // queue a lot of compute on the batch first, so the next copies overlap it
+            let mut h = b.inputs.clone();
+            for _ in 0..20 {
+                h = h.matmul(&w).unwrap().relu().unwrap();
+            }
+            assert!(
+                b.inputs.to_vec::<f32>().unwrap() == host[i].0,
+                "epoch {epoch} batch {i}: inputs differ from the host pipeline"
+            );
+            assert_eq!(b.labels.to_vec::<i32>().unwrap(), host[i].1);
+            assert_eq!(h.shape(), &[b.len(), 784]);
+            n += 1;
+        }
+        assert_eq!(n, host.len());
+    }
+    // dropping mid-epoch with copies in flight never hangs
+    let mut it = ds.iter();
+    it.next().unwrap().unwrap();
+    drop(it);
+    dev.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pinned_and_plain_transfers_agree_and_share() {
+    let (host, pinned) = cuda_pipeline(Arc::new(PinnedTransfer::new(1)), 1);
+    let (_, plain) = cuda_pipeline(Arc::new(TensorCopy), 2);
+    for (i, (a, b)) in pinned.iter().zip(plain.iter()).enumerate() {
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.inputs.to_vec::<f32>().unwrap() == b.inputs.to_vec::<f32>().unwrap());
+        assert_eq!(a.labels.to_vec::<i32>().unwrap(), host[i].1);
+    }
+    let mut cs = pinned.share(2).unwrap();
+    for (i, (x, y)) in host.iter().enumerate() {
+        let a = cs[0].next().unwrap().unwrap();
+        let b = cs[1].next().unwrap().unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(a.inputs.to_vec::<f32>().unwrap() == *x, "batch {i}");
+        assert_eq!(b.labels.to_vec::<i32>().unwrap(), *y);
+    }
 }

@@ -3,10 +3,13 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result as drv, sys};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream, result as drv, sys,
+};
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
 use crate::{Error, Result};
@@ -317,6 +320,10 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
     flag: DeviceBuffer,
+    /// A CUDA graph is being captured on the compute stream.
+    capturing: AtomicBool,
+    /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
+    captured_host: Mutex<Vec<PinnedBuffer>>,
 }
 
 impl fmt::Debug for Gpu {
@@ -394,6 +401,8 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
             flag,
+            capturing: AtomicBool::new(false),
+            captured_host: Mutex::new(Vec::new()),
         })
     }
 
@@ -442,6 +451,7 @@ impl Gpu {
     /// # Errors
     /// A kernel failed, or an index kernel met an out-of-range index.
     pub fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture("synchronize")?;
         self.bind()?;
         self.copy
             .synchronize()
@@ -458,6 +468,10 @@ impl Gpu {
     /// # Errors
     /// A kernel failed, or an index kernel met an out-of-range index.
     pub fn check_index_errors(&self) -> Result<()> {
+        if self.is_capturing() {
+            // Nothing runs during a capture; a flagged index shows at the next synchronize.
+            return Ok(());
+        }
         self.bind()?;
         self.compute
             .synchronize()
@@ -513,6 +527,12 @@ impl Gpu {
     ) -> Result<R> {
         let mut guard = lock(&self.scratch);
         let big_enough = guard.as_ref().is_some_and(|b| b.bytes >= bytes);
+        if !big_enough && self.is_capturing() {
+            return Err(Error::Cuda(format!(
+                "an op needs {bytes} bytes of scratch space, more than before the CUDA graph \
+                 capture began: run the captured step once eagerly before capturing it"
+            )));
+        }
         if !big_enough {
             // Work still queued may read the old area: let it finish before the area is freed.
             if guard.is_some() {
@@ -539,6 +559,16 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        if self.is_capturing() {
+            // A graph replays the copy long after `src` is gone: copy from pinned bytes it keeps.
+            let mut keep = self.alloc_pinned(src.len())?;
+            keep.as_mut_slice().copy_from_slice(src);
+            // SAFETY: caller guarantees dst; `keep` lives as long as the graph (captured_host).
+            unsafe { drv::memcpy_htod_async(dst, keep.as_slice(), self.compute.cu_stream()) }
+                .map_err(|e| cuda_err("copying host to device", e))?;
+            lock(&self.captured_host).push(keep);
+            return Ok(());
+        }
         // SAFETY: caller guarantees dst; a pageable source is staged before the call returns,
         // so `src` may be dropped right after.
         unsafe { drv::memcpy_htod_async(dst, src, self.compute.cu_stream()) }
@@ -586,6 +616,7 @@ impl Gpu {
     /// # Errors
     /// A queued kernel failed or flagged a bad index, or the copy failed.
     pub unsafe fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.refuse_in_capture("reading a tensor back to the host")?;
         self.bind()?;
         if !dst.is_empty() {
             // SAFETY: caller guarantees src.
@@ -762,6 +793,258 @@ impl Gpu {
         self.bind()?;
         let handle = guard.as_ref().map(|b| b.0).unwrap_or(std::ptr::null_mut());
         f(handle)
+    }
+}
+
+/// Page-locked host memory (`cuMemHostAlloc`): the copy engine reads it directly, so a copy from
+/// it runs asynchronously and overlaps kernels. Freed with `cuMemFreeHost` when dropped.
+pub struct PinnedBuffer {
+    ptr: *mut u8,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value; access goes through &self/&mut self.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for PinnedBuffer {}
+
+impl fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PinnedBuffer({} bytes)", self.bytes)
+    }
+}
+
+impl PinnedBuffer {
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr holds `bytes` bytes owned by self (a null ptr only for 0 bytes is never made).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+
+    /// The bytes, writable. A copy still reading them must have finished (see [`CopyEvent`]).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_slice; &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: ptr came from cuMemHostAlloc and is freed once.
+            let _ = unsafe { drv::free_host(self.ptr.cast()) };
+        }
+    }
+}
+
+/// The end of copies queued on the copy stream: the compute stream waits on it before using
+/// their data ([`CopyEvent::wait_on_compute`]); the host waits on it before reusing their pinned
+/// source ([`CopyEvent::synchronize`]).
+#[derive(Debug)]
+pub struct CopyEvent {
+    event: CudaEvent,
+    gpu: Arc<Gpu>,
+}
+
+impl CopyEvent {
+    /// Makes the device's compute stream wait for the copies (without blocking the host): work
+    /// queued on it from now on sees their data.
+    ///
+    /// # Errors
+    /// The driver rejects the wait.
+    pub fn wait_on_compute(&self) -> Result<()> {
+        self.gpu.bind()?;
+        self.gpu
+            .compute
+            .wait(&self.event)
+            .map_err(|e| cuda_err("ordering the compute stream after a copy", e))
+    }
+
+    /// Blocks the host until the copies are done.
+    ///
+    /// # Errors
+    /// A copy failed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.event
+            .synchronize()
+            .map_err(|e| cuda_err("waiting for a copy", e))
+    }
+
+    /// Whether the copies are done (without waiting).
+    pub fn is_done(&self) -> bool {
+        self.event.is_complete()
+    }
+}
+
+/// A CUDA graph captured from the compute stream, instantiated and ready to replay.
+pub struct GpuGraph {
+    graph: CudaGraph,
+    /// Pinned host bytes the graph's copies read (host constants of the captured work).
+    _host: Vec<PinnedBuffer>,
+    gpu: Arc<Gpu>,
+}
+
+impl fmt::Debug for GpuGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GpuGraph(cuda:{})", self.gpu.ordinal)
+    }
+}
+
+impl GpuGraph {
+    /// Enqueues one replay on the compute stream (one launch, whatever the number of kernels).
+    ///
+    /// # Errors
+    /// The driver rejects the launch.
+    pub fn launch(&self) -> Result<()> {
+        self.gpu.bind()?;
+        self.graph
+            .launch()
+            .map_err(|e| cuda_err("launching a CUDA graph", e))
+    }
+}
+
+impl Gpu {
+    /// Allocates `bytes` (at least 1) of page-locked host memory.
+    ///
+    /// # Errors
+    /// The driver cannot pin that much memory.
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer> {
+        self.bind()?;
+        // SAFETY: plain allocation in the bound context; flags 0 = cacheable, this context only.
+        let ptr = unsafe { drv::malloc_host(bytes.max(1), 0) }
+            .map_err(|e| cuda_err(&format!("cuMemHostAlloc of {bytes} bytes"), e))?;
+        Ok(PinnedBuffer {
+            ptr: ptr.cast(),
+            bytes,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Copies pinned host bytes to the device on the copy stream. `parts` are (destination,
+    /// offset into `src`, bytes). The copies start after the compute stream's work queued so far
+    /// (the destinations may be blocks it has just freed); nothing on the compute stream waits
+    /// for them until the returned event's [`CopyEvent::wait_on_compute`], so they overlap the
+    /// kernels queued meanwhile. `src` must not be rewritten before the event is done.
+    ///
+    /// # Safety
+    /// Each destination must address its `bytes` of this device's memory.
+    ///
+    /// # Errors
+    /// A part outside `src`, or the driver rejects a copy or an event.
+    pub unsafe fn upload_pinned(
+        self: &Arc<Self>,
+        src: &PinnedBuffer,
+        parts: &[(u64, usize, usize)],
+    ) -> Result<CopyEvent> {
+        self.refuse_in_capture("a copy-stream upload")?;
+        self.bind()?;
+        let before = self
+            .compute
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        self.copy
+            .wait(&before)
+            .map_err(|e| cuda_err("ordering the copy stream", e))?;
+        for &(dst, offset, bytes) in parts {
+            let Some(bytes_src) = src.as_slice().get(offset..offset + bytes) else {
+                return Err(Error::Cuda(format!(
+                    "upload: bytes {offset}..{} are outside the {}-byte staging buffer",
+                    offset + bytes,
+                    src.bytes
+                )));
+            };
+            if bytes == 0 {
+                continue;
+            }
+            // SAFETY: caller guarantees dst; the source is pinned and outlives the copy (caller
+            // waits on the event before rewriting it).
+            unsafe { drv::memcpy_htod_async(dst, bytes_src, self.copy.cu_stream()) }
+                .map_err(|e| cuda_err("copying host to device", e))?;
+        }
+        let event = self
+            .copy
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        Ok(CopyEvent {
+            event,
+            gpu: self.clone(),
+        })
+    }
+
+    /// Whether a CUDA graph is being captured on the compute stream.
+    pub fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+
+    fn refuse_in_capture(&self, what: &str) -> Result<()> {
+        if self.is_capturing() {
+            Err(Error::Cuda(format!(
+                "{what} is not possible while a CUDA graph is being captured (nothing runs during \
+                 a capture): keep host reads and synchronization out of the captured step"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Starts capturing the compute stream's work into a graph (relaxed mode: allocations may
+    /// grow a memory pool meanwhile). Work queued from now on is recorded, not run, until
+    /// [`Gpu::end_capture`]. Only one capture per device at a time; no other thread may queue
+    /// work on this device meanwhile.
+    ///
+    /// # Errors
+    /// A capture is already running, or the driver refuses.
+    pub fn begin_capture(&self) -> Result<()> {
+        if self.capturing.swap(true, Ordering::AcqRel) {
+            return Err(Error::Cuda(format!(
+                "cuda:{} is already capturing a CUDA graph: finish that capture first",
+                self.ordinal
+            )));
+        }
+        let r = self
+            .compute
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| cuda_err("cuStreamBeginCapture", e));
+        if r.is_err() {
+            self.capturing.store(false, Ordering::Release);
+        }
+        r
+    }
+
+    /// Ends the capture begun by [`Gpu::begin_capture`] and instantiates the graph.
+    ///
+    /// # Errors
+    /// No capture is running, the captured work used something a graph cannot hold (the driver
+    /// invalidates the capture), or instantiation failed.
+    pub fn end_capture(self: &Arc<Self>) -> Result<GpuGraph> {
+        if !self.is_capturing() {
+            return Err(Error::Cuda(
+                "end_capture without begin_capture: no CUDA graph is being captured".into(),
+            ));
+        }
+        let host = std::mem::take(&mut *lock(&self.captured_host));
+        let r = self.compute.end_capture(sys::CUgraphInstantiate_flags(0));
+        self.capturing.store(false, Ordering::Release);
+        match r {
+            Ok(Some(graph)) => Ok(GpuGraph {
+                graph,
+                _host: host,
+                gpu: self.clone(),
+            }),
+            Ok(None) => Err(Error::Cuda(
+                "the CUDA graph capture recorded no work".into(),
+            )),
+            Err(e) => Err(cuda_err(
+                "ending the CUDA graph capture (an op in the step cannot be captured)",
+                e,
+            )),
+        }
     }
 }
 

@@ -17,7 +17,9 @@ mod gpu;
 #[cfg(not(feature = "cuda"))]
 pub use absent::{Gpu, device_count, driver_present};
 #[cfg(feature = "cuda")]
-pub use gpu::{CudaType, DeviceBuffer, Gpu, device_count, driver_present};
+pub use gpu::{
+    CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, PinnedBuffer, device_count, driver_present,
+};
 #[cfg(feature = "cuda")]
 pub(crate) use gpu::{
     KernelSource, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err,

@@ -74,3 +74,40 @@ extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1,
         p[i] = pv * shrink - step_size * mv / denom;
     }
 }
+
+// Graph-capturable Adam: the step number lives in device memory (`counter`, advanced by
+// `step_counter_inc` just before), so every replay of a captured step applies the right bias
+// correction. rates[2r] holds the plain learning rate here (divided by bc1 in the kernel).
+extern "C" __global__ void step_counter_inc(u32* counter) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        *counter += 1;
+    }
+}
+
+extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float one_b1, float one_b2,
+                                            float eps, float l2, const u32* counter) {
+    const int k = mt_entry(t, blockIdx.x);
+    const MtEntry e = t.e[k];
+    float* p = (float*)e.p;
+    const float* g = (const float*)e.g;
+    float* m = (float*)e.a;
+    float* v = (float*)e.b;
+    const float step = (float)(*counter > 0u ? *counter : 1u);
+    const float inv_bc1 = 1.0f / (1.0f - powf(b1, step));
+    const float inv_sqrt_bc2 = rsqrtf(1.0f - powf(b2, step));
+    const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
+    const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const u32 r = e.rate0 + (u32)(i / e.per_member);
+        const float step_size = t.rates[2 * r] * inv_bc1;
+        const float shrink = t.rates[2 * r + 1];
+        const float pv = p[i];
+        const float gv = g[i] + l2 * pv;
+        const float mv = b1 * m[i] + one_b1 * gv;
+        const float vv = b2 * v[i] + one_b2 * gv * gv;
+        m[i] = mv;
+        v[i] = vv;
+        const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
+        p[i] = pv * shrink - step_size * mv / denom;
+    }
+}

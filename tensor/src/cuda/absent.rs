@@ -311,3 +311,102 @@ pub fn create_allocator(
 ) -> Result<std::sync::Arc<dyn crate::memory::DeviceAllocator>> {
     Err(unavailable("allocator", ordinal))
 }
+
+/// A captured CUDA graph. This build has no CUDA support, so no value of it can exist.
+#[derive(Debug)]
+pub struct CudaGraph {
+    never: std::convert::Infallible,
+}
+
+impl CudaGraph {
+    /// Never called: no graph exists in this build.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn replay(&self) -> Result<()> {
+        match self.never {}
+    }
+}
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`] (or [`Error::Unsupported`] for the CPU).
+pub fn capture<R, E: From<Error>>(
+    device: &Device,
+    _f: impl FnOnce() -> std::result::Result<R, E>,
+) -> std::result::Result<(CudaGraph, R), E> {
+    Err(match device {
+        Device::Cpu => Error::Unsupported {
+            op: "capture",
+            device: *device,
+        },
+        Device::Cuda(_) => Error::NotCompiledWithCuda {
+            op: "capture",
+            device: *device,
+        },
+    }
+    .into())
+}
+
+/// The copies of one upload. This build has no CUDA support, so no value of it can exist.
+#[derive(Clone, Debug)]
+pub struct CopyReady {
+    never: std::convert::Infallible,
+}
+
+impl CopyReady {
+    /// Never called: no upload exists in this build.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn wait_on_compute(&self) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Never called: no upload exists in this build.
+    pub fn is_done(&self) -> bool {
+        match self.never {}
+    }
+}
+
+/// Pinned-buffer uploads to a GPU. This build has no CUDA support, so no value of it can exist.
+#[derive(Debug)]
+pub struct Uploader {
+    never: std::convert::Infallible,
+}
+
+impl Uploader {
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`] (or [`Error::Unsupported`] for the CPU).
+    pub fn new(device: &Device, _slots: usize) -> Result<Uploader> {
+        Err(match device {
+            Device::Cpu => Error::Unsupported {
+                op: "Uploader::new",
+                device: *device,
+            },
+            Device::Cuda(_) => Error::NotCompiledWithCuda {
+                op: "Uploader::new",
+                device: *device,
+            },
+        })
+    }
+
+    /// Never called: no uploader exists in this build.
+    pub fn device(&self) -> Device {
+        match self.never {}
+    }
+
+    /// Never called: no uploader exists in this build.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn upload(
+        &mut self,
+        _tensors: &[&crate::Tensor],
+    ) -> Result<(Vec<crate::Tensor>, CopyReady)> {
+        match self.never {}
+    }
+}

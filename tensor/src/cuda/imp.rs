@@ -30,6 +30,12 @@ use crate::memory::{self, DeviceAllocator};
 use crate::storage::CpuStorage;
 use crate::{DType, Device, Error, Result};
 
+mod capture;
+mod staging;
+
+pub use capture::{CudaGraph, capture};
+pub use staging::{CopyReady, Uploader};
+
 /// Elements on a CUDA device: a block of that device's allocator.
 pub struct CudaStorage {
     block: Option<Block>,
@@ -56,8 +62,13 @@ impl fmt::Debug for CudaStorage {
 impl Drop for CudaStorage {
     fn drop(&mut self) {
         if let Some(b) = self.block.take() {
-            // Stream-ordered: a later op reusing the block runs after every op queued so far.
-            self.alloc.free(b);
+            // A block freed during a graph capture may be used by the graph's replays: it stays
+            // out of the shared cache until the graph is dropped (blocks of the graph's own pool
+            // go back to that pool, which only the graph uses).
+            if let Some(b) = capture::defer_free(self.ordinal, &self.alloc, b) {
+                // Stream-ordered: a later op reusing the block runs after every op queued so far.
+                self.alloc.free(b);
+            }
         }
     }
 }
@@ -97,7 +108,7 @@ impl CudaStorage {
     fn sibling(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
         Ctx {
             gpu: self.gpu.clone(),
-            alloc: self.alloc.clone(),
+            alloc: memory::allocator(&Device::Cuda(self.ordinal))?,
             ordinal: self.ordinal,
         }
         .storage(len, dtype)
@@ -120,17 +131,22 @@ impl Ctx {
         })
     }
 
-    /// Uninitialised storage of `len` elements, charged to the current tenant.
+    /// Uninitialised storage of `len` elements, charged to the current tenant; during a graph
+    /// capture on this device, a block of the graph's private pool.
     fn storage(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
         let bytes = (len * dtype.size_in_bytes()).max(4);
-        let block = self.alloc.alloc(bytes, memory::current_tenant())?;
+        let (alloc, tenant) = match capture::pool(self.ordinal) {
+            Some(pool) => (pool, TenantId::DEFAULT),
+            None => (self.alloc.clone(), memory::current_tenant()),
+        };
+        let block = alloc.alloc(bytes, tenant)?;
         Ok(CudaStorage {
             block: Some(block),
             len,
             dtype,
             ordinal: self.ordinal,
             gpu: self.gpu.clone(),
-            alloc: self.alloc.clone(),
+            alloc,
         })
     }
 }
@@ -982,8 +998,25 @@ pub fn adam_step(
         len: param.len,
         lrs: h.lrs,
     };
-    // SAFETY: every buffer was checked to hold len f32 on this device.
-    unsafe { optim_cuda::adam_step(&param.gpu, &[pb], h)? };
+    adam_launch(&param.gpu, &[pb], h)
+}
+
+/// Launches Adam over checked buffers; during a graph capture, with the step number in device
+/// memory so that every replay advances it (see [`capture`]).
+fn adam_launch(
+    gpu: &Arc<Gpu>,
+    bufs: &[optim_cuda::ParamBuffers<'_>],
+    h: &AdamParams<'_>,
+) -> Result<()> {
+    if gpu.is_capturing() {
+        let counter = capture::step_counter(gpu, h.step)?;
+        // SAFETY: every buffer was checked to hold len f32 on this device; the counter is a
+        // u32 block of the graph's pool, alive as long as the graph.
+        unsafe { optim_cuda::adam_step_counted(gpu, bufs, h, counter)? };
+    } else {
+        // SAFETY: every buffer was checked to hold len f32 on this device.
+        unsafe { optim_cuda::adam_step(gpu, bufs, h)? };
+    }
     Ok(())
 }
 
@@ -1021,9 +1054,7 @@ pub fn adam_step_many(
             lrs,
         });
     }
-    // SAFETY: every buffer was checked to hold len f32 on this device.
-    unsafe { optim_cuda::adam_step(&gpu, &bufs, h)? };
-    Ok(())
+    adam_launch(&gpu, &bufs, h)
 }
 
 /// One SGD step over many parameters at once: one kernel launch per 24 parameters (per-parameter
