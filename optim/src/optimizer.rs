@@ -307,6 +307,12 @@ impl Optimizer {
         self.step
     }
 
+    /// Sets the update count (bias correction and schedules continue from it), e.g. after loading members'
+    /// buffers one by one with [`Optimizer::load_member_state`].
+    pub fn set_steps(&mut self, step: u64) {
+        self.step = step;
+    }
+
     /// The learning rate(s) the next update will use (schedule applied).
     pub fn current_lrs(&self) -> Vec<f64> {
         let f = self.schedule.factor(self.step);
@@ -327,23 +333,26 @@ impl Optimizer {
         self.lrs_now.clear();
         self.lrs_now.extend(self.member_lrs.iter().map(|l| l * f));
         let t = self.step + 1;
-        for slot in &mut self.slots {
-            let Some(g) = slot.param.grad() else { continue };
-            let p = slot.param.value();
-            let lrs: &[f64] =
-                if self.lrs_now.len() > 1 && p.shape().first() == Some(&self.lrs_now.len()) {
-                    &self.lrs_now
-                } else {
-                    &self.lrs_now[..1]
-                };
-            match &self.config {
-                OptimConfig::Sgd {
-                    momentum,
-                    dampening,
-                    weight_decay,
-                    nesterov,
-                    ..
-                } => {
+        let all = &self.lrs_now;
+        // One rate per member when the parameter has that many members, else the first for all.
+        let lrs_for = |p: &Tensor| -> &[f64] {
+            if all.len() > 1 && p.shape().first() == Some(&all.len()) {
+                all
+            } else {
+                &all[..1]
+            }
+        };
+        match &self.config {
+            OptimConfig::Sgd {
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
+                ..
+            } => {
+                for slot in &mut self.slots {
+                    let Some(g) = slot.param.grad() else { continue };
+                    let p = slot.param.value();
                     if *momentum > 0.0 && slot.bufs.is_empty() {
                         // PyTorch starts the buffer at the first gradient; the fused update computes
                         // momentum * buf + (1 - dampening) * g, so start from buf = dampening / momentum * g.
@@ -359,6 +368,7 @@ impl Optimizer {
                         };
                         slot.bufs.push(b);
                     }
+                    let lrs = lrs_for(p);
                     Tensor::sgd_step_(
                         p,
                         &g,
@@ -370,39 +380,50 @@ impl Optimizer {
                         *nesterov,
                     )?;
                 }
-                OptimConfig::Adam {
-                    betas,
-                    eps,
-                    weight_decay,
-                    ..
-                }
-                | OptimConfig::AdamW {
-                    betas,
-                    eps,
-                    weight_decay,
-                    ..
-                } => {
+            }
+            OptimConfig::Adam {
+                betas,
+                eps,
+                weight_decay,
+                ..
+            }
+            | OptimConfig::AdamW {
+                betas,
+                eps,
+                weight_decay,
+                ..
+            } => {
+                let decoupled = matches!(self.config, OptimConfig::AdamW { .. });
+                let mut grads = Vec::with_capacity(self.slots.len());
+                for (i, slot) in self.slots.iter_mut().enumerate() {
+                    let Some(g) = slot.param.grad() else { continue };
                     if slot.bufs.is_empty() {
+                        let p = slot.param.value();
                         slot.bufs
                             .push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
                         slot.bufs
                             .push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
                     }
-                    let decoupled = matches!(self.config, OptimConfig::AdamW { .. });
-                    Tensor::adam_step_(
-                        p,
-                        &g,
-                        &slot.bufs[0],
-                        &slot.bufs[1],
-                        lrs,
-                        betas.0,
-                        betas.1,
-                        *eps,
-                        *weight_decay,
-                        decoupled,
-                        t,
-                    )?;
+                    grads.push((i, g));
                 }
+                // Every parameter in one call: one fused launch on the GPU.
+                let entries: Vec<_> = grads
+                    .iter()
+                    .map(|(i, g)| {
+                        let s = &self.slots[*i];
+                        let p = s.param.value();
+                        (p, g, &s.bufs[0], &s.bufs[1], lrs_for(p))
+                    })
+                    .collect();
+                Tensor::adam_step_many_(
+                    &entries,
+                    betas.0,
+                    betas.1,
+                    *eps,
+                    *weight_decay,
+                    decoupled,
+                    t,
+                )?;
             }
         }
         self.step = t;
