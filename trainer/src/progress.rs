@@ -122,8 +122,17 @@ impl Progress {
         if self.drawn > 0 {
             let _ = write!(err, "\x1b[{}A", self.drawn);
         }
+        // Lines longer than the terminal would wrap and break the cursor movements: cut them.
+        let cols = std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse::<usize>().ok())
+            .unwrap_or(160);
         for l in &self.lines {
-            let _ = writeln!(err, "\x1b[2K{}", Self::line(l, w));
+            let line: String = Self::line(l, w)
+                .chars()
+                .take(cols.saturating_sub(1))
+                .collect();
+            let _ = writeln!(err, "\x1b[2K{line}");
         }
         self.drawn = self.lines.len();
         let _ = err.flush();

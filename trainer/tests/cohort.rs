@@ -497,3 +497,37 @@ fn a_fused_group_that_runs_out_of_memory_splits_in_halves() {
     let b = final_tensors(&out.run_dir, "w-lr1e-3");
     assert_ne!(a, b);
 }
+
+#[test]
+fn a_corrupt_newest_checkpoint_is_skipped_on_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members = mlp(
+        "m",
+        "batch = 32\noptimizer = { adam = { lr = 1e-2 } }\ncheckpoint = { every = 10, keep = 3 }",
+    );
+    let full = train(config(tmp.path(), "full", "epochs = 2", &members), quiet()).unwrap();
+    let halted = train(
+        config(tmp.path(), "torn", "epochs = 2", &members),
+        RunOptions {
+            halt_after_steps: Some(25),
+            ..quiet()
+        },
+    )
+    .unwrap();
+    // Flip a byte in the newest tensors file (step 20): the resume reports it and starts from step 10.
+    let p = halted
+        .run_dir
+        .join("m")
+        .join("checkpoints")
+        .join("ckpt-000020.safetensors");
+    let mut b = std::fs::read(&p).unwrap();
+    let n = b.len();
+    b[n - 3] ^= 0x5a;
+    std::fs::write(&p, b).unwrap();
+    let s = resume(&halted.run_dir, quiet()).unwrap().summary.unwrap();
+    assert_eq!(s.members[0].steps, 32);
+    assert_eq!(
+        final_tensors(&full.run_dir, "m"),
+        final_tensors(&halted.run_dir, "m")
+    );
+}
