@@ -977,6 +977,18 @@ impl Gpu {
         })
     }
 
+    /// Records a timing event on the compute stream: it completes when the GPU reaches this
+    /// point of the queued work (see [`CudaEvent::elapsed_ms`]).
+    ///
+    /// # Errors
+    /// The driver rejects the event.
+    pub fn mark(&self) -> Result<CudaEvent> {
+        self.bind()?;
+        self.compute
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| cuda_err("recording a timing event", e))
+    }
+
     /// Whether a CUDA graph is being captured on the compute stream.
     pub fn is_capturing(&self) -> bool {
         self.capturing.load(Ordering::Acquire)

@@ -410,3 +410,27 @@ impl Uploader {
         match self.never {}
     }
 }
+
+/// A point in a compute stream. This build has no CUDA support, so no value of it can exist.
+#[derive(Debug)]
+pub struct StreamMark {
+    never: std::convert::Infallible,
+}
+
+impl StreamMark {
+    /// Never called: no mark exists in this build.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn elapsed_ms(&self, _later: &StreamMark) -> Result<f64> {
+        match self.never {}
+    }
+}
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn mark(ordinal: usize) -> Result<StreamMark> {
+    Err(unavailable("mark", ordinal))
+}

@@ -301,6 +301,33 @@ pub fn to_host(src: &CudaStorage) -> Result<CpuStorage> {
     })
 }
 
+/// A point in the device's compute stream, timed when the GPU reaches it.
+#[derive(Debug)]
+pub struct StreamMark(cudarc::driver::CudaEvent);
+
+impl StreamMark {
+    /// Milliseconds of GPU time from this mark to `later` (waits for both to be reached).
+    ///
+    /// # Errors
+    /// A failed kernel before either mark, or marks of different devices.
+    pub fn elapsed_ms(&self, later: &StreamMark) -> Result<f64> {
+        self.0.elapsed_ms(&later.0).map(f64::from).map_err(|e| {
+            Error::Kernel(cohort_kernels::Error::Cuda(format!(
+                "timing between two stream marks failed: {e:?}"
+            )))
+        })
+    }
+}
+
+/// Marks the current end of device `ordinal`'s compute stream (no waiting): the difference of two
+/// marks is the GPU time between them, idle gaps included.
+///
+/// # Errors
+/// No such device, or the driver rejects the event.
+pub fn mark(ordinal: usize) -> Result<StreamMark> {
+    Ok(StreamMark(gpu(ordinal)?.mark()?))
+}
+
 /// See [`crate::cpu::cast`].
 ///
 /// # Errors

@@ -224,3 +224,107 @@ fn capture_error(reason: &str) -> Error {
         reason: reason.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Tensor;
+    use crate::storage::Storage;
+
+    const N: usize = 4096;
+
+    fn ptr(t: &Tensor) -> u64 {
+        match &*t.read() {
+            Storage::Cuda(s) => s.device_ptr(),
+            Storage::Cpu(_) => 0,
+        }
+    }
+
+    fn input(k: u64, dev: &Device) -> Tensor {
+        Tensor::rand_uniform(&[N], -1.0, 1.0, DType::F32, k, dev).unwrap()
+    }
+
+    /// One training-like step: a gradient from the input (host constants, an index op and
+    /// temporaries inside), then Adam on `p`.
+    fn step(p: &Tensor, m: &Tensor, v: &Tensor, x: &Tensor, t: u64) -> Result<()> {
+        let dev = p.device();
+        let scale = Tensor::from_vec(vec![0.5f32, 2.0], &[2], &dev)?;
+        let pick = Tensor::from_vec(vec![1i32], &[1], &dev)?;
+        let s = scale.reshape(&[1, 2])?.gather_last(&pick)?; // [1] = 2.0
+        let g = x.mul(p)?.add(&x.square()?)?.mul(&s)?;
+        Tensor::adam_step_(p, &g, m, v, &[1e-2], 0.9, 0.999, 1e-8, 0.0, false, t)
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn graph_replays_match_eager_steps() {
+        let dev = Device::Cuda(0);
+        let inputs: Vec<Tensor> = (0..6).map(|k| input(100 + k, &dev)).collect();
+        let fresh = || {
+            let p = input(7, &dev);
+            let m = Tensor::zeros(&[N], DType::F32, &dev).unwrap();
+            let v = Tensor::zeros(&[N], DType::F32, &dev).unwrap();
+            (p, m, v)
+        };
+        let (p, m, v) = fresh();
+        for (t, x) in inputs.iter().enumerate() {
+            step(&p, &m, &v, x, t as u64 + 1).unwrap();
+        }
+        let eager = p.to_vec::<f32>().unwrap();
+
+        let (p, m, v) = fresh();
+        step(&p, &m, &v, &inputs[0], 1).unwrap();
+        let x = inputs[1].copy().unwrap();
+        let (graph, ()) = capture(&dev, || step(&p, &m, &v, &x, 2)).unwrap();
+        for xi in &inputs[1..] {
+            x.assign_(xi).unwrap();
+            graph.replay().unwrap();
+        }
+        let replayed = p.to_vec::<f32>().unwrap();
+        for (i, (a, b)) in eager.iter().zip(&replayed).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+                "element {i}: eager {a} vs graph {b}"
+            );
+        }
+        assert!(graph.pool_stats().to_string().contains("cuda"));
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn blocks_freed_during_capture_stay_out_of_the_shared_cache() {
+        let dev = Device::Cuda(0);
+        let a = input(1, &dev);
+        let doomed = Tensor::zeros(&[N], DType::F32, &dev).unwrap();
+        let freed_at = ptr(&doomed);
+        let (graph, kept) = capture(&dev, || -> Result<Tensor> {
+            let out = a.add(&doomed)?;
+            drop(doomed);
+            Ok(out)
+        })
+        .unwrap();
+        // the freed block is the graph's until it drops; the output lives in the graph's pool
+        let later: Vec<Tensor> = (0..8)
+            .map(|_| Tensor::zeros(&[N], DType::F32, &dev).unwrap())
+            .collect();
+        assert!(later.iter().all(|t| ptr(t) != freed_at));
+        graph.replay().unwrap();
+        assert_eq!(kept.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
+        drop(graph);
+        drop(kept);
+        dev.synchronize().unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_read_back_inside_a_capture_is_an_error_and_the_device_recovers() {
+        let dev = Device::Cuda(0);
+        let a = input(2, &dev);
+        let r = capture(&dev, || a.add_scalar(1.0)?.to_vec::<f32>());
+        let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("captured"), "{e}");
+        let b = a.add_scalar(1.0).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(b.len(), N);
+        assert!(capture(&Device::Cpu, || Ok::<_, Error>(())).is_err());
+    }
+}
