@@ -196,7 +196,7 @@ pub fn run(device: Device, quick: bool) -> Result<Value> {
         Arc::new(Mnist::load(bundled_mnist_dir(), Split::Train).context(
             "the input-bound check needs the MNIST digits (data/mnist or COHORT_DATA_DIR)",
         )?);
-    let steps = if quick { 60 } else { 300 };
+    let steps = if quick { 200 } else { 1000 };
     println!(
         "\ninput-bound check on {device}: MNIST pipeline (decode, normalise, shuffle, batch {BATCH}) -> {MEMBERS} MLP members, share({MEMBERS}), {steps} steps"
     );
