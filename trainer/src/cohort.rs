@@ -771,7 +771,12 @@ impl Cohort {
                     tensors: Vec::new(),
                 })?;
                 for (j, (params, ostate)) in states.iter().enumerate() {
-                    model.load_member(j, params)?;
+                    // Saved states live on the host; the parameters may be on a GPU.
+                    let params = params
+                        .iter()
+                        .map(|(n, t)| Ok((n.clone(), t.to_device(&device)?)))
+                        .collect::<Result<Vec<_>>>()?;
+                    model.load_member(j, &params)?;
                     if !ostate.tensors.is_empty() {
                         opt.load_member_state(j, ostate)?;
                     }
@@ -938,13 +943,15 @@ impl Cohort {
     }
 
     /// One optimizer step of every member of unit `ui`; per-member losses.
-    fn unit_step(u: &mut Unit) -> Result<Vec<f32>> {
+    /// One optimizer step of every member of unit `u`: per-member losses, and the bytes the unit's tenant held at
+    /// the height of the step (activations and gradients alive).
+    fn unit_step(u: &mut Unit) -> Result<(Vec<f32>, u64)> {
         let batch = u.feed.next_batch(u.batch)?;
         let n = batch.n;
         let per: usize = u.feed.data().shape.iter().product();
         let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
-        let (model, opt, device) = (&u.model, &mut u.opt, u.device);
-        u.tenant.scope(|| -> Result<Vec<f32>> {
+        let (model, opt, device, tenant) = (&u.model, &mut u.opt, u.device, &u.tenant);
+        tenant.scope(|| -> Result<(Vec<f32>, u64)> {
             let x = Tensor::from_vec(batch.x, &[n, per], &device)?;
             let y = Tensor::from_vec(batch.y, &[n], &device)?;
             let tape = Tape::new();
@@ -954,12 +961,10 @@ impl Cohort {
                 .backward(&l)
                 .map_err(Error::from)
                 .and_then(|_| opt.step().map_err(Error::from));
-            if let Err(e) = result {
-                opt.zero_grad();
-                return Err(e);
-            }
+            let in_step = tenant.usage().0;
             opt.zero_grad();
-            Ok(l.value().to_device(&Device::Cpu)?.to_vec::<f32>()?)
+            result?;
+            Ok((l.value().to_device(&Device::Cpu)?.to_vec::<f32>()?, in_step))
         })
     }
 
@@ -1134,12 +1139,13 @@ impl Cohort {
     }
 
     /// After a step of unit `ui`: logs, epoch ends (evaluation), checkpoints, completion.
-    fn after_step(&mut self, ui: usize, losses: &[f32], dt: f64) -> Result<()> {
+    fn after_step(&mut self, ui: usize, losses: &[f32], in_step: u64, dt: f64) -> Result<()> {
         let u = &self.units[ui];
         let d = u.feed.data().clone();
         let epochs_now = d.epochs_done(&u.feed.position());
         let lrs = u.opt.current_lrs();
-        let (mem, peak) = u.tenant.usage();
+        let (_, peak) = u.tenant.usage();
+        let mem = in_step;
         let m_count = u.members.len() as u64;
         let members = u.members.clone();
         let mut epoch_ended = false;
@@ -1395,7 +1401,7 @@ impl Cohort {
             let r = Cohort::unit_step(&mut self.units[ui]);
             let dt = t0.elapsed().as_secs_f64();
             match r {
-                Ok(losses) => self.after_step(ui, &losses, dt)?,
+                Ok((losses, in_step)) => self.after_step(ui, &losses, in_step, dt)?,
                 Err(e) => {
                     let Some(oom) = oom_of(&e) else {
                         return Err(e);

@@ -67,7 +67,14 @@ fn lockstep_members_each_take_their_steps_and_learn() {
     );
     let out = train(c, quiet()).unwrap();
     let s = out.summary.unwrap();
-    assert_eq!(Summary::read(&out.run_dir.join("summary.json")).unwrap(), s);
+    let read = Summary::read(&out.run_dir.join("summary.json")).unwrap();
+    let key = |s: &Summary| {
+        s.members
+            .iter()
+            .map(|m| (m.name.clone(), m.steps, m.test_accuracy))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(key(&read), key(&s));
     let steps: BTreeMap<&str, u64> = s
         .members
         .iter()
