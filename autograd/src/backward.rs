@@ -65,6 +65,10 @@ pub(crate) enum Op {
         shape: Vec<usize>,
     },
     Transpose,
+    Cast {
+        dtype: cohort_tensor::DType,
+        device: cohort_tensor::Device,
+    },
     BroadcastTo {
         shape: Vec<usize>,
     },
@@ -273,6 +277,9 @@ impl Op {
             Op::Square { x } => one(need, || Ok(g.mul(x)?.mul_scalar(2.0)?)),
             Op::Reshape { shape } => one(need, || Ok(g.reshape(shape)?)),
             Op::Transpose => one(need, || Ok(g.transpose()?)),
+            Op::Cast { dtype, device } => {
+                one(need, || Ok(g.to_device(device)?.to_dtype(*dtype)?))
+            }
             Op::BroadcastTo { shape } => one(need, || Ok(g.sum_to(shape)?)),
             Op::SumTo { shape } => one(need, || Ok(g.broadcast_to(shape)?)),
             Op::Narrow { dim, start, shape } => one(need, || {

@@ -166,6 +166,43 @@ impl Var {
         })
     }
 
+    /// The value in another float dtype (the gradient comes back in this one).
+    ///
+    /// # Errors
+    /// When the cast is not supported.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Var> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let (from, device) = (self.dtype(), self.value().device());
+        Var::record("to_dtype", self.value().to_dtype(dtype)?, &[self], || {
+            Op::Cast {
+                dtype: from,
+                device,
+            }
+        })
+    }
+
+    /// The value on another device (the gradient comes back to this one).
+    ///
+    /// # Errors
+    /// When the device is not available.
+    pub fn to_device(&self, device: &cohort_tensor::Device) -> Result<Var> {
+        let (dtype, from) = (self.dtype(), self.value().device());
+        if *device == from {
+            return Ok(self.clone());
+        }
+        Var::record(
+            "to_device",
+            self.value().to_device(device)?,
+            &[self],
+            || Op::Cast {
+                dtype,
+                device: from,
+            },
+        )
+    }
+
     /// Swaps the last two dimensions.
     ///
     /// # Errors

@@ -211,3 +211,21 @@ fn accuracy_per_member() {
     let y = Tensor::from_vec(vec![0i32, 1], &[2], &DEV).unwrap();
     assert_eq!(loss::accuracy(&logits, &y).unwrap(), vec![1.0, 0.5]);
 }
+
+#[test]
+fn casts_carry_the_gradient_back() {
+    let tape = Tape::new();
+    let x = tape.watch(t(&[1.5, -2.0], &[2]));
+    let y = x
+        .to_dtype(DType::F32)
+        .unwrap()
+        .square()
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    let g = tape.backward(&y).unwrap();
+    let gx = g.get(&x).unwrap();
+    assert_eq!(gx.dtype(), DType::F64);
+    assert_eq!(gx.to_vec::<f64>().unwrap(), vec![3.0, -4.0]);
+}
