@@ -41,6 +41,7 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// Out of memory or over the tenant's limit (a structured [`cohort_alloc::Error`]).
+    #[track_caller]
     fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block>;
     /// Returns a block to the cache.
     fn free(&self, block: Block);
@@ -65,6 +66,9 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
 }
 
 impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
+    // The allocator records its first use's location (for "configuration frozen" errors): pass
+    // the caller's through.
+    #[track_caller]
     fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
         Bfc::alloc(self, bytes, tenant)
     }

@@ -524,7 +524,7 @@ impl Tensor {
                 op: "narrow",
                 reason: format!(
                     "range {start}..{} exceeds dim {dim} of size {size} (shape {:?})",
-                    start + len,
+                    start.saturating_add(len),
                     self.shape
                 ),
             });
@@ -575,12 +575,12 @@ impl Tensor {
             });
         }
         let size = self.shape[dim];
-        if start + len > size {
+        if start.checked_add(len).is_none_or(|e| e > size) {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: format!(
                     "range {start}..{} exceeds dim {dim} of size {size}",
-                    start + len
+                    start.saturating_add(len)
                 ),
             });
         }
