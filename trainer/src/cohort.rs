@@ -108,6 +108,8 @@ struct Unit {
     tenant: Tenant,
     batch: usize,
     act_bytes_per_example: u64,
+    /// Training-mode forward passes: the position in every dropout layer's mask sequence (part of exact resume).
+    forwards: u64,
 }
 
 /// One member's parameters and optimizer state, without the member dimension.
@@ -631,11 +633,18 @@ impl Cohort {
         for (_, g) in groups {
             let mut states = Vec::new();
             let mut pos = Position::default();
+            let mut forwards = 0;
             for &i in &g {
                 match loaded[i].take() {
                     Some(ck) => {
                         pos = serde_json::from_value(ck.manifest.data_position.clone())
                             .map_err(|e| Error::json("checkpoint data position", e))?;
+                        forwards = ck
+                            .manifest
+                            .rng
+                            .get("dropout_forwards")
+                            .and_then(serde_json::Value::as_u64)
+                            .unwrap_or(0);
                         states.push(Some(self.state_from_checkpoint(&ck, i)?));
                     }
                     None => states.push(None),
@@ -648,7 +657,7 @@ impl Cohort {
             };
             let dev = self.members[g[0]].device;
             let batch = self.members[g[0]].batch;
-            let unit = self.build_unit(g, dev, &pos, batch, states)?;
+            let unit = self.build_unit(g, dev, &pos, batch, states, forwards)?;
             self.units.push(unit);
         }
         self.note_fusion();
@@ -706,6 +715,7 @@ impl Cohort {
         pos: &Position,
         batch: usize,
         states: Option<Vec<MemberState>>,
+        forwards: u64,
     ) -> Result<Unit> {
         let first = &self.members[members[0]].cfg;
         let data = self.data[&first.data].clone();
@@ -782,6 +792,21 @@ impl Cohort {
                     }
                 }
             }
+            // Dropout layers draw their n-th mask from (seed, n): bring the sequence to where the saved (or split)
+            // unit left it with forward passes on one example (shape does not matter to the sequence).
+            if forwards > 0
+                && first
+                    .layers
+                    .iter()
+                    .any(|l| matches!(l, LayerConfig::Dropout { .. }))
+            {
+                let per: usize = data.shape.iter().product();
+                let x = Tensor::zeros(&[1, per], DType::F32, &device)?;
+                let tape = Tape::new();
+                for _ in 0..forwards {
+                    tape.no_grad(|| model.forward(&tape, &x))?;
+                }
+            }
             Ok((model, opt))
         })?;
         let per_member =
@@ -798,6 +823,7 @@ impl Cohort {
             device,
             tenant,
             batch,
+            forwards,
         })
     }
 
@@ -849,12 +875,13 @@ impl Cohort {
             }
         }
         let old_device = u.device;
+        let forwards = u.forwards;
         // Drop the old unit (and its memory) before building the new ones.
         self.units.remove(ui);
-        let ua = self.build_unit(a.0, device, &pos, batch, Some(a.1))?;
+        let ua = self.build_unit(a.0, device, &pos, batch, Some(a.1), forwards)?;
         self.units.insert(ui, ua);
         if !b.0.is_empty() {
-            let ub = self.build_unit(b.0, old_device, &pos, batch, Some(b.1))?;
+            let ub = self.build_unit(b.0, old_device, &pos, batch, Some(b.1), forwards)?;
             self.units.push(ub);
         }
         self.note_fusion();
@@ -950,12 +977,14 @@ impl Cohort {
         let n = batch.n;
         let per: usize = u.feed.data().shape.iter().product();
         let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
-        let (model, opt, device, tenant) = (&u.model, &mut u.opt, u.device, &u.tenant);
+        let (model, opt, device, tenant, forwards) =
+            (&u.model, &mut u.opt, u.device, &u.tenant, &mut u.forwards);
         tenant.scope(|| -> Result<(Vec<f32>, u64)> {
             let x = Tensor::from_vec(batch.x, &[n, per], &device)?;
             let y = Tensor::from_vec(batch.y, &[n], &device)?;
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
+            *forwards += 1;
             let l = loss::cross_entropy(&logits, &y)?;
             let result = tape
                 .backward(&l)
@@ -1061,6 +1090,7 @@ impl Cohort {
             tensors.insert(format!("optim.{n}"), tensor_data(t)?);
         }
         let pos = u.feed.position();
+        let forwards = u.forwards;
         let time = self.elapsed();
         let m = &mut self.members[i];
         m.c.time = time;
@@ -1077,7 +1107,12 @@ impl Cohort {
                 device: m.device.to_string(),
                 data_position: serde_json::to_value(pos)
                     .map_err(|e| Error::json("data position", e))?,
-                rng: serde_json::json!({ "seed": m.cfg.seed, "data_epoch": pos.epoch, "data_index": pos.index }),
+                rng: serde_json::json!({
+                    "seed": m.cfg.seed,
+                    "data_epoch": pos.epoch,
+                    "data_index": pos.index,
+                    "dropout_forwards": forwards,
+                }),
                 config_hash: m.cfg.config_hash(),
                 config: m.cfg.identity(),
                 trainer_state,

@@ -538,3 +538,24 @@ fn a_corrupt_newest_checkpoint_is_skipped_on_resume() {
         final_tensors(&halted.run_dir, "m")
     );
 }
+
+#[test]
+fn a_model_with_dropout_resumes_bit_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members = "[[member]]\nname = \"d\"\nmodel = { layers = [{ linear = 32, act = \"relu\" }, { dropout = 0.3 }, \
+                   { linear = 4 }] }\ndata = \"blobs\"\nbatch = 32\ncheckpoint = { every = 10 }\n";
+    let full = train(config(tmp.path(), "full", "epochs = 2", members), quiet()).unwrap();
+    let halted = train(
+        config(tmp.path(), "half", "epochs = 2", members),
+        RunOptions {
+            halt_after_steps: Some(17),
+            ..quiet()
+        },
+    )
+    .unwrap();
+    resume(&halted.run_dir, quiet()).unwrap();
+    assert_eq!(
+        final_tensors(&full.run_dir, "d"),
+        final_tensors(&halted.run_dir, "d")
+    );
+}
