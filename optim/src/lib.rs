@@ -1,8 +1,9 @@
-//! cohort-optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW over [`Param`]s, learning-rate schedules,
-//! a learning rate per member for fused models, and state for checkpoints.
+//! cohort-optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW over
+//! [`Param`](cohort_autograd::Param)s, learning-rate schedules, a learning rate per member for fused models, and
+//! state for checkpoints.
 //!
-//! Each step is one fused tensor call per parameter (`Tensor::adam_step_` / `Tensor::sgd_step_`), so on the GPU
-//! one launch updates a whole parameter of all members.
+//! Adam and AdamW update every parameter in one call (`Tensor::adam_step_many_`: one fused launch on the GPU);
+//! SGD makes one fused call per parameter (`Tensor::sgd_step_`), covering all members of a fused parameter.
 //!
 //! ```
 //! use cohort_autograd::{BuildOptions, ModelSpec, Tape, loss};
