@@ -104,7 +104,20 @@ impl Param {
         Ok(())
     }
 
-    /// Overwrites the value with `src` (same shape), in place.
+    /// `src` on this parameter's device and in its dtype (a checkpoint read on the CPU, a model on a GPU).
+    fn conform(&self, src: &Tensor) -> Result<Tensor> {
+        let v = &self.0.value;
+        let mut t = src.clone();
+        if t.device() != v.device() {
+            t = t.to_device(&v.device())?;
+        }
+        if t.dtype() != v.dtype() {
+            t = t.to_dtype(v.dtype())?;
+        }
+        Ok(t)
+    }
+
+    /// Overwrites the value with `src` (same shape; moved and cast to the parameter's device and dtype), in place.
     ///
     /// # Errors
     /// When the shape or dtype differs.
@@ -119,7 +132,7 @@ impl Param {
                 ),
             });
         }
-        self.0.value.assign_(src)?;
+        self.0.value.assign_(&self.conform(src)?)?;
         Ok(())
     }
 
@@ -138,7 +151,7 @@ impl Param {
         Ok(self.0.value.narrow(0, m, 1)?.reshape(&shape[1..])?)
     }
 
-    /// Writes member `m`'s slice; `src` may have the member dimension (`[1, in, out]`) or not (`[in, out]`).
+    /// Writes member `m`'s slice (moved and cast as needed); `src` may have the member dimension (`[1, in, out]`) or not (`[in, out]`).
     ///
     /// # Errors
     /// When `m` is out of range or the shape does not match a member's slice.
@@ -162,7 +175,9 @@ impl Param {
         }
         let mut one = vec![1];
         one.extend_from_slice(inner);
-        self.0.value.narrow_assign_(0, m, &src.reshape(&one)?)?;
+        self.0
+            .value
+            .narrow_assign_(0, m, &self.conform(src)?.reshape(&one)?)?;
         Ok(())
     }
 }

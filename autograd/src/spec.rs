@@ -545,6 +545,34 @@ impl Model {
             .collect()
     }
 
+    /// Overwrites every parameter, whole (`[M, ..]`, as given by [`Model::state`]); tensors are moved and cast to
+    /// the model's device and dtype.
+    ///
+    /// # Errors
+    /// When a parameter is missing, unknown or has the wrong shape.
+    pub fn load_state(&self, state: &[(String, Tensor)]) -> Result<()> {
+        for (name, _) in state {
+            if !self.params.iter().any(|p| &p.name() == name) {
+                return Err(Error::Param {
+                    name: name.clone(),
+                    reason: "not a parameter of this model".into(),
+                });
+            }
+        }
+        for p in &self.params {
+            let name = p.name();
+            let t = state
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| Error::Param {
+                    name: name.clone(),
+                    reason: "missing from the state".into(),
+                })?;
+            p.set(&t.1)?;
+        }
+        Ok(())
+    }
+
     /// Writes member `m`'s parameters (as given by [`Model::member_state`], with or without a leading 1).
     ///
     /// # Errors

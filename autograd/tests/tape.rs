@@ -103,6 +103,25 @@ fn spec_from_toml_builds_named_parameters() {
         .load_member(0, &[("layers.9.weight".into(), s1[0].1.clone())])
         .unwrap_err();
     assert!(err.to_string().contains("layers.9.weight"), "{err}");
+    // whole states load into another model, cast from f64 as read from elsewhere
+    let other = spec.build(&[784], &BuildOptions::new(4, 9, DEV)).unwrap();
+    let state: Vec<(String, Tensor)> = model
+        .state()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_dtype(DType::F64).unwrap()))
+        .collect();
+    other.load_state(&state).unwrap();
+    assert_eq!(
+        other.params()[2].value().to_vec::<f32>().unwrap(),
+        model.params()[2].value().to_vec::<f32>().unwrap()
+    );
+    assert!(
+        other
+            .load_state(&state[1..])
+            .unwrap_err()
+            .to_string()
+            .contains("layers.0.weight")
+    );
     // a spec round-trips through TOML
     let text = toml::to_string(&spec).unwrap();
     assert_eq!(ModelSpec::from_toml(&text).unwrap(), spec);
