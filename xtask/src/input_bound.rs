@@ -54,23 +54,37 @@ impl Member {
 
 /// The cohort benchmark's `graph` schedule: `n` MLP members fused into one model, the whole training step
 /// (forward, backward, Adam) captured as a CUDA graph after three eager warm-up steps, then per step the batch is
-/// copied into the graph's static input tensors and the graph replayed (one launch). Returns model-steps per
-/// second, timed like the other schedules (at least `budget`, synchronizing every 16 steps); `None` on the CPU.
-///
-/// # Errors
-/// A failed build, step or capture.
+/// copied into the graph's static input tensors and the graph replayed (one launch). Timed like the other
+/// schedules (at least `budget`, synchronizing every 16 steps). Prints one line and returns the benchmark row
+/// (with the error, if the capture failed, so the other schedules' figures still come out); `None` on the CPU.
 pub fn graph_schedule(
     device: Device,
     n: usize,
     budget: Duration,
     data: &[(Tensor, Tensor)],
-) -> Result<Option<f64>> {
+) -> Option<Value> {
     if !device.is_cuda() {
-        return Ok(None);
+        return None;
     }
-    let Some((x0, y0)) = data.first() else {
-        return Ok(None);
-    };
+    Some(match graph_rate(device, n, budget, data) {
+        Ok(model_steps) => {
+            println!("cohort graph n={n:3}: {model_steps:10.0} model-steps/s");
+            json!({ "schedule": "graph", "n": n, "model_steps_per_s": model_steps })
+        }
+        Err(e) => {
+            println!("cohort graph n={n:3}: failed: {e:#}");
+            json!({ "schedule": "graph", "n": n, "error": format!("{e:#}") })
+        }
+    })
+}
+
+fn graph_rate(
+    device: Device,
+    n: usize,
+    budget: Duration,
+    data: &[(Tensor, Tensor)],
+) -> Result<f64> {
+    let (x0, y0) = data.first().context("no batches to replay")?;
     let model = ModelSpec::from_toml(MLP)?.build(&[784], &BuildOptions::new(n, 0, device))?;
     let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
     let mut fused = Member { model, opt };
@@ -98,12 +112,12 @@ pub fn graph_schedule(
     while done < 3 || start.elapsed() < budget {
         replay()?;
         done += 1;
-        if done % 16 == 0 {
+        if done.is_multiple_of(16) {
             device.synchronize()?;
         }
     }
     device.synchronize()?;
-    Ok(Some((done * n) as f64 / start.elapsed().as_secs_f64()))
+    Ok((done * n) as f64 / start.elapsed().as_secs_f64())
 }
 
 /// The batches for the members: the host pipeline, with or without device prefetch.
