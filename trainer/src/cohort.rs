@@ -657,8 +657,25 @@ impl Cohort {
             };
             let dev = self.members[g[0]].device;
             let batch = self.members[g[0]].batch;
-            let unit = self.build_unit(g, dev, &pos, batch, states, forwards)?;
-            self.units.push(unit);
+            match self.build_unit(g.clone(), dev, &pos, batch, states, forwards) {
+                Ok(unit) => self.units.push(unit),
+                // Not even the parameters fit the budget: that member cannot train, the others can.
+                Err(e) if oom_of(&e).is_some() => {
+                    for &i in &g {
+                        let m = &mut self.members[i];
+                        m.state = State::Done;
+                        m.finalized = true;
+                        m.c.oom_events += 1;
+                        m.c.stopped = Some("out of memory".into());
+                        let msg = format!(
+                            "error: member \"{}\" does not fit its memory budget even before its first step: {e}",
+                            m.cfg.name
+                        );
+                        self.progress.message(&msg);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         self.note_fusion();
         Ok(())
