@@ -176,9 +176,10 @@ pub fn capture<R, E: From<Error>>(
     }
     CAPTURING.store(true, Ordering::Release);
     let begun = gpu.begin_capture();
+    // A panic in `f` must still end the capture, or the device stays unusable.
     let out = match begun {
-        Ok(()) => f(),
-        Err(e) => Err(Error::from(e).into()),
+        Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)),
+        Err(e) => Ok(Err(Error::from(e).into())),
     };
     let graph = if gpu.is_capturing() {
         gpu.end_capture().map_err(Error::from)
@@ -197,7 +198,13 @@ pub fn capture<R, E: From<Error>>(
         counters: Vec::new(),
     };
     // On failure `built` drops here: the deferred blocks go back (nothing captured ever runs).
-    let out = out?;
+    let out = match out {
+        Ok(r) => r?,
+        Err(panic) => {
+            drop(built);
+            std::panic::resume_unwind(panic)
+        }
+    };
     built.graph = Some(graph?);
     for (counter, step) in state.counters {
         let before = u32::try_from(step.saturating_sub(1)).unwrap_or(u32::MAX);
