@@ -41,7 +41,10 @@ pub(crate) fn elem_count(shape: &[usize]) -> usize {
 impl Tensor {
     pub(crate) fn from_storage(storage: Storage, shape: Vec<usize>) -> Tensor {
         let (dtype, device) = match &storage {
-            Storage::Cpu(s) => (s.dtype(), Device::Cpu),
+            Storage::Cpu(s) => {
+                crate::memory::tune_host_malloc();
+                (s.dtype(), Device::Cpu)
+            }
             Storage::Cuda(s) => (s.dtype(), Device::Cuda(s.ordinal())),
         };
         Tensor {
