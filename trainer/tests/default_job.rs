@@ -9,8 +9,26 @@ fn workspace() -> PathBuf {
         .join("..")
 }
 
+/// The `cohort` binary: beside the test's directory (cargo: target/<profile>/deps/.. ; the GPU bundle: tests/../bin),
+/// else where cargo built it.
+fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("COHORT_BIN") {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent().and_then(Path::parent)
+    {
+        for p in [dir.join("bin").join("cohort"), dir.join("cohort")] {
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_cohort"))
+}
+
 fn cohort(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cohort"))
+    Command::new(binary())
         .args(args)
         .current_dir(cwd)
         .output()
