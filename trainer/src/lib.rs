@@ -5,6 +5,14 @@
 //! out-of-memory errors member by member, and reports a summary table, `summary.json` and PNG plots. The `cohort`
 //! binary is its command line.
 //!
+//! - [`config`]: the TOML config, grid expansion, errors naming file, key and what is accepted.
+//! - [`cohort`]: members, units of `M` fused members, schedules, OOM recovery, control, resume.
+//! - [`feed`]: data sets loaded once and per-member batch feeds with a saved position.
+//! - [`memory`]: member budgets as allocator tenants (host accounting on the CPU).
+//! - [`checkpoint`]: safetensors + JSON manifest, atomic writes, rotation, corrupt-checkpoint fallback.
+//! - [`tensorboard`], [`metrics`], [`progress`], [`report`], [`plot`]: what a run writes and shows.
+//! - [`control`], [`run_dir`]: the control file and the run directory layout.
+//!
 //! ```
 //! use cohort_trainer::config::Config;
 //! let config = Config::parse(

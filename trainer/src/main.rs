@@ -46,7 +46,7 @@ enum Command {
     /// Continue an interrupted run from its members' latest valid checkpoints, with the config saved in it. The
     /// result is the same as if the run had never stopped.
     Resume {
-        /// The run directory (runs/<run>).
+        /// The run directory (`runs/<run>`).
         run_dir: PathBuf,
         /// No progress lines.
         #[arg(long, short)]

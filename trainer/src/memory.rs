@@ -1,6 +1,6 @@
 //! Member memory budgets as allocator tenants.
 //!
-//! On a GPU every tensor a member allocates is a block of the device's [`Bfc`](cohort_alloc::Bfc), charged to the
+//! On a GPU every tensor a member allocates is a block of the device's `Bfc` (cohort-alloc), charged to the
 //! member's tenant (the step runs inside [`cohort_tensor::memory::with_tenant`]), so its limit, peak and OOMs are
 //! the allocator's own. On the CPU, host tensors are plain vectors that no allocator sees; there the trainer charges
 //! each member's working set to its tenant on a host-accounting `Bfc` over a [`SimMemory`] (addresses only, no
