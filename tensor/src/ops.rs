@@ -434,7 +434,10 @@ impl Tensor {
         const OP: &str = "matmul";
         self.same_dtype(OP, rhs)?;
         self.same_device(OP, rhs)?;
-        self.require_float(OP)?;
+        // f16/bf16 run on CUDA (GemmEx); the CPU backend refuses them with a dtype error.
+        if !matches!(self.dtype, DType::F16 | DType::BF16) {
+            self.require_float(OP)?;
+        }
         let (lr, rr) = (self.rank(), rhs.rank());
         if lr < 2 || rr < 2 {
             return Err(self.shape_mismatch(OP, rhs));
@@ -1107,6 +1110,84 @@ impl Tensor {
                 decoupled,
                 step,
             )?;
+        }
+        Ok(())
+    }
+
+    /// SGD steps on many parameters at once, each entry `(param, grad, momentum_buf, lrs)`; on
+    /// CUDA one fused launch updates them all (f32), on the CPU they run one after another.
+    /// Same semantics as [`Tensor::sgd_step_`].
+    ///
+    /// # Errors
+    /// As [`Tensor::sgd_step_`] for any entry (checked before anything is updated); a tensor
+    /// appearing in two entries.
+    #[allow(clippy::type_complexity)]
+    pub fn sgd_step_many_(
+        params: &[(&Tensor, &Tensor, Option<&Tensor>, &[f64])],
+        momentum: f64,
+        dampening: f64,
+        weight_decay: f64,
+        nesterov: bool,
+    ) -> Result<()> {
+        const OP: &str = "sgd_step_many_";
+        let mut seen: Vec<&Tensor> = Vec::with_capacity(params.len() * 3);
+        for &(p, g, b, lrs) in params {
+            let mut others = vec![g];
+            others.extend(b);
+            Tensor::check_step(OP, p, &others, lrs)?;
+            if momentum != 0.0 && b.is_none() {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "momentum {momentum} needs a momentum buffer for the parameter of shape {:?}",
+                        p.shape
+                    ),
+                });
+            }
+            for t in [p, g].into_iter().chain(b) {
+                if seen.iter().any(|s| s.same_storage(t)) {
+                    return Err(Error::InvalidArgument {
+                        op: OP,
+                        reason: format!("a tensor of shape {:?} appears in two entries", t.shape),
+                    });
+                }
+                seen.push(t);
+            }
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(&(first, ..)) = params.first() {
+            let fused = first.device.is_cuda()
+                && params
+                    .iter()
+                    .all(|(p, ..)| p.device == first.device && p.dtype == DType::F32);
+            if fused {
+                let mut pg: Vec<_> = params.iter().map(|e| e.0.write()).collect();
+                let gg: Vec<_> = params.iter().map(|e| e.1.read()).collect();
+                let mut bg: Vec<_> = params.iter().map(|e| e.2.map(Tensor::write)).collect();
+                let mut entries = Vec::with_capacity(params.len());
+                for (((p, g), b), e) in pg.iter_mut().zip(&gg).zip(bg.iter_mut()).zip(params) {
+                    let b = match b.as_deref_mut() {
+                        None => None,
+                        Some(Storage::Cuda(b)) => Some(b),
+                        Some(Storage::Cpu(_)) => return Err(e.0.device_mismatch(OP, e.1)),
+                    };
+                    match (&mut **p, &**g) {
+                        (Storage::Cuda(p), Storage::Cuda(g)) => entries.push((p, g, b, e.3)),
+                        _ => return Err(e.0.device_mismatch(OP, e.1)),
+                    }
+                }
+                let h = SgdParams {
+                    lrs: &[],
+                    momentum,
+                    dampening,
+                    weight_decay,
+                    nesterov,
+                };
+                return cuda::sgd_step_many(&mut entries, &h);
+            }
+        }
+        for &(p, g, b, lrs) in params {
+            Tensor::sgd_step_(p, g, b, lrs, momentum, dampening, weight_decay, nesterov)?;
         }
         Ok(())
     }

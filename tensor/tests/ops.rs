@@ -848,6 +848,32 @@ fn optimizers(dev: &Device) -> Result<()> {
             (&pa[0], &g[1], &ma[1], &va[1], lrs[1]),
         ];
         assert!(Tensor::adam_step_many_(&dup, 0.9, 0.99, 1e-8, 0.0, false, 1).is_err());
+        // SGD on many parameters at once equals one call per parameter.
+        let bufs_a = zeros()?;
+        let bufs_b = zeros()?;
+        for _ in 0..2 {
+            let entries: Vec<_> = (0..3)
+                .map(|i| (&pa[i], &g[i], Some(&bufs_a[i]), lrs[i]))
+                .collect();
+            Tensor::sgd_step_many_(&entries, 0.9, 0.0, 0.01, true)?;
+            for i in 0..3 {
+                Tensor::sgd_step_(
+                    &pb[i],
+                    &g[i],
+                    Some(&bufs_b[i]),
+                    lrs[i],
+                    0.9,
+                    0.0,
+                    0.01,
+                    true,
+                )?;
+            }
+        }
+        for i in 0..3 {
+            assert_close("sgd_step_many_", &pa[i], shapes[i], &host(&pb[i]), tol(dt));
+        }
+        let no_buf = [(&pa[0], &g[0], None, lrs[0])];
+        assert!(Tensor::sgd_step_many_(&no_buf, 0.9, 0.0, 0.0, false).is_err());
         // A single rate applies to all members.
         let p = Tensor::ones(&[2, 2], dt, dev)?;
         let g = Tensor::ones(&[2, 2], dt, dev)?;
