@@ -21,6 +21,10 @@ pub struct Args {
     /// Skip bench binaries.
     #[arg(long)]
     no_benches: bool,
+    /// Also pack the folder as `<out>.tar.xz` (stripped binaries compress about 8x; what travels to a GPU machine
+    /// is limited in size).
+    #[arg(long)]
+    archive: bool,
 }
 
 /// The workspace root: xtask lives one folder below it.
