@@ -68,6 +68,15 @@ fn asking_for_a_gpu_without_one_is_a_clear_error() {
 
 #[cfg(feature = "cuda")]
 mod gpu {
+    /// The driver's free memory is device-wide: the tests take turns so no other test's memory moves it.
+    static DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+        DEVICE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     use super::MIB;
     use cohort_alloc::{Backend, Bfc, Config, CudaMemory, CudaVmm, MemorySource, TenantId};
     use cudarc::driver::sys;
@@ -113,6 +122,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn cuda_segments_written_and_read_back() {
+        let _turn = exclusive();
         let bfc = Bfc::new(CudaMemory::new(0).unwrap(), Config::default()).unwrap();
         round_trip(&bfc);
     }
@@ -120,6 +130,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn cuda_stitched_pages_survive_moves() {
+        let _turn = exclusive();
         let config = Config::builder().idle_page_slack(0).build().unwrap();
         let bfc = Bfc::new(CudaVmm::new(0).unwrap(), config).unwrap();
         round_trip(&bfc);
@@ -148,6 +159,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn cuda_async_backend_written_and_read_back() {
+        let _turn = exclusive();
         let config = Config::builder()
             .backend(Backend::Async)
             .release_threshold(64 * MIB)
@@ -207,6 +219,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn cuda_segments_driver_free_memory_moves_as_stats_say() {
+        let _turn = exclusive();
         driver_free_follows_stats(
             &Bfc::new(CudaMemory::new(0).unwrap(), Config::default()).unwrap(),
         );
@@ -215,12 +228,14 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn cuda_stitched_driver_free_memory_moves_as_stats_say() {
+        let _turn = exclusive();
         driver_free_follows_stats(&Bfc::new(CudaVmm::new(0).unwrap(), Config::default()).unwrap());
     }
 
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn device_allocator_picks_the_stitched_source_on_a_gpu() {
+        let _turn = exclusive();
         let bfc = cohort_alloc::device_allocator(&Config::default()).unwrap();
         let report = bfc.stats();
         assert_eq!(report.layout, "stitched", "{report}");

@@ -1,10 +1,6 @@
 //! CPU training throughput of the MLP 784-128-10 (Adam 1e-3, batch 256, synthetic data) for N models, run
 //! separately (N models in turn) and fused (one model with M = N members). Throughput is in model-steps per
 //! second (criterion "elements": one element = one model-step).
-//!
-//! CPU tensors are plain heap buffers, so the process keeps freed memory for reuse as a caching allocator would
-//! (glibc: no trimming, no per-buffer mmap); without it the fused steps' multi-megabyte buffers are mapped, faulted
-//! in and unmapped every step. `COHORT_BENCH_SYSTEM_MALLOC=1` measures with glibc's defaults instead.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -66,20 +62,7 @@ fn batches(x: &Tensor, y: &Tensor) -> Vec<(Tensor, Tensor)> {
         .collect()
 }
 
-/// Keeps freed heap memory in the process (see the crate comment).
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("COHORT_BENCH_SYSTEM_MALLOC").is_none() {
-        // SAFETY: mallopt only changes glibc's allocation thresholds; called before any worker thread starts.
-        unsafe {
-            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20); // glibc's largest
-        }
-    }
-}
-
 fn mlp_cohort(c: &mut Criterion) {
-    keep_freed_memory();
     let (x, y) = data();
     let bs = batches(&x, &y);
     let mut g = c.benchmark_group("cpu_mlp_cohort");

@@ -56,6 +56,9 @@ fn cuda_features(root: &Path) -> Result<String> {
 /// One executable cargo built, with the package folder it runs in.
 struct Artifact {
     name: String,
+    /// `lib`, `bin`, `test` or `bench`: a package's unit tests of its `cohort` binary and its `tests/cohort.rs`
+    /// share a name.
+    kind: String,
     path: PathBuf,
     package_dir: PathBuf,
 }
@@ -94,6 +97,10 @@ fn cargo_executables(
             .to_path_buf();
         found.push(Artifact {
             name: msg["target"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            kind: msg["target"]["kind"][0]
                 .as_str()
                 .unwrap_or_default()
                 .to_string(),
@@ -174,7 +181,8 @@ pub fn run(args: &Args) -> Result<()> {
             }
         };
         for a in cargo_executables(&root, &cmd, keep)? {
-            let file = format!("{}-{}", a.package_dir.display(), a.name).replace('/', "_");
+            let file =
+                format!("{}-{}-{}", a.package_dir.display(), a.kind, a.name).replace('/', "_");
             copy_stripped(&a.path, &out.join(dir).join(&file))?;
             manifest[dir].as_array_mut().expect("array").push(json!({
                 "name": a.name, "file": format!("{dir}/{file}"), "package_dir": a.package_dir,

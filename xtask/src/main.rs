@@ -14,11 +14,6 @@ mod input_bound;
 
 use clap::{Parser, Subcommand};
 
-/// CPU tensors are heap buffers freed and reused every step; mimalloc keeps them cached in the process, where
-/// glibc's malloc maps, faults in and unmaps the multi-megabyte ones each time.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(name = "xtask", about = "cohort developer tasks")]
 struct Cli {

@@ -320,6 +320,9 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
     flag: DeviceBuffer,
+    /// Held from an index kernel's launch until its flag is read, and by `synchronize` while it reads the flag, so
+    /// an error is reported by the op that caused it, never by another thread's op.
+    flag_lock: Mutex<()>,
     /// A CUDA graph is being captured on the compute stream.
     capturing: AtomicBool,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
@@ -401,6 +404,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
             flag,
+            flag_lock: Mutex::new(()),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
         })
@@ -459,7 +463,15 @@ impl Gpu {
         self.compute
             .synchronize()
             .map_err(|e| cuda_err("synchronizing the compute stream", e))?;
+        let _flag = self.flag_guard();
         self.check_flag()
+    }
+
+    /// Take this before launching an index kernel and keep it until [`Gpu::check_index_errors`] has returned.
+    pub fn flag_guard(&self) -> MutexGuard<'_, ()> {
+        self.flag_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits for the compute stream and reports an index error a kernel flagged: callers that

@@ -779,6 +779,7 @@ pub fn max_pool2d_backward(
     want("max_pool2d_backward", grad_out, &[DType::F32])?;
     same_device("max_pool2d_backward", grad_out, indices)?;
     let out = grad_out.sibling(planes * plane_in, DType::F32)?;
+    let _flag = grad_out.gpu.flag_guard();
     // SAFETY: grad_out and indices hold planes·plane_out elements, out planes·plane_in.
     unsafe {
         pool_cuda::max_pool2d_backward(
@@ -810,6 +811,7 @@ pub fn index_select(
     let t = ty("index_select", src.dtype)?;
     same_device("index_select", src, idx)?;
     let out = src.sibling(outer * idx.len * inner, src.dtype)?;
+    let _flag = src.gpu.flag_guard();
     // SAFETY: src holds outer·dim·inner elements, idx idx.len i32, out outer·idx.len·inner.
     unsafe {
         index_cuda::index_select(
@@ -847,6 +849,7 @@ pub fn index_add(
     same_device("index_add", dst, src)?;
     same_device("index_add", dst, idx)?;
     let t = want("index_add", dst, &BINARY_TYPES)?;
+    let _flag = dst.gpu.flag_guard();
     // SAFETY: dst holds outer·dim·inner elements, src outer·idx.len·inner.
     unsafe {
         index_cuda::index_add(
@@ -874,6 +877,7 @@ pub fn gather_last(src: &CudaStorage, idx: &CudaStorage, cols: usize) -> Result<
     let t = want("gather_last", src, &BINARY_TYPES)?;
     same_device("gather_last", src, idx)?;
     let out = src.sibling(idx.len, src.dtype)?;
+    let _flag = src.gpu.flag_guard();
     // SAFETY: src holds idx.len·cols elements, idx and out idx.len.
     unsafe {
         index_cuda::gather_last(
@@ -906,6 +910,7 @@ pub fn scatter_add_last(
     }
     want("scatter_add_last", dst, &[DType::F32])?;
     same_device("scatter_add_last", dst, src)?;
+    let _flag = dst.gpu.flag_guard();
     // SAFETY: dst holds idx.len·cols f32, idx and src idx.len elements.
     unsafe {
         index_cuda::scatter_add_last(
@@ -932,6 +937,7 @@ pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<Cud
         other => return Err(unsupported("one_hot", other)),
     };
     let out = labels.sibling(labels.len * classes, dtype)?;
+    let _flag = labels.gpu.flag_guard();
     // SAFETY: labels holds len i32, out len·classes elements.
     unsafe {
         index_cuda::one_hot(

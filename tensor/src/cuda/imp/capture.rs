@@ -240,6 +240,15 @@ mod tests {
 
     const N: usize = 4096;
 
+    /// A capture records everything queued on the compute stream, from any thread: the tests take turns.
+    static DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+        DEVICE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn ptr(t: &Tensor) -> u64 {
         match &*t.read() {
             Storage::Cuda(s) => s.device_ptr(),
@@ -265,6 +274,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn graph_replays_match_eager_steps() {
+        let _turn = exclusive();
         let dev = Device::Cuda(0);
         let inputs: Vec<Tensor> = (0..6).map(|k| input(100 + k, &dev)).collect();
         let fresh = || {
@@ -300,6 +310,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn blocks_freed_during_capture_stay_out_of_the_shared_cache() {
+        let _turn = exclusive();
         let dev = Device::Cuda(0);
         let a = input(1, &dev);
         let doomed = Tensor::zeros(&[N], DType::F32, &dev).unwrap();
@@ -325,6 +336,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn a_read_back_inside_a_capture_is_an_error_and_the_device_recovers() {
+        let _turn = exclusive();
         let dev = Device::Cuda(0);
         let a = input(2, &dev);
         let r = capture(&dev, || a.add_scalar(1.0)?.to_vec::<f32>());
