@@ -745,26 +745,8 @@ impl<S: MemorySource> Inner<S> {
     /// Takes free chunk `i` out of its bin, splits off what is beyond `rounded`, marks it used.
     fn carve(&mut self, i: u32, rounded: u64, tenant: TenantId) -> u32 {
         self.bin_remove(i);
-        let c = self.chunks.v[i as usize];
-        if c.size - rounded >= GRANULE {
-            let r = self.chunks.add(Chunk {
-                ptr: c.ptr + rounded,
-                size: c.size - rounded,
-                prev: i,
-                next: c.next,
-                left: NIL,
-                right: NIL,
-                region: c.region,
-                tenant: 0,
-                arena: c.arena,
-                state: State::Free,
-            });
-            if c.next != NIL {
-                self.chunks.v[c.next as usize].prev = r;
-            }
-            let ci = &mut self.chunks.v[i as usize];
-            ci.next = r;
-            ci.size = rounded;
+        if self.chunks.v[i as usize].size - rounded >= GRANULE {
+            let r = self.split_off(i, rounded);
             self.bin_insert(r);
         }
         let ci = &mut self.chunks.v[i as usize];
@@ -871,11 +853,19 @@ impl<S: MemorySource> Inner<S> {
 
     /// Splits free chunk `i` after its first `pad` bytes; returns the (free) second part.
     fn split_front(&mut self, i: u32, pad: u64) -> u32 {
-        let c = self.chunks.v[i as usize];
         self.bin_remove(i);
+        let j = self.split_off(i, pad);
+        self.bin_insert(i);
+        self.bin_insert(j);
+        j
+    }
+
+    /// Cuts chunk `i` (in no bin) at byte `at`; the second part becomes a free chunk linked after it (in no bin).
+    fn split_off(&mut self, i: u32, at: u64) -> u32 {
+        let c = self.chunks.v[i as usize];
         let j = self.chunks.add(Chunk {
-            ptr: c.ptr + pad,
-            size: c.size - pad,
+            ptr: c.ptr + at,
+            size: c.size - at,
             prev: i,
             next: c.next,
             left: NIL,
@@ -890,9 +880,7 @@ impl<S: MemorySource> Inner<S> {
         }
         let ci = &mut self.chunks.v[i as usize];
         ci.next = j;
-        ci.size = pad;
-        self.bin_insert(i);
-        self.bin_insert(j);
+        ci.size = at;
         j
     }
 

@@ -205,12 +205,32 @@ pub fn run(args: &Args) -> Result<()> {
         serde_json::to_string_pretty(&manifest)?,
     )?;
     fs::write(out.join("run-tests.sh"), RUN_TESTS)?;
-    let size: u64 = walk_size(&out)?;
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     println!(
         "gpu-bundle: {} ({:.1} MiB)",
         out.display(),
-        size as f64 / (1 << 20) as f64
+        mib(walk_size(&out)?)
     );
+    if args.archive {
+        let name = out.file_name().context("bundle folder has a name")?;
+        let archive = out.with_file_name(format!("{}.tar.xz", name.to_string_lossy()));
+        let status = Command::new("tar")
+            .arg("-cJf")
+            .arg(&archive)
+            .arg(name)
+            .current_dir(out.parent().context("bundle folder has a parent")?)
+            .env("XZ_OPT", "-6 -T0")
+            .status()
+            .context("running tar")?;
+        if !status.success() {
+            bail!("tar failed on {}", out.display());
+        }
+        println!(
+            "archive: {} ({:.1} MiB)",
+            archive.display(),
+            mib(fs::metadata(&archive)?.len())
+        );
+    }
     Ok(())
 }
 
