@@ -56,7 +56,8 @@ impl Member {
 /// (forward, backward, Adam) captured as a CUDA graph after three eager warm-up steps, then per step the batch is
 /// copied into the graph's static input tensors and the graph replayed (one launch). Timed like the other
 /// schedules (at least `budget`, synchronizing every 16 steps). Prints one line and returns the benchmark row
-/// (with the error, if the capture failed, so the other schedules' figures still come out); `None` on the CPU.
+/// (with the error, if the capture failed or its replays do not match eager steps, so the other schedules' figures
+/// still come out); `None` on the CPU.
 pub fn graph_schedule(
     device: Device,
     n: usize,
@@ -85,15 +86,38 @@ fn graph_rate(
     data: &[(Tensor, Tensor)],
 ) -> Result<f64> {
     let (x0, y0) = data.first().context("no batches to replay")?;
-    let model = ModelSpec::from_toml(MLP)?.build(&[784], &BuildOptions::new(n, 0, device))?;
-    let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
-    let mut fused = Member { model, opt };
+    let build = || -> Result<Member> {
+        let model = ModelSpec::from_toml(MLP)?.build(&[784], &BuildOptions::new(n, 0, device))?;
+        let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
+        Ok(Member { model, opt })
+    };
+    let (mut fused, mut eager) = (build()?, build()?);
     // static inputs with their own storage: every replay reads these addresses
     let (x, y) = (x0.copy()?, y0.copy()?);
     for _ in 0..3 {
         fused.step(&x, &y)?;
+        eager.step(&x, &y)?;
     }
     let (graph, ()) = cohort_tensor::cuda::capture(&device, || fused.step(&x, &y))?;
+    // A rate is only worth reporting if the replays train as eager steps do.
+    for (bx, by) in data.iter().take(4) {
+        x.assign_(bx)?;
+        y.assign_(by)?;
+        graph.replay()?;
+        eager.step(bx, by)?;
+    }
+    for (a, b) in fused.model.params().iter().zip(eager.model.params()) {
+        let (a, b) = (a.value().to_vec::<f32>()?, b.value().to_vec::<f32>()?);
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+            .fold(0.0f32, f32::max);
+        anyhow::ensure!(
+            worst <= 1e-4,
+            "graph replays diverge from eager steps (relative difference {worst:.2e})"
+        );
+    }
     let mut i = 0usize;
     let mut replay = || -> Result<()> {
         let (bx, by) = &data[i % data.len()];

@@ -463,7 +463,6 @@ impl Gpu {
         self.compute
             .synchronize()
             .map_err(|e| cuda_err("synchronizing the compute stream", e))?;
-        let _flag = self.flag_guard();
         self.check_flag()
     }
 
@@ -475,7 +474,8 @@ impl Gpu {
     }
 
     /// Waits for the compute stream and reports an index error a kernel flagged: callers that
-    /// must fail at the op itself (as the CPU does) call this right after an index kernel.
+    /// must fail at the op itself (as the CPU does) call this right after an index kernel, holding
+    /// [`Gpu::flag_guard`] from before the launch.
     ///
     /// # Errors
     /// A kernel failed, or an index kernel met an out-of-range index.
@@ -488,10 +488,17 @@ impl Gpu {
         self.compute
             .synchronize()
             .map_err(|e| cuda_err("synchronizing the compute stream", e))?;
-        self.check_flag()
+        self.read_flag()
     }
 
+    /// Reads (and clears) the flag once no index op is between its launch and its own check.
     fn check_flag(&self) -> Result<()> {
+        let _flag = self.flag_guard();
+        self.read_flag()
+    }
+
+    /// Reads and clears the flag; the caller holds [`Gpu::flag_guard`].
+    fn read_flag(&self) -> Result<()> {
         let mut words = [0i32; 4];
         // SAFETY: the flag buffer holds 4 words; the compute stream is idle (caller synchronized).
         unsafe { drv::memcpy_dtoh_sync(&mut words, self.flag.ptr) }
