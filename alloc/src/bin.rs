@@ -214,19 +214,7 @@ impl Bins {
         if best != NIL {
             return Some(best);
         }
-        let above = if b + 1 >= NBINS {
-            0
-        } else {
-            self.bitmap & !((1u64 << (b + 1)) - 1)
-        };
-        if above == 0 {
-            return None;
-        }
-        let mut n = self.roots[above.trailing_zeros() as usize];
-        while ch[n as usize].left != NIL {
-            n = ch[n as usize].left;
-        }
-        Some(n)
+        self.first_above(ch, b)
     }
 
     /// The free chunk after `i` in (size, address) order, across bins.
@@ -246,6 +234,11 @@ impl Bins {
         if best != NIL {
             return Some(best);
         }
+        self.first_above(ch, b)
+    }
+
+    /// The smallest free chunk of the first non-empty bin above bin `b`.
+    fn first_above(&self, ch: &[Chunk], b: usize) -> Option<u32> {
         let above = if b + 1 >= NBINS {
             0
         } else {
