@@ -551,26 +551,7 @@ impl Model {
     /// # Errors
     /// When a parameter is missing, unknown or has the wrong shape.
     pub fn load_state(&self, state: &[(String, Tensor)]) -> Result<()> {
-        for (name, _) in state {
-            if !self.params.iter().any(|p| &p.name() == name) {
-                return Err(Error::Param {
-                    name: name.clone(),
-                    reason: "not a parameter of this model".into(),
-                });
-            }
-        }
-        for p in &self.params {
-            let name = p.name();
-            let t = state
-                .iter()
-                .find(|(n, _)| *n == name)
-                .ok_or_else(|| Error::Param {
-                    name: name.clone(),
-                    reason: "missing from the state".into(),
-                })?;
-            p.set(&t.1)?;
-        }
-        Ok(())
+        self.load_each(state, |p, t| p.set(t))
     }
 
     /// Writes member `m`'s parameters (as given by [`Model::member_state`], with or without a leading 1).
@@ -578,6 +559,15 @@ impl Model {
     /// # Errors
     /// When a parameter is missing, unknown or has the wrong shape.
     pub fn load_member(&self, m: usize, state: &[(String, Tensor)]) -> Result<()> {
+        self.load_each(state, |p, t| p.set_member(m, t))
+    }
+
+    /// Checks that `state` names exactly this model's parameters, then hands each its tensor.
+    fn load_each(
+        &self,
+        state: &[(String, Tensor)],
+        load: impl Fn(&Param, &Tensor) -> Result<()>,
+    ) -> Result<()> {
         for (name, _) in state {
             if !self.params.iter().any(|p| &p.name() == name) {
                 return Err(Error::Param {
@@ -588,14 +578,14 @@ impl Model {
         }
         for p in &self.params {
             let name = p.name();
-            let t = state
+            let (_, t) = state
                 .iter()
                 .find(|(n, _)| *n == name)
                 .ok_or_else(|| Error::Param {
                     name: name.clone(),
                     reason: "missing from the state".into(),
                 })?;
-            p.set_member(m, &t.1)?;
+            load(p, t)?;
         }
         Ok(())
     }

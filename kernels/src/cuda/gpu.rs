@@ -608,13 +608,7 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
-        let before = self
-            .compute
-            .record_event(None)
-            .map_err(|e| cuda_err("recording an event", e))?;
-        self.copy
-            .wait(&before)
-            .map_err(|e| cuda_err("ordering the copy stream", e))?;
+        self.copy_after_compute()?;
         // SAFETY: caller guarantees dst; see `htod` for the source.
         unsafe { drv::memcpy_htod_async(dst, src, self.copy.cu_stream()) }
             .map_err(|e| cuda_err("copying host to device", e))?;
@@ -625,6 +619,18 @@ impl Gpu {
         self.compute
             .wait(&after)
             .map_err(|e| cuda_err("ordering the compute stream", e))
+    }
+
+    /// Orders the copy stream after the compute stream's work queued so far: the block a copy
+    /// writes may just have been freed there.
+    fn copy_after_compute(&self) -> Result<()> {
+        let before = self
+            .compute
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        self.copy
+            .wait(&before)
+            .map_err(|e| cuda_err("ordering the copy stream", e))
     }
 
     /// Copies device bytes at `src` to the host, waiting for all queued work first.
@@ -963,13 +969,7 @@ impl Gpu {
     ) -> Result<CopyEvent> {
         self.refuse_in_capture("a copy-stream upload")?;
         self.bind()?;
-        let before = self
-            .compute
-            .record_event(None)
-            .map_err(|e| cuda_err("recording an event", e))?;
-        self.copy
-            .wait(&before)
-            .map_err(|e| cuda_err("ordering the copy stream", e))?;
+        self.copy_after_compute()?;
         for &(dst, offset, bytes) in parts {
             let Some(bytes_src) = src.as_slice().get(offset..offset + bytes) else {
                 return Err(Error::Cuda(format!(
