@@ -7,142 +7,22 @@
 //! timing event is recorded on it after the batch is taken and after the last member's step was queued; a gap
 //! between one step's end and the next step's start on the GPU is time the stream had no work queued, waiting for
 //! input. Idle fraction = sum of gaps / GPU time from the first step's start to the last step's end.
-//!
-//! Also here, because it answers the same question from the other side (the host's cost per step), the cohort
-//! benchmark's `graph` schedule: the fused MLP step captured once as a CUDA graph and replayed ([`graph_schedule`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use cohort_autograd::{BuildOptions, Model, ModelSpec, Tape, loss};
+use cohort_alloc::TenantId;
 use cohort_data::{Dataset, Layout, Mnist, MnistConfig, Split, TrainBatch, bundled_mnist_dir};
-use cohort_optim::{OptimConfig, Optimizer};
+use cohort_tensor::Device;
 use cohort_tensor::cuda::{StreamMark, mark};
-use cohort_tensor::{Device, Tensor};
 use serde_json::{Value, json};
+
+use crate::cohort::Trainee;
 
 const MEMBERS: usize = 4;
 const BATCH: usize = 256;
 const WARMUP: usize = 5;
-const MLP: &str = r#"layers = [{ linear = 128, act = "relu" }, { linear = 10 }]"#;
-
-/// One member: its model and optimizer.
-struct Member {
-    model: Model,
-    opt: Optimizer,
-}
-
-impl Member {
-    fn new(seed: u64, device: Device) -> Result<Member> {
-        let model =
-            ModelSpec::from_toml(MLP)?.build(&[784], &BuildOptions::new(1, seed, device))?;
-        let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
-        Ok(Member { model, opt })
-    }
-
-    fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<()> {
-        let tape = Tape::new();
-        let logits = self.model.forward(&tape, x)?;
-        let l = loss::cross_entropy(&logits, y)?;
-        tape.backward(&l)?;
-        self.opt.step()?;
-        self.opt.zero_grad();
-        Ok(())
-    }
-}
-
-/// The cohort benchmark's `graph` schedule: `n` MLP members fused into one model, the whole training step
-/// (forward, backward, Adam) captured as a CUDA graph after three eager warm-up steps, then per step the batch is
-/// copied into the graph's static input tensors and the graph replayed (one launch). Timed like the other
-/// schedules (at least `budget`, synchronizing every 16 steps). Prints one line and returns the benchmark row
-/// (with the error, if the capture failed or its replays do not match eager steps, so the other schedules' figures
-/// still come out); `None` on the CPU.
-pub fn graph_schedule(
-    device: Device,
-    n: usize,
-    budget: Duration,
-    data: &[(Tensor, Tensor)],
-) -> Option<Value> {
-    if !device.is_cuda() {
-        return None;
-    }
-    Some(match graph_rate(device, n, budget, data) {
-        Ok(model_steps) => {
-            println!("cohort graph n={n:3}: {model_steps:10.0} model-steps/s");
-            json!({ "schedule": "graph", "n": n, "model_steps_per_s": model_steps })
-        }
-        Err(e) => {
-            println!("cohort graph n={n:3}: failed: {e:#}");
-            json!({ "schedule": "graph", "n": n, "error": format!("{e:#}") })
-        }
-    })
-}
-
-fn graph_rate(
-    device: Device,
-    n: usize,
-    budget: Duration,
-    data: &[(Tensor, Tensor)],
-) -> Result<f64> {
-    let (x0, y0) = data.first().context("no batches to replay")?;
-    let build = || -> Result<Member> {
-        let model = ModelSpec::from_toml(MLP)?.build(&[784], &BuildOptions::new(n, 0, device))?;
-        let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
-        Ok(Member { model, opt })
-    };
-    let (mut fused, mut eager) = (build()?, build()?);
-    // static inputs with their own storage: every replay reads these addresses
-    let (x, y) = (x0.copy()?, y0.copy()?);
-    for _ in 0..3 {
-        fused.step(&x, &y)?;
-        eager.step(&x, &y)?;
-    }
-    let (graph, ()) = cohort_tensor::cuda::capture(&device, || fused.step(&x, &y))?;
-    // A rate is only worth reporting if the replays train as eager steps do.
-    for (bx, by) in data.iter().take(4) {
-        x.assign_(bx)?;
-        y.assign_(by)?;
-        graph.replay()?;
-        eager.step(bx, by)?;
-    }
-    for (a, b) in fused.model.params().iter().zip(eager.model.params()) {
-        let (a, b) = (a.value().to_vec::<f32>()?, b.value().to_vec::<f32>()?);
-        let worst = a
-            .iter()
-            .zip(&b)
-            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-            .fold(0.0f32, f32::max);
-        anyhow::ensure!(
-            worst <= 1e-4,
-            "graph replays diverge from eager steps (relative difference {worst:.2e})"
-        );
-    }
-    let mut i = 0usize;
-    let mut replay = || -> Result<()> {
-        let (bx, by) = &data[i % data.len()];
-        x.assign_(bx)?;
-        y.assign_(by)?;
-        graph.replay()?;
-        i += 1;
-        Ok(())
-    };
-    for _ in 0..5 {
-        replay()?;
-    }
-    device.synchronize()?;
-    let start = Instant::now();
-    let mut done = 0usize;
-    while done < 3 || start.elapsed() < budget {
-        replay()?;
-        done += 1;
-        if done.is_multiple_of(16) {
-            device.synchronize()?;
-        }
-    }
-    device.synchronize()?;
-    Ok((done * n) as f64 / start.elapsed().as_secs_f64())
-}
 
 /// The batches for the members: the host pipeline, with or without device prefetch.
 fn pipeline(mnist: &Arc<Mnist>, device: Device, prefetch: bool) -> Dataset<TrainBatch> {
@@ -168,8 +48,8 @@ fn pipeline(mnist: &Arc<Mnist>, device: Device, prefetch: bool) -> Dataset<Train
 fn measure(mnist: &Arc<Mnist>, device: Device, prefetch: bool, steps: usize) -> Result<Value> {
     let ds = pipeline(mnist, device, prefetch);
     let mut consumers = ds.share(MEMBERS)?;
-    let mut members: Vec<Member> = (0..MEMBERS)
-        .map(|i| Member::new(i as u64, device))
+    let mut members: Vec<Trainee> = (0..MEMBERS)
+        .map(|i| Trainee::new(1, i as u64, device, TenantId::DEFAULT))
         .collect::<Result<_>>()?;
     let cuda = match device {
         Device::Cuda(n) => Some(n),
