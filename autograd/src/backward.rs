@@ -151,11 +151,9 @@ pub(crate) enum Op {
         on_true: Vec<usize>,
         on_false: Vec<usize>,
     },
-    /// Softmax cross-entropy: `probs - onehot`, scaled by the incoming gradient over the batch.
+    /// Softmax cross-entropy: `(softmax - onehot) / B` from the forward pass, scaled by the incoming gradient.
     CrossEntropy {
-        probs: Tensor,
-        onehot: Tensor,
-        batch: usize,
+        grad: Tensor,
     },
 }
 
@@ -443,15 +441,10 @@ impl Op {
                     || reduce_to(Tensor::where_cond(mask, &z, g)?, on_false),
                 )
             }
-            Op::CrossEntropy {
-                probs,
-                onehot,
-                batch,
-            } => one(need, || {
+            Op::CrossEntropy { grad } => one(need, || {
                 let mut s = g.shape().to_vec();
                 s.extend([1, 1]);
-                let scale = g.reshape(&s)?.mul_scalar(1.0 / *batch as f64)?;
-                Ok(probs.sub(onehot)?.mul(&scale)?)
+                Ok(grad.mul(&g.reshape(&s)?)?)
             }),
         }
     }

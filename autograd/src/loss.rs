@@ -26,7 +26,8 @@ fn check_labels(op: &'static str, logits: &[usize], labels: &Tensor) -> Result<(
 /// Softmax cross-entropy of `logits` `[M, B, C]` against integer `labels` `[B]` (the same for every member) or
 /// `[M, B]`: the mean over the batch, one value per member (`[M]`; `[]` for logits `[B, C]`).
 ///
-/// Fused and stable: the forward pass goes through `log_softmax`, the backward pass is `(softmax - onehot) / B`.
+/// Fused and stable: one pass over the logits gives each row's `logsumexp - logit[label]` and the gradient
+/// `(softmax - onehot) / B` the backward pass scales by the incoming gradient.
 ///
 /// # Errors
 /// When the labels' shape or dtype does not fit the logits, or a tensor op fails.
@@ -39,19 +40,15 @@ pub fn cross_entropy(logits: &Var, labels: &Tensor) -> Result<Var> {
         });
     }
     check_labels("cross_entropy", s, labels)?;
-    let (classes, batch, last) = (s[s.len() - 1], s[s.len() - 2], s.len() - 1);
-    let lsm = logits.value().log_softmax_last()?;
-    let onehot = Tensor::one_hot(labels, classes, logits.dtype())?;
-    let loss = lsm
-        .mul(&onehot)?
-        .sum(last, false)?
-        .mean(last - 1, false)?
-        .neg()?;
+    let batch = s[s.len() - 2];
+    let (rows, grad) = logits
+        .value()
+        .cross_entropy_rows(labels, 1.0 / batch as f64)?;
+    let loss = rows.mean(s.len() - 2, false)?;
     if !logits.requires_grad() {
         return Ok(Var::constant(loss));
     }
-    let probs = lsm.exp()?;
-    Var::record_cross_entropy(loss, logits, probs, onehot, batch)
+    Var::record_cross_entropy(loss, logits, grad)
 }
 
 /// Mean squared error of `pred` `[M, B, ..]` against `target` (`[B, ..]` shared, or `[M, B, ..]`): one value per

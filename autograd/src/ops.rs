@@ -499,17 +499,9 @@ impl Var {
         self.value().dtype()
     }
 
-    pub(crate) fn record_cross_entropy(
-        loss: Tensor,
-        logits: &Var,
-        probs: Tensor,
-        onehot: Tensor,
-        batch: usize,
-    ) -> Result<Var> {
+    pub(crate) fn record_cross_entropy(loss: Tensor, logits: &Var, grad: Tensor) -> Result<Var> {
         Var::record("cross_entropy", loss, &[logits], || Op::CrossEntropy {
-            probs,
-            onehot,
-            batch,
+            grad,
         })
     }
 }

@@ -492,6 +492,28 @@ pub fn one_hot(labels: &CpuStorage, classes: usize, dtype: DType) -> Result<CpuS
     })
 }
 
+/// Softmax cross-entropy of rows of `cols` logits against i32 labels (row `r` takes label
+/// `r % labels`): each row's loss and the gradient `(softmax - onehot) · scale`.
+pub fn cross_entropy(
+    logits: &CpuStorage,
+    labels: &CpuStorage,
+    cols: usize,
+    scale: f64,
+) -> Result<(CpuStorage, CpuStorage)> {
+    let l = indices("cross_entropy", labels)?;
+    Ok(match logits {
+        CpuStorage::F32(x) => {
+            let (loss, grad) = softmax_cpu::cross_entropy(x, cols, l, scale as f32)?;
+            (CpuStorage::F32(loss), CpuStorage::F32(grad))
+        }
+        CpuStorage::F64(x) => {
+            let (loss, grad) = softmax_cpu::cross_entropy(x, cols, l, scale)?;
+            (CpuStorage::F64(loss), CpuStorage::F64(grad))
+        }
+        other => return Err(unsupported("cross_entropy", other.dtype())),
+    })
+}
+
 /// Sets every element to `value`.
 pub fn fill(dst: &mut CpuStorage, value: f64) -> Result<()> {
     match dst {

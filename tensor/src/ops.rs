@@ -883,6 +883,50 @@ impl Tensor {
         )
     }
 
+    /// Softmax cross-entropy of logits `[.., B, C]` against i32 labels, in one pass: each row's
+    /// loss (`logsumexp - logit[label]`, shape `[.., B]`) and the gradient of the logits,
+    /// `(softmax - onehot) · grad_scale`. The labels have the rows' shape, or `[B]` shared by
+    /// every member.
+    ///
+    /// # Errors
+    /// Labels that are not i32 or do not fit the rows; a label outside `0..C` (on CUDA reported at
+    /// the next read-back, see the crate docs).
+    pub fn cross_entropy_rows(&self, labels: &Tensor, grad_scale: f64) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "cross_entropy";
+        labels.require_i32(OP)?;
+        self.require_float(OP)?;
+        self.same_device(OP, labels)?;
+        let r = self.rank();
+        let rows = &self.shape[..r.saturating_sub(1)];
+        if r < 2 || labels.elem_count() == 0 || !rows.ends_with(&labels.shape) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "labels {:?} do not fit logits {:?}: expected labels shaped like the logits' rows, or [B] \
+                     shared by every member",
+                    labels.shape, self.shape
+                ),
+            });
+        }
+        let cols = self.shape[r - 1];
+        let (x, l) = (self.read(), labels.read());
+        let (loss, grad) = match (&*x, &*l) {
+            (Storage::Cpu(x), Storage::Cpu(l)) => {
+                let (loss, grad) = cpu::cross_entropy(x, l, cols, grad_scale)?;
+                (Storage::Cpu(loss), Storage::Cpu(grad))
+            }
+            (Storage::Cuda(x), Storage::Cuda(l)) => {
+                let (loss, grad) = cuda::cross_entropy(x, l, cols, grad_scale)?;
+                (Storage::Cuda(loss), Storage::Cuda(grad))
+            }
+            _ => return Err(self.device_mismatch(OP, labels)),
+        };
+        Ok((
+            Tensor::from_storage(loss, rows.to_vec()),
+            Tensor::from_storage(grad, self.shape.clone()),
+        ))
+    }
+
     // ---------------------------------------------------------------- optimizer steps
 
     fn check_step(op: &'static str, param: &Tensor, others: &[&Tensor], lrs: &[f64]) -> Result<()> {

@@ -19,8 +19,8 @@ const MLP: &str = r#"layers = [{ linear = 128, act = "relu" }, { linear = 10 }]"
 
 /// One model (or one fused group) with its optimizer.
 pub(crate) struct Trainee {
-    model: Model,
-    opt: Optimizer,
+    pub(crate) model: Model,
+    pub(crate) opt: Optimizer,
     tenant: cohort_alloc::TenantId,
 }
 

@@ -6,11 +6,14 @@
 //!   throughput benchmark on the best device, with the reference framework run in the same call; one table of ratios
 //!   and JSON under `target/bench/`. On a GPU machine without cargo, run the carried tool as
 //!   `gpu-bundle/xtask bench --bundle gpu-bundle` and it uses the carried binaries instead of cargo.
+//! - `cargo xtask profile [--n 1,128]`: one fused training step's time per phase, and per kernel on a GPU
+//!   (`COHORT_CUDA_PROFILE=1`).
 
 mod bench;
 mod bundle;
 mod cohort;
 mod input_bound;
+mod profile;
 
 use clap::{Parser, Subcommand};
 
@@ -27,11 +30,14 @@ enum Task {
     GpuBundle(bundle::Args),
     /// Run the benchmarks and print one table of our figures against the reference frameworks.
     Bench(bench::Args),
+    /// Where one fused training step's time goes: per phase, and per kernel on a GPU (`COHORT_CUDA_PROFILE=1`).
+    Profile(profile::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::GpuBundle(args) => bundle::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Profile(args) => profile::run(&args),
     }
 }

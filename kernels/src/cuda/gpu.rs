@@ -12,6 +12,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
+use super::KernelTime;
+use super::profile::Profile;
 use crate::{Error, Result};
 
 /// Most dimensions a strided or broadcasting kernel handles (matches `MAX_RANK` in `common.cuh`).
@@ -294,13 +296,14 @@ impl Drop for DeviceBuffer {
 }
 
 /// Names of the ops that can report an index error through the device flag (`OP_*` in `common.cuh`).
-const FLAG_OPS: [&str; 6] = [
+const FLAG_OPS: [&str; 7] = [
     "index_select",
     "index_add",
     "gather_last",
     "one_hot",
     "max_pool2d_backward",
     "scatter_add_last",
+    "cross_entropy",
 ];
 
 /// One CUDA device as the kernels see it.
@@ -320,13 +323,14 @@ pub struct Gpu {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
     flag: DeviceBuffer,
-    /// Held from an index kernel's launch until its flag is read, and by `synchronize` while it reads the flag, so
-    /// an error is reported by the op that caused it, never by another thread's op.
+    /// Held while the flag is read and cleared, so one reader reports a flagged index once.
     flag_lock: Mutex<()>,
     /// A CUDA graph is being captured on the compute stream.
     capturing: AtomicBool,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
     captured_host: Mutex<Vec<PinnedBuffer>>,
+    /// GPU time per kernel, when `COHORT_CUDA_PROFILE` asks for it.
+    profile: Option<Profile>,
 }
 
 impl fmt::Debug for Gpu {
@@ -407,6 +411,7 @@ impl Gpu {
             flag_lock: Mutex::new(()),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
+            profile: Profile::from_env(),
         })
     }
 
@@ -466,39 +471,12 @@ impl Gpu {
         self.check_flag()
     }
 
-    /// Take this before launching an index kernel and keep it until [`Gpu::check_index_errors`] has returned.
-    pub fn flag_guard(&self) -> MutexGuard<'_, ()> {
-        self.flag_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Waits for the compute stream and reports an index error a kernel flagged: callers that
-    /// must fail at the op itself (as the CPU does) call this right after an index kernel, holding
-    /// [`Gpu::flag_guard`] from before the launch.
-    ///
-    /// # Errors
-    /// A kernel failed, or an index kernel met an out-of-range index.
-    pub fn check_index_errors(&self) -> Result<()> {
-        if self.is_capturing() {
-            // Nothing runs during a capture; a flagged index shows at the next synchronize.
-            return Ok(());
-        }
-        self.bind()?;
-        self.compute
-            .synchronize()
-            .map_err(|e| cuda_err("synchronizing the compute stream", e))?;
-        self.read_flag()
-    }
-
-    /// Reads (and clears) the flag once no index op is between its launch and its own check.
+    /// Reads (and clears) the flag index kernels set; the caller has waited for the compute stream.
     fn check_flag(&self) -> Result<()> {
-        let _flag = self.flag_guard();
-        self.read_flag()
-    }
-
-    /// Reads and clears the flag; the caller holds [`Gpu::flag_guard`].
-    fn read_flag(&self) -> Result<()> {
+        let _one_reader = self
+            .flag_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut words = [0i32; 4];
         // SAFETY: the flag buffer holds 4 words; the compute stream is idle (caller synchronized).
         unsafe { drv::memcpy_dtoh_sync(&mut words, self.flag.ptr) }
@@ -770,18 +748,45 @@ impl Gpu {
     ) -> Result<()> {
         let f = self.function(src, name)?;
         self.bind()?;
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            drv::launch_kernel(
-                f.cu_function(),
-                cfg.grid,
-                cfg.block,
-                cfg.shared,
-                self.compute.cu_stream(),
-                args,
-            )
+        self.timed(
+            || name.to_string(),
+            || {
+                // SAFETY: forwarded to the caller.
+                unsafe {
+                    drv::launch_kernel(
+                        f.cu_function(),
+                        cfg.grid,
+                        cfg.block,
+                        cfg.shared,
+                        self.compute.cu_stream(),
+                        args,
+                    )
+                }
+                .map_err(|e| cuda_err(&format!("launching {name}"), e))
+            },
+        )
+    }
+
+    /// Runs `f`, which queues work on the compute stream, timed under `label` when profiling.
+    pub(crate) fn timed<R>(
+        &self,
+        label: impl FnOnce() -> String,
+        f: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        match &self.profile {
+            Some(p) if !self.is_capturing() => p.span(&self.compute, label, f),
+            _ => f(),
         }
-        .map_err(|e| cuda_err(&format!("launching {name}"), e))
+    }
+
+    /// GPU time per kernel since the last call (waiting for it), the most expensive first; empty
+    /// unless the process runs with `COHORT_CUDA_PROFILE=1`.
+    ///
+    /// # Errors
+    /// A timing event failed.
+    pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
+        self.bind()?;
+        self.profile.as_ref().map_or(Ok(Vec::new()), Profile::drain)
     }
 
     /// Runs `f` with the device's cuBLAS handle (created on first use, bound to the compute stream).

@@ -13,6 +13,8 @@
 mod absent;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod profile;
 
 #[cfg(not(feature = "cuda"))]
 pub use absent::{Gpu, device_count, driver_present};
@@ -20,11 +22,23 @@ pub use absent::{Gpu, device_count, driver_present};
 pub use gpu::{
     CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, PinnedBuffer, device_count, driver_present,
 };
+
 #[cfg(feature = "cuda")]
 pub(crate) use gpu::{
     KernelSource, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err,
     kernel_args, unsupported,
 };
+
+/// GPU time spent in one kernel (or cuBLAS call shape) since the last report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// Kernel name, or `gemmNT MxNxK xBATCH` for cuBLAS (N / T: operand stored plain / transposed).
+    pub label: String,
+    /// Launches.
+    pub calls: usize,
+    /// Summed GPU time in milliseconds.
+    pub total_ms: f64,
+}
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]

@@ -97,91 +97,98 @@ pub unsafe fn matmul(
     let p = plan(s)?;
     let alpha = 1.0f32;
     let beta = 0.0f32;
-    gpu.with_blas(|h| {
-        match ty {
-            CudaType::F32 => {
-                // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
-                // the call (host pointer mode).
-                unsafe {
-                    if p.batch == 1 {
-                        cudarc::cublas::result::sgemm(
-                            h,
-                            p.op_a,
-                            p.op_b,
-                            p.m,
-                            p.n,
-                            p.k,
-                            &alpha,
-                            rhs as *const f32,
-                            p.lda,
-                            lhs as *const f32,
-                            p.ldb,
-                            &beta,
-                            out as *mut f32,
-                            p.ldc,
-                        )
+    let t = |yes| if yes { 'T' } else { 'N' };
+    let label = || {
+        let (a, b) = (t(s.trans_lhs), t(s.trans_rhs));
+        format!("gemm{a}{b} {}x{}x{} x{}", s.m, s.n, s.k, s.batch)
+    };
+    gpu.timed(label, || {
+        gpu.with_blas(|h| {
+            match ty {
+                CudaType::F32 => {
+                    // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
+                    // the call (host pointer mode).
+                    unsafe {
+                        if p.batch == 1 {
+                            cudarc::cublas::result::sgemm(
+                                h,
+                                p.op_a,
+                                p.op_b,
+                                p.m,
+                                p.n,
+                                p.k,
+                                &alpha,
+                                rhs as *const f32,
+                                p.lda,
+                                lhs as *const f32,
+                                p.ldb,
+                                &beta,
+                                out as *mut f32,
+                                p.ldc,
+                            )
+                        } else {
+                            cudarc::cublas::result::sgemm_strided_batched(
+                                h,
+                                p.op_a,
+                                p.op_b,
+                                p.m,
+                                p.n,
+                                p.k,
+                                &alpha,
+                                rhs as *const f32,
+                                p.lda,
+                                p.stride_a,
+                                lhs as *const f32,
+                                p.ldb,
+                                p.stride_b,
+                                &beta,
+                                out as *mut f32,
+                                p.ldc,
+                                p.stride_c,
+                                p.batch,
+                            )
+                        }
+                    }
+                    .map_err(|e| cuda_err("cublasSgemm", e))
+                }
+                CudaType::F16 | CudaType::BF16 => {
+                    let dt = if ty == CudaType::F16 {
+                        cudaDataType::CUDA_R_16F
                     } else {
-                        cudarc::cublas::result::sgemm_strided_batched(
+                        cudaDataType::CUDA_R_16BF
+                    };
+                    // SAFETY: as above.
+                    unsafe {
+                        cudarc::cublas::result::gemm_strided_batched_ex(
                             h,
                             p.op_a,
                             p.op_b,
                             p.m,
                             p.n,
                             p.k,
-                            &alpha,
-                            rhs as *const f32,
+                            (&alpha) as *const f32 as *const c_void,
+                            rhs as *const c_void,
+                            dt,
                             p.lda,
                             p.stride_a,
-                            lhs as *const f32,
+                            lhs as *const c_void,
+                            dt,
                             p.ldb,
                             p.stride_b,
-                            &beta,
-                            out as *mut f32,
+                            (&beta) as *const f32 as *const c_void,
+                            out as *mut c_void,
+                            dt,
                             p.ldc,
                             p.stride_c,
                             p.batch,
+                            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                         )
                     }
+                    .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
                 }
-                .map_err(|e| cuda_err("cublasSgemm", e))
+                other => Err(unsupported("matmul", other)),
             }
-            CudaType::F16 | CudaType::BF16 => {
-                let dt = if ty == CudaType::F16 {
-                    cudaDataType::CUDA_R_16F
-                } else {
-                    cudaDataType::CUDA_R_16BF
-                };
-                // SAFETY: as above.
-                unsafe {
-                    cudarc::cublas::result::gemm_strided_batched_ex(
-                        h,
-                        p.op_a,
-                        p.op_b,
-                        p.m,
-                        p.n,
-                        p.k,
-                        (&alpha) as *const f32 as *const c_void,
-                        rhs as *const c_void,
-                        dt,
-                        p.lda,
-                        p.stride_a,
-                        lhs as *const c_void,
-                        dt,
-                        p.ldb,
-                        p.stride_b,
-                        (&beta) as *const f32 as *const c_void,
-                        out as *mut c_void,
-                        dt,
-                        p.ldc,
-                        p.stride_c,
-                        p.batch,
-                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                    )
-                }
-                .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
-            }
-            other => Err(unsupported("matmul", other)),
-        }
+        })
     })
 }

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::{Float, PAR_THRESHOLD};
+use crate::{Error, Float, PAR_THRESHOLD, Result};
 
 /// Softmax (or log-softmax when `log`) of each of the `x.len() / cols` rows of `x`.
 pub fn softmax_last<T: Float>(x: &[T], cols: usize, log: bool) -> Vec<T> {
@@ -43,4 +43,54 @@ fn row<T: Float>(src: &[T], dst: &mut [T], log: bool) {
             *d = *d * inv;
         }
     }
+}
+
+/// Softmax cross-entropy of each row of `cols` logits in `x` against `labels` (row `r` takes
+/// `labels[r % labels.len()]`: one label per row, or a batch of them shared by every member; the
+/// caller checks that the count divides the rows). Returns each row's loss
+/// (`logsumexp - x[label]`) and the gradient `(softmax - onehot) · scale`.
+///
+/// # Errors
+/// A label outside `0..cols`.
+pub fn cross_entropy<T: Float>(
+    x: &[T],
+    cols: usize,
+    labels: &[i32],
+    scale: T,
+) -> Result<(Vec<T>, Vec<T>)> {
+    let rows = x.len().checked_div(cols).unwrap_or(0);
+    let hot = (0..rows)
+        .map(|r| {
+            let l = labels[r % labels.len()];
+            usize::try_from(l)
+                .ok()
+                .filter(|&u| u < cols)
+                .ok_or(Error::IndexOutOfRange {
+                    op: "cross_entropy",
+                    index: i64::from(l),
+                    size: cols,
+                })
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let mut grad = vec![T::ZERO; x.len()];
+    let mut loss = vec![T::ZERO; rows];
+    for (((g, l), xr), &h) in grad
+        .chunks_mut(cols)
+        .zip(loss.iter_mut())
+        .zip(x.chunks(cols))
+        .zip(&hot)
+    {
+        let max = xr.iter().fold(T::LOWEST, |m, &v| m.max(v));
+        for (d, &v) in g.iter_mut().zip(xr) {
+            *d = (v - max).exp();
+        }
+        let sum = crate::reduce::cpu::sum_contiguous(g);
+        *l = max + sum.ln() - xr[h];
+        let inv = T::ONE / sum;
+        for d in g.iter_mut() {
+            *d = *d * inv * scale;
+        }
+        g[h] = g[h] - scale;
+    }
+    Ok((loss, grad))
 }

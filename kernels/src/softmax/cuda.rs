@@ -52,3 +52,47 @@ pub unsafe fn softmax_last(
     // SAFETY: matches `<name>(u64, const float*, float*)`; buffers per the caller.
     unsafe { gpu.launch(&SRC, name, cfg, &mut args) }
 }
+
+/// Softmax cross-entropy of `rows` rows of `cols` f32 logits at `x` against i32 `labels`
+/// (`label_rows` of them: row `r` takes `labels[r % label_rows]`): the loss of each row into
+/// `loss` (`rows` f32) and `(softmax - onehot) · scale` into `grad` (`rows · cols` f32). An
+/// out-of-range label is flagged (reported at the next synchronize) and its row left at zero loss.
+///
+/// # Safety
+/// The buffers must hold the sizes above on this device; `label_rows` must divide `rows`.
+///
+/// # Errors
+/// The launch failed.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cross_entropy(
+    gpu: &Gpu,
+    x: u64,
+    labels: u64,
+    rows: usize,
+    cols: usize,
+    label_rows: usize,
+    scale: f32,
+    loss: u64,
+    grad: u64,
+) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    const WARPS: usize = 8;
+    let blocks = u32::try_from(rows.div_ceil(WARPS)).map_err(|_| {
+        crate::Error::Cuda(format!(
+            "cross_entropy: {rows} rows exceed the grid limit; split the batch"
+        ))
+    })?;
+    let cfg = Launch {
+        grid: (blocks, 1, 1),
+        block: (32 * WARPS as u32, 1, 1),
+        shared: 0,
+    };
+    let (rows, cols, label_rows) = (rows as u64, cols as u64, label_rows.max(1) as u64);
+    let flag = gpu.flag_ptr();
+    let mut args = kernel_args![rows, cols, label_rows, scale, labels, x, loss, grad, flag];
+    // SAFETY: matches `cross_entropy_f32(u64, u64, u64, float, const int*, const float*, float*,
+    // float*, int*)`; buffers per the caller.
+    unsafe { gpu.launch(&SRC, "cross_entropy_f32", cfg, &mut args) }
+}

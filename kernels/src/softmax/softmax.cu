@@ -25,3 +25,30 @@ extern "C" __global__ void log_softmax_f32(u64 cols, const float* x, float* out)
     const float lse = m + logf(s);
     for (u64 j = threadIdx.x; j < cols; j += blockDim.x) o[j] = r[j] - lse;
 }
+
+// Softmax cross-entropy, one warp per row: loss[r] = logsumexp(x_r) - x_r[label] and
+// grad[r] = (softmax(x_r) - onehot(label)) * scale, in one pass. Row r takes labels[r % label_rows]
+// (label_rows = rows, or the batch when every member shares the labels).
+extern "C" __global__ void cross_entropy_f32(u64 rows, u64 cols, u64 label_rows, float scale, const int* labels,
+                                             const float* x, float* loss, float* grad, int* flag) {
+    const u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const unsigned lane = threadIdx.x % 32;
+    if (r >= rows) return;  // whole warps only: the shuffles below stay full
+    const float* xr = x + r * cols;
+    float* gr = grad + r * cols;
+    const int l = labels[r % label_rows];
+    const bool ok = l >= 0 && (u64)l < cols;
+    if (!ok && lane == 0) report_index_error(flag, OP_CROSS_ENTROPY, l, (i64)cols);
+    float m = NEG_INF;
+    for (u64 j = lane; j < cols; j += 32) m = fmaxf(m, xr[j]);
+    m = warp_max(m);
+    float s = 0.0f;
+    for (u64 j = lane; j < cols; j += 32) s += expf(xr[j] - m);
+    s = warp_sum(s);
+    const float inv = 1.0f / s;
+    for (u64 j = lane; j < cols; j += 32) {
+        const float hot = (ok && (u64)l == j) ? 1.0f : 0.0f;
+        gr[j] = (expf(xr[j] - m) * inv - hot) * scale;
+    }
+    if (lane == 0) loss[r] = ok ? m + logf(s) - xr[l] : 0.0f;
+}

@@ -276,6 +276,17 @@ pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<Cud
     Err(unavailable("one_hot", labels.ordinal))
 }
 
+/// See [`crate::cpu::cross_entropy`].
+pub fn cross_entropy(
+    logits: &CudaStorage,
+    labels: &CudaStorage,
+    cols: usize,
+    scale: f64,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let _ = (labels, cols, scale);
+    Err(unavailable("cross_entropy", logits.ordinal))
+}
+
 /// See [`crate::cpu::fill`].
 pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
     let _ = value;
@@ -433,4 +444,9 @@ impl StreamMark {
 /// [`Error::NotCompiledWithCuda`].
 pub fn mark(ordinal: usize) -> Result<StreamMark> {
     Err(unavailable("mark", ordinal))
+}
+
+/// GPU time per kernel since the last call (with `COHORT_CUDA_PROFILE=1`).
+pub fn kernel_profile(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::KernelTime>> {
+    Err(unavailable("kernel_profile", ordinal))
 }

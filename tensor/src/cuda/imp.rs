@@ -218,13 +218,6 @@ fn indices(op: &'static str, idx: &CudaStorage) -> Result<()> {
     }
 }
 
-/// Index kernels skip an out-of-range index and flag it on the device; waiting for the flag here
-/// makes the op fail itself, with the index and the size, as on the CPU (one stream
-/// synchronisation per index op; a later, unrelated read-back never inherits the error).
-fn checked(gpu: &Gpu) -> Result<()> {
-    Ok(gpu.check_index_errors()?)
-}
-
 /// Number of CUDA devices the driver reports; 0 without a driver (never panics).
 ///
 /// # Errors
@@ -242,6 +235,15 @@ pub fn device_count() -> Result<usize> {
 /// No such device, a failed kernel, or an out-of-range index met by an index kernel.
 pub fn synchronize(ordinal: usize) -> Result<()> {
     Ok(gpu(ordinal)?.synchronize()?)
+}
+
+/// GPU time per kernel on device `ordinal` since the last call, the most expensive first (waits
+/// for the work); empty unless the process runs with `COHORT_CUDA_PROFILE=1`.
+///
+/// # Errors
+/// No such device, or a timing event failed.
+pub fn kernel_profile(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::KernelTime>> {
+    Ok(gpu(ordinal)?.kernel_profile()?)
 }
 
 /// `len` elements of `value` on device `ordinal`.
@@ -779,7 +781,6 @@ pub fn max_pool2d_backward(
     want("max_pool2d_backward", grad_out, &[DType::F32])?;
     same_device("max_pool2d_backward", grad_out, indices)?;
     let out = grad_out.sibling(planes * plane_in, DType::F32)?;
-    let _flag = grad_out.gpu.flag_guard();
     // SAFETY: grad_out and indices hold planes·plane_out elements, out planes·plane_in.
     unsafe {
         pool_cuda::max_pool2d_backward(
@@ -792,7 +793,6 @@ pub fn max_pool2d_backward(
             out.device_ptr(),
         )?
     };
-    checked(&grad_out.gpu)?;
     Ok(out)
 }
 
@@ -811,7 +811,6 @@ pub fn index_select(
     let t = ty("index_select", src.dtype)?;
     same_device("index_select", src, idx)?;
     let out = src.sibling(outer * idx.len * inner, src.dtype)?;
-    let _flag = src.gpu.flag_guard();
     // SAFETY: src holds outer·dim·inner elements, idx idx.len i32, out outer·idx.len·inner.
     unsafe {
         index_cuda::index_select(
@@ -826,7 +825,6 @@ pub fn index_select(
             out.device_ptr(),
         )?
     };
-    checked(&src.gpu)?;
     Ok(out)
 }
 
@@ -849,7 +847,6 @@ pub fn index_add(
     same_device("index_add", dst, src)?;
     same_device("index_add", dst, idx)?;
     let t = want("index_add", dst, &BINARY_TYPES)?;
-    let _flag = dst.gpu.flag_guard();
     // SAFETY: dst holds outer·dim·inner elements, src outer·idx.len·inner.
     unsafe {
         index_cuda::index_add(
@@ -864,7 +861,6 @@ pub fn index_add(
             src.device_ptr(),
         )?
     };
-    checked(&dst.gpu)?;
     Ok(())
 }
 
@@ -877,7 +873,6 @@ pub fn gather_last(src: &CudaStorage, idx: &CudaStorage, cols: usize) -> Result<
     let t = want("gather_last", src, &BINARY_TYPES)?;
     same_device("gather_last", src, idx)?;
     let out = src.sibling(idx.len, src.dtype)?;
-    let _flag = src.gpu.flag_guard();
     // SAFETY: src holds idx.len·cols elements, idx and out idx.len.
     unsafe {
         index_cuda::gather_last(
@@ -890,7 +885,6 @@ pub fn gather_last(src: &CudaStorage, idx: &CudaStorage, cols: usize) -> Result<
             out.device_ptr(),
         )?
     };
-    checked(&src.gpu)?;
     Ok(out)
 }
 
@@ -910,7 +904,6 @@ pub fn scatter_add_last(
     }
     want("scatter_add_last", dst, &[DType::F32])?;
     same_device("scatter_add_last", dst, src)?;
-    let _flag = dst.gpu.flag_guard();
     // SAFETY: dst holds idx.len·cols f32, idx and src idx.len elements.
     unsafe {
         index_cuda::scatter_add_last(
@@ -922,7 +915,6 @@ pub fn scatter_add_last(
             src.device_ptr(),
         )?
     };
-    checked(&dst.gpu)?;
     Ok(())
 }
 
@@ -937,7 +929,6 @@ pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<Cud
         other => return Err(unsupported("one_hot", other)),
     };
     let out = labels.sibling(labels.len * classes, dtype)?;
-    let _flag = labels.gpu.flag_guard();
     // SAFETY: labels holds len i32, out len·classes elements.
     unsafe {
         index_cuda::one_hot(
@@ -949,8 +940,41 @@ pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<Cud
             out.device_ptr(),
         )?
     };
-    checked(&labels.gpu)?;
     Ok(out)
+}
+
+/// See [`crate::cpu::cross_entropy`]; an out-of-range label is reported at the next read-back.
+///
+/// # Errors
+/// Not f32, labels not i32, out of memory, or a launch failure.
+pub fn cross_entropy(
+    logits: &CudaStorage,
+    labels: &CudaStorage,
+    cols: usize,
+    scale: f64,
+) -> Result<(CudaStorage, CudaStorage)> {
+    indices("cross_entropy", labels)?;
+    want("cross_entropy", logits, &[DType::F32])?;
+    same_device("cross_entropy", logits, labels)?;
+    let rows = logits.len.checked_div(cols).unwrap_or(0);
+    let loss = logits.sibling(rows, DType::F32)?;
+    let grad = logits.sibling(logits.len, DType::F32)?;
+    // SAFETY: logits and grad hold rows·cols f32, loss rows f32, labels labels.len i32 (the
+    // caller checked that it divides rows).
+    unsafe {
+        softmax_cuda::cross_entropy(
+            &logits.gpu,
+            logits.device_ptr(),
+            labels.device_ptr(),
+            rows,
+            cols,
+            labels.len,
+            scale as f32,
+            loss.device_ptr(),
+            grad.device_ptr(),
+        )?
+    };
+    Ok((loss, grad))
 }
 
 /// See [`crate::cpu::fill`].

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use cohort_kernels::cuda::GpuGraph;
+use cohort_kernels::cuda::{DeviceBuffer, GpuGraph};
 
 use super::*;
 
@@ -23,8 +23,8 @@ struct Active {
     pool: Arc<dyn DeviceAllocator>,
     /// Blocks of other allocators freed during the capture, returned when the graph drops.
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
-    /// Adam step counters (a u32 each, in the pool) with the step they stood for at capture.
-    counters: Vec<(CudaStorage, u64)>,
+    /// Adam step counters (a u32 each) with the step they stood for at capture.
+    counters: Vec<(DeviceBuffer, u64)>,
 }
 
 static CAPTURING: AtomicBool = AtomicBool::new(false);
@@ -71,18 +71,17 @@ pub(super) fn defer_free(
 
 /// A device step counter for a captured Adam step that stood for step `step`.
 pub(super) fn step_counter(gpu: &Arc<Gpu>, step: u64) -> Result<u64> {
-    let pool = pool(gpu.ordinal())
+    let mut guard = active();
+    let a = guard
+        .as_mut()
+        .filter(|a| a.ordinal == gpu.ordinal())
         .ok_or_else(|| capture_error("a step counter outside a graph capture"))?;
-    let counter = Ctx {
-        gpu: gpu.clone(),
-        alloc: pool,
-        ordinal: gpu.ordinal(),
-    }
-    .storage(1, DType::I32)?;
-    let ptr = counter.device_ptr();
-    if let Some(a) = active().as_mut() {
-        a.counters.push((counter, step));
-    }
+    // Its own allocation, not a pool block: the pool hands the blocks of the step's temporaries
+    // out again within the same capture, and a kernel writing such a block on every replay would
+    // overwrite the count.
+    let counter = gpu.alloc(4)?;
+    let ptr = counter.ptr();
+    a.counters.push((counter, step));
     Ok(ptr)
 }
 
@@ -94,7 +93,7 @@ pub struct CudaGraph {
     gpu: Arc<Gpu>,
     pool: Arc<dyn DeviceAllocator>,
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
-    counters: Vec<CudaStorage>,
+    counters: Vec<DeviceBuffer>,
 }
 
 impl fmt::Debug for CudaGraph {
@@ -209,7 +208,7 @@ pub fn capture<R, E: From<Error>>(
     for (counter, step) in state.counters {
         let before = u32::try_from(step.saturating_sub(1)).unwrap_or(u32::MAX);
         // SAFETY: the counter holds one 4-byte element.
-        unsafe { gpu.htod(counter.device_ptr(), &before.to_ne_bytes()) }.map_err(Error::from)?;
+        unsafe { gpu.htod(counter.ptr(), &before.to_ne_bytes()) }.map_err(Error::from)?;
         built.counters.push(counter);
     }
     Ok((built, out))

@@ -1,0 +1,143 @@
+//! `cargo xtask profile`: where the time of one fused cohort training step goes, per phase (forward, loss,
+//! backward, optimizer; wall time with the device drained between phases) and, on a GPU with
+//! `COHORT_CUDA_PROFILE=1`, per kernel (GPU time from timing events around every launch and cuBLAS call).
+
+use anyhow::Result;
+use std::time::{Duration, Instant};
+
+use cohort_autograd::{Tape, loss};
+use cohort_tensor::{DType, Device, Tensor, memory};
+
+use crate::cohort::Trainee;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Members of the fused model, one profile each.
+    #[arg(long, value_delimiter = ',', default_value = "1,128")]
+    n: Vec<usize>,
+    /// Timed steps per profile.
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    /// Profile on the CPU even where a GPU is present.
+    #[arg(long)]
+    cpu: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let device = if args.cpu || cohort_tensor::cuda::device_count().unwrap_or(0) == 0 {
+        Device::Cpu
+    } else {
+        Device::Cuda(0)
+    };
+    let x = Tensor::rand_uniform(&[256, 784], 0.0, 1.0, DType::F32, 0, &device)?;
+    let y: Vec<i32> = (0..256).map(|i| (i % 10) as i32).collect();
+    let y = Tensor::from_vec(y, &[256], &device)?;
+    for &n in &args.n {
+        let mut t = Trainee::new(n, 0, device, cohort_alloc::TenantId::DEFAULT)?;
+        for _ in 0..5 {
+            t.step(&x, &y)?;
+        }
+        device.synchronize()?;
+        phases(&mut t, &x, &y, device, n, args.steps)?;
+        if let Device::Cuda(ordinal) = device {
+            kernels(&mut t, &x, &y, device, ordinal, args.steps)?;
+        }
+    }
+    Ok(())
+}
+
+fn phases(
+    t: &mut Trainee,
+    x: &Tensor,
+    y: &Tensor,
+    device: Device,
+    n: usize,
+    steps: usize,
+) -> Result<()> {
+    let mut spent = [Duration::ZERO; 4];
+    let mut lap = |k: usize, since: &mut Instant| -> Result<()> {
+        device.synchronize()?;
+        spent[k] += since.elapsed();
+        *since = Instant::now();
+        Ok(())
+    };
+    for _ in 0..steps {
+        let mut at = Instant::now();
+        let tape = Tape::new();
+        let logits = t.model.forward(&tape, x)?;
+        lap(0, &mut at)?;
+        let l = loss::cross_entropy(&logits, y)?;
+        lap(1, &mut at)?;
+        tape.backward(&l)?;
+        lap(2, &mut at)?;
+        t.opt.step()?;
+        t.opt.zero_grad();
+        lap(3, &mut at)?;
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / steps as f64;
+    let total: Duration = spent.iter().sum();
+    println!(
+        "profile {device} n={n}: {:.0} µs/step drained (forward {:.0}, loss {:.0}, backward {:.0}, optimizer {:.0})",
+        us(total),
+        us(spent[0]),
+        us(spent[1]),
+        us(spent[2]),
+        us(spent[3])
+    );
+    Ok(())
+}
+
+fn kernels(
+    t: &mut Trainee,
+    x: &Tensor,
+    y: &Tensor,
+    device: Device,
+    ordinal: usize,
+    steps: usize,
+) -> Result<()> {
+    cohort_tensor::cuda::kernel_profile(ordinal)?;
+    let alloc = memory::allocator(&device)?;
+    let before = alloc.stats().counters;
+    let (mut issue, mut wait) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..steps {
+        let at = Instant::now();
+        t.step(x, y)?;
+        issue += at.elapsed();
+        let at = Instant::now();
+        device.synchronize()?;
+        wait += at.elapsed();
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / steps as f64;
+    let after = alloc.stats().counters;
+    let delta = |a: u64, b: u64| (a - b) as f64 / steps as f64;
+    println!(
+        "  host: {:.0} µs/step issuing the step, then {:.0} µs waiting for the device; allocator per step: {:.1} map \
+         calls, {:.1} page moves, {:.1} page creates, {:.1} source reserves",
+        per(issue),
+        per(wait),
+        delta(after.map_calls, before.map_calls),
+        delta(after.page_moves, before.page_moves),
+        delta(after.page_creates, before.page_creates),
+        delta(after.source_reserves, before.source_reserves),
+    );
+    let table = cohort_tensor::cuda::kernel_profile(ordinal)?;
+    if table.is_empty() {
+        println!("  (set COHORT_CUDA_PROFILE=1 for GPU time per kernel)");
+        return Ok(());
+    }
+    let gpu: f64 = table.iter().map(|k| k.total_ms).sum::<f64>() * 1e3 / steps as f64;
+    let launches: usize = table.iter().map(|k| k.calls).sum();
+    println!(
+        "  {gpu:.0} µs/step GPU time in {:.0} launches/step",
+        launches as f64 / steps as f64
+    );
+    for k in &table {
+        println!(
+            "  {:>8.1} µs/step {:>5.1}/step  {}",
+            k.total_ms * 1e3 / steps as f64,
+            k.calls as f64 / steps as f64,
+            k.label
+        );
+    }
+    Ok(())
+}
