@@ -313,15 +313,17 @@ fn format_ns(ns: f64) -> String {
 const REFERENCE_DATA_BYTES: f64 = 60_000.0 * (784.0 * 4.0 + 8.0);
 
 /// One line per schedule and N: our model-steps/s, the reference's, and the ratio; peak memory per member beside
-/// the reference's (its peak less its resident data, over N) where both exist.
+/// the reference's (its peak less its resident data, over N) where both exist. A graph schedule compares with the
+/// reference's eager schedule of the same family (`loop-graph` with `loop`).
 fn comparison_table(ours: &[Value], theirs: &Value, gpu: bool) {
     let name = if gpu { "PyTorch" } else { "JAX" };
     println!(
-        "\n{:<7} {:>4} {:>14} {:>14} {:>8} {:>16} {:>16}",
+        "\n{:<11} {:>4} {:>14} {:>14} {:>8} {:>16} {:>16}",
         "sched", "N", "cohort", name, "ratio", "peak/member", "theirs/member"
     );
     for r in ours {
-        let key = format!("{}-{}", r["schedule"].as_str().unwrap_or(""), r["n"]);
+        let family = r["schedule"].as_str().unwrap_or("").split('-').next();
+        let key = format!("{}-{}", family.unwrap_or(""), r["n"]);
         let us = r["model_steps_per_s"].as_f64().unwrap_or(f64::NAN);
         let them = theirs["rates"][&key].as_f64();
         let mib = |b: f64| format!("{:.2} MiB", b / (1u64 << 20) as f64);
@@ -330,7 +332,7 @@ fn comparison_table(ours: &[Value], theirs: &Value, gpu: bool) {
             mib(((p * (1u64 << 20) as f64) - REFERENCE_DATA_BYTES).max(0.0) / n)
         });
         println!(
-            "{:<7} {:>4} {:>14.0} {:>14} {:>8} {:>16} {:>16}",
+            "{:<11} {:>4} {:>14.0} {:>14} {:>8} {:>16} {:>16}",
             r["schedule"].as_str().unwrap_or(""),
             r["n"].as_u64().unwrap_or(0),
             us,

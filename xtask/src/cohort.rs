@@ -2,8 +2,8 @@
 //! trained in the alternating loop (one model after another each step) and fused (one model with N members),
 //! in model-steps per second, with each member's peak memory where the device has an allocator.
 //!
-//! It mirrors ../shared/bench/torch_mlp_cohort.py step for step, so the two figures compare directly. On a GPU a
-//! third schedule, `graph`, replays the fused step captured as a CUDA graph ([`graph_schedule`]).
+//! It mirrors ../shared/bench/torch_mlp_cohort.py step for step, so the two figures compare directly. On a GPU two
+//! more schedules replay the same steps captured as CUDA graphs ([`graph_schedules`]).
 
 use anyhow::{Context, Result};
 use cohort_alloc::TenantLimits;
@@ -140,64 +140,74 @@ pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>>
             );
             rows.push(json!({ "schedule": schedule, "n": n, "model_steps_per_s": model_steps, "peak_bytes_per_member": peak }));
         }
-        if let Some(row) = graph_schedule(device, n, budget, &data) {
-            rows.push(row);
-        }
+        rows.extend(graph_schedules(device, n, budget, &data));
     }
     Ok(rows)
 }
 
-/// The cohort benchmark's `graph` schedule: `n` MLP members fused into one model, the whole training step
-/// (forward, backward, Adam) captured as a CUDA graph after three eager warm-up steps, then per step the batch is
-/// copied into the graph's static input tensors and the graph replayed (one launch). Timed like the other
-/// schedules (at least `budget`, synchronizing every 16 steps). Prints one line and returns the benchmark row
-/// (with the error, if the capture failed or its replays do not match eager steps, so the other schedules' figures
-/// still come out); `None` on the CPU.
-pub fn graph_schedule(
+/// The cohort benchmark's graph schedules, on a GPU: each training step (forward, backward, Adam) captured as a CUDA
+/// graph after three eager warm-up steps, then per step the batch copied into the graphs' static input tensors and
+/// every graph replayed (one launch each). `loop-graph` captures each of `n` separate models, `fused-graph` the one
+/// model of `n` members. Timed like the eager schedules; a schedule is only reported if its replays train as eager
+/// steps do. Prints a line per schedule and returns the benchmark rows (with the error where a capture failed, so
+/// the other figures still come out); nothing on the CPU.
+pub fn graph_schedules(
     device: Device,
     n: usize,
     budget: Duration,
     data: &[(Tensor, Tensor)],
-) -> Option<Value> {
+) -> Vec<Value> {
     if !device.is_cuda() {
-        return None;
+        return Vec::new();
     }
-    Some(match graph_rate(device, n, budget, data) {
-        Ok(model_steps) => {
-            println!("cohort graph n={n:3}: {model_steps:10.0} model-steps/s");
-            json!({ "schedule": "graph", "n": n, "model_steps_per_s": model_steps })
+    let mut rows = Vec::new();
+    for (schedule, models, members) in [("loop-graph", n, 1), ("fused-graph", 1, n)] {
+        if models > 64 {
+            continue;
         }
-        Err(e) => {
-            println!("cohort graph n={n:3}: failed: {e:#}");
-            json!({ "schedule": "graph", "n": n, "error": format!("{e:#}") })
-        }
-    })
+        rows.push(match graph_rate(device, models, members, budget, data) {
+            Ok(model_steps) => {
+                println!("cohort {schedule} n={n:3}: {model_steps:10.0} model-steps/s");
+                json!({ "schedule": schedule, "n": n, "model_steps_per_s": model_steps })
+            }
+            Err(e) => {
+                println!("cohort {schedule} n={n:3}: failed: {e:#}");
+                json!({ "schedule": schedule, "n": n, "error": format!("{e:#}") })
+            }
+        });
+    }
+    rows
 }
 
 fn graph_rate(
     device: Device,
-    n: usize,
+    models: usize,
+    members: usize,
     budget: Duration,
     data: &[(Tensor, Tensor)],
 ) -> Result<f64> {
     let (x0, y0) = data.first().context("no batches to replay")?;
-    let build = || Trainee::new(n, 0, device, cohort_alloc::TenantId::DEFAULT);
-    let (mut fused, mut eager) = (build()?, build()?);
+    let build = |seed| Trainee::new(members, seed, device, cohort_alloc::TenantId::DEFAULT);
+    let mut captured: Vec<Trainee> = (0..models as u64).map(build).collect::<Result<_>>()?;
+    let mut eager = build(0)?;
     // static inputs with their own storage: every replay reads these addresses
     let (x, y) = (x0.copy()?, y0.copy()?);
     for _ in 0..3 {
-        fused.step(&x, &y)?;
+        captured.iter_mut().try_for_each(|t| t.step(&x, &y))?;
         eager.step(&x, &y)?;
     }
-    let (graph, ()) = cohort_tensor::cuda::capture(&device, || fused.step(&x, &y))?;
+    let graphs = captured
+        .iter_mut()
+        .map(|t| Ok(cohort_tensor::cuda::capture(&device, || t.step(&x, &y))?.0))
+        .collect::<Result<Vec<_>>>()?;
     // A rate is only worth reporting if the replays train as eager steps do.
     for (bx, by) in data.iter().take(4) {
         x.assign_(bx)?;
         y.assign_(by)?;
-        graph.replay()?;
+        graphs[0].replay()?;
         eager.step(bx, by)?;
     }
-    for (a, b) in fused.model.params().iter().zip(eager.model.params()) {
+    for (a, b) in captured[0].model.params().iter().zip(eager.model.params()) {
         let (a, b) = (a.value().to_vec::<f32>()?, b.value().to_vec::<f32>()?);
         let worst = a
             .iter()
@@ -214,7 +224,7 @@ fn graph_rate(
         let (bx, by) = &data[i % data.len()];
         x.assign_(bx)?;
         y.assign_(by)?;
-        graph.replay()?;
+        graphs.iter().try_for_each(|g| g.replay())?;
         i += 1;
         Ok(())
     };
@@ -232,5 +242,5 @@ fn graph_rate(
         }
     }
     device.synchronize()?;
-    Ok((done * n) as f64 / start.elapsed().as_secs_f64())
+    Ok((done * models * members) as f64 / start.elapsed().as_secs_f64())
 }
