@@ -77,6 +77,8 @@ struct Inner<S> {
     pages: Option<PageTable>,
     /// Stitched layout: the most pages that may be mapped.
     page_limit: u64,
+    /// Stitched layout: idle pages kept beyond the configured slack, learnt from moves that were undone.
+    grown_slack: u64,
     tenants: Vec<Tenant>,
     unmet_total: u64,
     c: Counters,
@@ -106,6 +108,7 @@ impl<S: MemorySource> Bfc<S> {
             regions: Vec::new(),
             pages: None,
             page_limit: 0,
+            grown_slack: 0,
             tenants: vec![Tenant::new("default".into(), TenantLimits::unlimited())],
             unmet_total: 0,
             c: Counters::default(),
@@ -915,18 +918,22 @@ impl<S: MemorySource> Inner<S> {
 
     /// Makes every page under `[ptr, ptr + len)` backed and counts the block on them.
     fn back_pages(&mut self, ptr: u64, len: u64) -> std::result::Result<(), PlaceError> {
-        let slack = self.config.idle_page_slack;
         let page_limit = self.page_limit;
         let pt = self
             .pages
             .as_mut()
             .expect("stitched layout has a page table");
         let (a, b) = pt.span(ptr, len);
-        let (need, idle_in) = pt.demand(a, b);
+        let (need, idle_in, regret) = pt.demand(a, b);
         if need == 0 {
             pt.acquire(a, b);
             return Ok(());
         }
+        // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
+        // device synchronization. Grow the slack by those pages, up to an eighth of the peak in use.
+        let cap = (self.c.peak_in_use / pt.size / 8).max(self.config.idle_page_slack);
+        self.grown_slack = (self.grown_slack + regret).min(cap);
+        let slack = self.config.idle_page_slack.max(self.grown_slack);
         let idle_avail = pt.idle - idle_in;
         let mut create = if idle_avail > slack {
             need.saturating_sub(idle_avail - slack)

@@ -11,6 +11,8 @@ use crate::source::Region;
 struct Page {
     live: u32,
     mapped: bool,
+    /// Its physical page was moved away to back another address, and no block has wanted it back since.
+    moved_away: bool,
 }
 
 /// A set of page indices with O(1) insert and remove and a highest-member query in three word scans: one bit per
@@ -118,18 +120,19 @@ impl PageTable {
         self.pages[p as usize].live
     }
 
-    /// (pages to map, idle pages inside the span) for a block over pages `a..=b`.
-    pub fn demand(&self, a: u32, b: u32) -> (u64, u64) {
-        let mut need = 0;
-        let mut idle_in = 0;
+    /// For a block over pages `a..=b`: (pages to map, idle pages inside the span, pages to map that a move took
+    /// away earlier: moves that a slightly larger slack would have saved).
+    pub fn demand(&self, a: u32, b: u32) -> (u64, u64, u64) {
+        let (mut need, mut idle_in, mut regret) = (0, 0, 0);
         for pg in &self.pages[a as usize..=b as usize] {
             if !pg.mapped {
                 need += 1;
+                regret += u64::from(pg.moved_away);
             } else if pg.live == 0 {
                 idle_in += 1;
             }
         }
-        (need, idle_in)
+        (need, idle_in, regret)
     }
 
     fn unlink(&mut self, p: u32) {
@@ -170,17 +173,20 @@ impl PageTable {
         }
     }
 
-    /// Takes the idle page with the highest address, unbacking it; returns its index.
+    /// Takes the idle page with the highest address to move it elsewhere, unbacking it; returns its index.
     pub fn take_idle(&mut self) -> Option<u32> {
         let p = self.idle_set.highest()?;
         self.unlink(p);
-        self.pages[p as usize].mapped = false;
+        let pg = &mut self.pages[p as usize];
+        pg.mapped = false;
+        pg.moved_away = true;
         self.mapped -= 1;
         Some(p)
     }
 
     /// Gives a page taken by [`take_idle`](Self::take_idle) back (a failed map).
     pub fn restore_idle(&mut self, p: u32) {
+        self.pages[p as usize].moved_away = false;
         self.pages[p as usize].mapped = true;
         self.mapped += 1;
         self.push_idle(p);
@@ -192,6 +198,7 @@ impl PageTable {
             let pg = &mut self.pages[p as usize];
             debug_assert!(!pg.mapped);
             pg.mapped = true;
+            pg.moved_away = false;
             self.mapped += 1;
             if pg.live == 0 {
                 self.push_idle(p);

@@ -514,6 +514,43 @@ fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
 }
 
 #[test]
+fn stitched_slack_grows_until_a_repeating_step_moves_no_pages() {
+    let config = Config::builder()
+        .idle_page_slack(0)
+        .large_block(u64::MAX)
+        .build()
+        .unwrap();
+    let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+    let held = bfc.alloc((64 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    let mut moves = Vec::new();
+    for _ in 0..8 {
+        let before = bfc.stats().counters.page_moves;
+        // A step's churn: a temporary freed before a larger one is needed past it, then everything goes.
+        let a = bfc.alloc((6 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.free(a);
+        let c = bfc.alloc((10 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.free(b);
+        bfc.free(c);
+        bfc.check_invariants().unwrap();
+        moves.push(bfc.stats().counters.page_moves - before);
+    }
+    assert!(
+        moves[0] + moves[1] > 0,
+        "the pattern moves pages at first: {moves:?}"
+    );
+    assert_eq!(
+        moves[4..],
+        [0, 0, 0, 0],
+        "then the slack covers the churn: {moves:?}"
+    );
+    // The grown slack stays within an eighth of the peak in use.
+    let s = bfc.stats();
+    assert!(s.pages_idle * s.page_size <= s.counters.peak_in_use / 8 + 10 * MIB);
+    bfc.free(held);
+}
+
+#[test]
 fn stitched_large_blocks_start_on_a_page_in_their_own_arena() {
     let bfc = Bfc::new(SimMemory::stitched(1 << 30), Config::default()).unwrap();
     let small = bfc.alloc(1000, TenantId::DEFAULT).unwrap();
