@@ -7,9 +7,10 @@
 //!
 //! Index ops (`index_select`, `index_add`, `gather_last`, `scatter_add_last`, `one_hot`, max-pool's
 //! backward) fail at the op on the CPU when an index is out of range. On CUDA they skip the bad
-//! index and flag it on the device, and the next read-back or synchronize on that device fails
-//! with the op, the index and the size (as PyTorch's device-side checks do): waiting for every
-//! index op would stall the stream once per training step.
+//! index and flag it on the device, and the next read-back or synchronize of the thread that
+//! queued the op fails with the op, the index and the size (as PyTorch's device-side checks do,
+//! but never reported to another thread): waiting for every index op would stall the stream once
+//! per training step.
 //!
 //! ```
 //! use cohort_tensor::{DType, Device, Tensor};

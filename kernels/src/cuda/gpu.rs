@@ -1,5 +1,6 @@
 //! The per-device context: driver context, streams, cuBLAS handle, NVRTC module cache.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
@@ -295,6 +296,23 @@ impl Drop for DeviceBuffer {
     }
 }
 
+thread_local! {
+    /// Each thread's index-error flag per device (4 words: set, op, index, size). Index kernels write the flag of
+    /// the thread that queued them, so a bad index is reported by that thread's next read-back or synchronize,
+    /// never by another thread's.
+    static FLAGS: RefCell<HashMap<usize, DeviceBuffer>> = RefCell::new(HashMap::new());
+}
+
+/// Zeroes a 4-word flag and waits for it: the memset runs on the legacy stream, which the (non-blocking) compute
+/// stream does not wait for.
+fn clear_flag(ctx: &CudaContext, flag: u64) -> Result<()> {
+    // SAFETY: `flag` addresses 16 bytes of device memory in `ctx`.
+    unsafe { drv::memset_d8_sync(flag, 0, 16) }
+        .map_err(|e| cuda_err("clearing the kernel error flag", e))?;
+    ctx.synchronize()
+        .map_err(|e| cuda_err("clearing the kernel error flag", e))
+}
+
 /// Names of the ops that can report an index error through the device flag (`OP_*` in `common.cuh`).
 const FLAG_OPS: [&str; 7] = [
     "index_select",
@@ -322,9 +340,6 @@ pub struct Gpu {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
-    flag: DeviceBuffer,
-    /// Held while the flag is read and cleared, so one reader reports a flagged index once.
-    flag_lock: Mutex<()>,
     /// A CUDA graph is being captured on the compute stream.
     capturing: AtomicBool,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
@@ -384,17 +399,6 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_err("reading the multiprocessor count", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
-        // SAFETY: a fresh 16-byte allocation in the current (just bound) context.
-        let flag_ptr = unsafe { drv::malloc_sync(16) }
-            .map_err(|e| cuda_err("allocating the error flag", e))?;
-        let flag = DeviceBuffer {
-            ptr: flag_ptr,
-            bytes: 16,
-            ctx: ctx.clone(),
-        };
-        // SAFETY: flag_ptr holds 16 bytes = 4 words.
-        unsafe { drv::memset_d8_sync(flag_ptr, 0, 16) }
-            .map_err(|e| cuda_err("clearing the error flag", e))?;
         Ok(Gpu {
             ordinal,
             ctx,
@@ -407,8 +411,6 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
-            flag,
-            flag_lock: Mutex::new(()),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
             profile: Profile::from_env(),
@@ -471,22 +473,19 @@ impl Gpu {
         self.check_flag()
     }
 
-    /// Reads (and clears) the flag index kernels set; the caller has waited for the compute stream.
+    /// Reads (and clears) the calling thread's index-error flag; the caller has waited for the compute stream.
     fn check_flag(&self) -> Result<()> {
-        let _one_reader = self
-            .flag_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let Some(flag) = FLAGS.with(|f| f.borrow().get(&self.ordinal).map(DeviceBuffer::ptr)) else {
+            return Ok(()); // this thread never launched an index kernel here
+        };
         let mut words = [0i32; 4];
         // SAFETY: the flag buffer holds 4 words; the compute stream is idle (caller synchronized).
-        unsafe { drv::memcpy_dtoh_sync(&mut words, self.flag.ptr) }
+        unsafe { drv::memcpy_dtoh_sync(&mut words, flag) }
             .map_err(|e| cuda_err("reading the kernel error flag", e))?;
         if words[0] == 0 {
             return Ok(());
         }
-        // SAFETY: as above.
-        unsafe { drv::memset_d8_sync(self.flag.ptr, 0, 16) }
-            .map_err(|e| cuda_err("clearing the kernel error flag", e))?;
+        clear_flag(&self.ctx, flag)?;
         Err(Error::IndexOutOfRange {
             op: FLAG_OPS.get(words[1] as usize).copied().unwrap_or("index"),
             index: i64::from(words[2]),
@@ -494,9 +493,20 @@ impl Gpu {
         })
     }
 
-    /// Address of the 4-word flag index kernels set on an out-of-range index.
-    pub(crate) fn flag_ptr(&self) -> u64 {
-        self.flag.ptr
+    /// Address of the calling thread's 4-word flag, which index kernels set on an out-of-range index (created
+    /// on the thread's first index kernel on this device).
+    pub(crate) fn flag_ptr(&self) -> Result<u64> {
+        FLAGS.with(|f| {
+            if let Some(b) = f.borrow().get(&self.ordinal) {
+                return Ok(b.ptr);
+            }
+            self.bind()?;
+            let flag = self.alloc(16)?;
+            clear_flag(&self.ctx, flag.ptr)?;
+            let ptr = flag.ptr;
+            f.borrow_mut().insert(self.ordinal, flag);
+            Ok(ptr)
+        })
     }
 
     /// Allocates `bytes` (at least 1) of device memory owned by the returned buffer.

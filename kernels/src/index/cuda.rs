@@ -48,7 +48,7 @@ pub unsafe fn index_select(
         return Ok(());
     }
     let (o, d, k, i) = (outer as u64, dim as u64, nidx as u64, inner as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![o, d, k, i, src, idx, out, flag];
     // SAFETY: matches `index_select_<w>(u64, u64, u64, u64, const T*, const int*, T*, int*)`.
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
@@ -84,7 +84,7 @@ pub unsafe fn index_add(
         return Ok(());
     }
     let (o, d, k, i) = (outer as u64, dim as u64, nidx as u64, inner as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![o, d, k, i, dst, idx, src, flag];
     // SAFETY: matches `index_add_<t>(u64, u64, u64, u64, T*, const int*, const T*, int*)`.
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
@@ -113,7 +113,7 @@ pub unsafe fn gather_last(
         return Ok(());
     }
     let (r, c) = (rows as u64, cols as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![r, c, src, idx, out, flag];
     // SAFETY: matches `gather_last_u32(u64, u64, const u32*, const int*, u32*, int*)`.
     unsafe { gpu.launch(&SRC, "gather_last_u32", gpu.grid(rows, 256), &mut args) }
@@ -138,7 +138,7 @@ pub unsafe fn scatter_add_last(
         return Ok(());
     }
     let (r, c) = (rows as u64, cols as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![r, c, dst, idx, src, flag];
     // SAFETY: matches `scatter_add_last_f32(u64, u64, float*, const int*, const float*, int*)`.
     unsafe { gpu.launch(&SRC, "scatter_add_last_f32", gpu.grid(rows, 256), &mut args) }
@@ -170,7 +170,7 @@ pub unsafe fn one_hot(
         return Ok(());
     }
     let (r, c) = (rows as u64, classes as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![r, c, labels, out, flag];
     // SAFETY: matches `one_hot_<t>(u64, u64, const int*, T*, int*)`.
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }

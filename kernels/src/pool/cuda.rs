@@ -61,7 +61,7 @@ pub unsafe fn max_pool2d_backward(
         return Ok(());
     }
     let (pl, hi, ho) = (planes as u64, plane_in as u64, plane_out as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![pl, hi, ho, grad_out, idx, grad_in, flag];
     // SAFETY: matches `max_pool2d_backward_f32(u64, u64, u64, const float*, const int*, float*, int*)`.
     unsafe { gpu.launch(&SRC, "max_pool2d_backward_f32", gpu.grid(n, 256), &mut args) }

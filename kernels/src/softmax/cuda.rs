@@ -90,7 +90,7 @@ pub unsafe fn cross_entropy(
         shared: 0,
     };
     let (rows, cols, label_rows) = (rows as u64, cols as u64, label_rows.max(1) as u64);
-    let flag = gpu.flag_ptr();
+    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![rows, cols, label_rows, scale, labels, x, loss, grad, flag];
     // SAFETY: matches `cross_entropy_f32(u64, u64, u64, float, const int*, const float*, float*,
     // float*, int*)`; buffers per the caller.
