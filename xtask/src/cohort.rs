@@ -147,8 +147,8 @@ pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>>
 
 /// The cohort benchmark's graph schedules, on a GPU: each training step (forward, backward, Adam) captured as a CUDA
 /// graph after three eager warm-up steps, then per step the batch copied into the graphs' static input tensors and
-/// every graph replayed (one launch each). `loop-graph` captures each of `n` separate models, `fused-graph` the one
-/// model of `n` members. Timed like the eager schedules; a schedule is only reported if its replays train as eager
+/// every graph replayed (one launch each). `loop-graph` captures each of `n` separate models and replays them on
+/// [`LANES`] concurrent streams, `fused-graph` the one model of `n` members. Timed like the eager schedules; a schedule is only reported if its replays train as eager
 /// steps do. Prints a line per schedule and returns the benchmark rows (with the error where a capture failed, so
 /// the other figures still come out); nothing on the CPU.
 pub fn graph_schedules(
@@ -179,6 +179,9 @@ pub fn graph_schedules(
     rows
 }
 
+/// Streams the separate models' graphs replay on: small models leave most of the GPU idle one at a time.
+const LANES: usize = 8;
+
 fn graph_rate(
     device: Device,
     models: usize,
@@ -200,6 +203,7 @@ fn graph_rate(
         .iter_mut()
         .map(|t| Ok(cohort_tensor::cuda::capture(&device, || t.step(&x, &y))?.0))
         .collect::<Result<Vec<_>>>()?;
+    let all: Vec<_> = graphs.iter().collect();
     // A rate is only worth reporting if the replays train as eager steps do.
     for (bx, by) in data.iter().take(4) {
         x.assign_(bx)?;
@@ -224,7 +228,7 @@ fn graph_rate(
         let (bx, by) = &data[i % data.len()];
         x.assign_(bx)?;
         y.assign_(by)?;
-        graphs.iter().try_for_each(|g| g.replay())?;
+        cohort_tensor::cuda::replay_concurrently(&all, LANES)?;
         i += 1;
         Ok(())
     };

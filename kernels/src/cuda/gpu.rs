@@ -344,6 +344,10 @@ pub struct Gpu {
     capturing: AtomicBool,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
     captured_host: Mutex<Vec<PinnedBuffer>>,
+    /// Scratch areas of ops captured meanwhile: each graph owns its own, so graphs may replay concurrently.
+    captured_scratch: Mutex<Vec<DeviceBuffer>>,
+    /// Side streams for replaying graphs concurrently ([`Gpu::replay_concurrently`]), created on first use.
+    lanes: Mutex<Vec<Arc<CudaStream>>>,
     /// GPU time per kernel, when `COHORT_CUDA_PROFILE` asks for it.
     profile: Option<Profile>,
 }
@@ -413,6 +417,8 @@ impl Gpu {
             scratch: Mutex::new(None),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
+            captured_scratch: Mutex::new(Vec::new()),
+            lanes: Mutex::new(Vec::new()),
             profile: Profile::from_env(),
         })
     }
@@ -526,20 +532,21 @@ impl Gpu {
     }
 
     /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
-    /// by every op (safe because all of them are ordered on the compute stream).
+    /// by every op (safe because all of them are ordered on the compute stream). During a capture
+    /// the area is the graph's own.
     pub(crate) fn with_scratch<R>(
         &self,
         bytes: usize,
         f: impl FnOnce(u64) -> Result<R>,
     ) -> Result<R> {
+        if self.is_capturing() {
+            let area = self.alloc(bytes)?;
+            let ptr = area.ptr;
+            lock(&self.captured_scratch).push(area);
+            return f(ptr);
+        }
         let mut guard = lock(&self.scratch);
         let big_enough = guard.as_ref().is_some_and(|b| b.bytes >= bytes);
-        if !big_enough && self.is_capturing() {
-            return Err(Error::Cuda(format!(
-                "an op needs {bytes} bytes of scratch space, more than before the CUDA graph \
-                 capture began: run the captured step once eagerly before capturing it"
-            )));
-        }
         if !big_enough {
             // Work still queued may read the old area: let it finish before the area is freed.
             if guard.is_some() {
@@ -927,6 +934,8 @@ pub struct GpuGraph {
     graph: CudaGraph,
     /// Pinned host bytes the graph's copies read (host constants of the captured work).
     _host: Vec<PinnedBuffer>,
+    /// Scratch areas the graph's ops use.
+    _scratch: Vec<DeviceBuffer>,
     gpu: Arc<Gpu>,
 }
 
@@ -950,6 +959,55 @@ impl GpuGraph {
 }
 
 impl Gpu {
+    /// Enqueues one replay of each graph, spread over `lanes` side streams that run concurrently: all start after
+    /// the compute stream's work queued so far, and the compute stream's later work waits for all of them.
+    /// Graphs replayed together must not write what another of them reads or writes (separate models' steps on
+    /// shared, read-only inputs do not).
+    ///
+    /// # Errors
+    /// A graph of another device, or the driver rejects a launch or an event.
+    pub fn replay_concurrently(&self, graphs: &[&GpuGraph], lanes: usize) -> Result<()> {
+        if let Some(g) = graphs.iter().find(|g| g.gpu.ordinal != self.ordinal) {
+            return Err(Error::Cuda(format!(
+                "a CUDA graph of cuda:{} replayed on cuda:{}",
+                g.gpu.ordinal, self.ordinal
+            )));
+        }
+        let lanes = lanes.clamp(1, graphs.len().max(1));
+        self.bind()?;
+        let mut streams = lock(&self.lanes);
+        while streams.len() < lanes {
+            let s = self
+                .ctx
+                .new_stream()
+                .map_err(|e| cuda_err("creating a replay stream", e))?;
+            streams.push(s);
+        }
+        let start = self
+            .compute
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        for s in &streams[..lanes] {
+            s.wait(&start)
+                .map_err(|e| cuda_err("ordering a replay stream", e))?;
+        }
+        for (k, g) in graphs.iter().enumerate() {
+            let s = &streams[k % lanes];
+            // SAFETY: the graph's executable is live (owned by `g`), and the stream belongs to its context.
+            unsafe { drv::graph::launch(g.graph.cu_graph_exec(), s.cu_stream()) }
+                .map_err(|e| cuda_err("launching a CUDA graph", e))?;
+        }
+        for s in &streams[..lanes] {
+            let done = s
+                .record_event(None)
+                .map_err(|e| cuda_err("recording an event", e))?;
+            self.compute
+                .wait(&done)
+                .map_err(|e| cuda_err("ordering the compute stream after replays", e))?;
+        }
+        Ok(())
+    }
+
     /// Allocates `bytes` (at least 1) of page-locked host memory.
     ///
     /// # Errors
@@ -1075,12 +1133,14 @@ impl Gpu {
             ));
         }
         let host = std::mem::take(&mut *lock(&self.captured_host));
+        let scratch = std::mem::take(&mut *lock(&self.captured_scratch));
         let r = self.compute.end_capture(sys::CUgraphInstantiate_flags(0));
         self.capturing.store(false, Ordering::Release);
         match r {
             Ok(Some(graph)) => Ok(GpuGraph {
                 graph,
                 _host: host,
+                _scratch: scratch,
                 gpu: self.clone(),
             }),
             Ok(None) => Err(Error::Cuda(

@@ -33,7 +33,7 @@ use crate::{DType, Device, Error, Result};
 mod capture;
 mod staging;
 
-pub use capture::{CudaGraph, capture};
+pub use capture::{CudaGraph, capture, replay_concurrently};
 pub use staging::{CopyReady, Uploader};
 
 /// Elements on a CUDA device: a block of that device's allocator.
