@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use cohort_alloc::TenantLimits;
 use cohort_autograd::{BuildOptions, LayerSpec, Model, ModelSpec, Tape, loss};
 use cohort_data::Position;
@@ -1447,43 +1449,85 @@ impl Cohort {
             if ui >= self.units.len() || !self.runnable(ui) || self.halted {
                 return Ok(());
             }
-            let epochs_before = self.members[self.units[ui].members[0]].epochs_done;
-            let pos = self.units[ui].feed.position();
+            let before = self.before_step(ui);
             let t0 = Instant::now();
             let r = Cohort::unit_step(&mut self.units[ui]);
             let dt = t0.elapsed().as_secs_f64();
-            match r {
-                Ok((losses, in_step)) => self.after_step(ui, &losses, in_step, dt)?,
-                Err(e) => {
-                    let Some(oom) = oom_of(&e) else {
-                        return Err(e);
-                    };
-                    self.units[ui].feed.seek(&pos)?;
-                    match self.recover(ui, oom) {
-                        Ok(()) => {}
-                        Err(Error::OutOfMemory { member, message }) => {
-                            // The member is lost; the others go on.
-                            self.progress.message(&format!(
-                                "error: member \"{member}\" ran out of memory: {message}"
-                            ));
-                            self.finalize_done(ui)?;
-                            return Ok(());
-                        }
-                        Err(other) => return Err(other),
-                    }
-                    return Ok(());
-                }
-            }
-            if self.finalize_done(ui)? {
-                return Ok(());
-            }
-            if until_epoch_end
-                && self.members[self.units[ui].members[0]].epochs_done > epochs_before
-            {
+            if !self.finish_step(ui, r, dt, before, until_epoch_end)? {
                 return Ok(());
             }
         }
         Ok(())
+    }
+
+    /// One step of every runnable unit, the steps running concurrently (on the CPU: separate models on separate
+    /// cores, as JAX's asynchronous dispatch overlaps them), then each step's bookkeeping in the sequential order.
+    fn step_units_concurrently(&mut self) -> Result<()> {
+        let ready: Vec<Option<(u64, Position)>> = (0..self.units.len())
+            .map(|ui| (self.runnable(ui) && !self.halted).then(|| self.before_step(ui)))
+            .collect();
+        let mut results: Vec<_> = self
+            .units
+            .par_iter_mut()
+            .zip(&ready)
+            .map(|(u, r)| {
+                r.as_ref().map(|_| {
+                    let t0 = Instant::now();
+                    let r = Cohort::unit_step(u);
+                    (r, t0.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        // Highest index first: a unit split by an OOM recovery never shifts the ones still to be handled.
+        for (ui, before) in ready.into_iter().enumerate().rev() {
+            if let (Some(before), Some((r, dt))) = (before, results[ui].take()) {
+                self.finish_step(ui, r, dt, before, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`Cohort::finish_step`] needs from before unit `ui`'s step: its epochs done and its feed's position.
+    fn before_step(&self, ui: usize) -> (u64, Position) {
+        let u = &self.units[ui];
+        (self.members[u.members[0]].epochs_done, u.feed.position())
+    }
+
+    /// Logs unit `ui`'s step (or recovers from its OOM); whether the unit may take another step now.
+    fn finish_step(
+        &mut self,
+        ui: usize,
+        r: Result<(Vec<f32>, u64)>,
+        dt: f64,
+        (epochs_before, pos): (u64, Position),
+        until_epoch_end: bool,
+    ) -> Result<bool> {
+        match r {
+            Ok((losses, in_step)) => self.after_step(ui, &losses, in_step, dt)?,
+            Err(e) => {
+                let Some(oom) = oom_of(&e) else {
+                    return Err(e);
+                };
+                self.units[ui].feed.seek(&pos)?;
+                match self.recover(ui, oom) {
+                    Ok(()) => {}
+                    Err(Error::OutOfMemory { member, message }) => {
+                        // The member is lost; the others go on.
+                        self.progress.message(&format!(
+                            "error: member \"{member}\" ran out of memory: {message}"
+                        ));
+                        self.finalize_done(ui)?;
+                    }
+                    Err(other) => return Err(other),
+                }
+                return Ok(false);
+            }
+        }
+        if self.finalize_done(ui)? {
+            return Ok(false);
+        }
+        Ok(!(until_epoch_end
+            && self.members[self.units[ui].members[0]].epochs_done > epochs_before))
     }
 
     /// Trains until every member is done (or the run is halted); returns the summary (`None` when halted).
@@ -1522,6 +1566,10 @@ impl Cohort {
                 continue;
             }
             match self.config.run.schedule {
+                // Separate CPU models step concurrently; on a GPU the units' kernels share one stream anyway.
+                ScheduleKind::Lockstep if !self.units.iter().any(|u| u.device.is_cuda()) => {
+                    self.step_units_concurrently()?;
+                }
                 ScheduleKind::Lockstep => {
                     let n = self.units.len();
                     for ui in (0..n).rev() {
