@@ -37,6 +37,10 @@ pub(crate) enum Op {
     Relu {
         y: Tensor,
     },
+    BiasRelu {
+        y: Tensor,
+        bias: Vec<usize>,
+    },
     Gelu {
         x: Tensor,
     },
@@ -247,7 +251,11 @@ impl Op {
             Op::MulScalar(s) => one(need, || Ok(g.mul_scalar(*s)?)),
             Op::Powf { x, p } => one(need, || Ok(g.mul(&x.powf(p - 1.0)?.mul_scalar(*p)?)?)),
             Op::Neg => one(need, || Ok(g.neg()?)),
-            Op::Relu { y } => one(need, || Ok(g.mul(&y.gt_scalar(0.0)?)?)),
+            Op::Relu { y } => one(need, || Ok(g.relu_backward(y)?)),
+            Op::BiasRelu { y, bias } => {
+                let gx = g.relu_backward(y)?;
+                two(need, || Ok(gx.clone()), || reduce_to(gx.clone(), bias))
+            }
             Op::Gelu { x } => one(need, || {
                 // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3)
                 let x2 = x.square()?;

@@ -118,6 +118,19 @@ impl Var {
         })
     }
 
+    /// `max(self + bias, 0)` in one pass (a Linear layer's bias and ReLU); `bias` is `[C]`, or one row per leading
+    /// index of `self` (`[M, 1, .., C]` for `self` `[M, .., C]`).
+    ///
+    /// # Errors
+    /// When the bias does not fit or the tensor op fails.
+    pub fn bias_relu(&self, bias: &Var) -> Result<Var> {
+        let y = self.value().bias_relu(bias.value())?;
+        Var::record("bias_relu", y.clone(), &[self, bias], || Op::BiasRelu {
+            y,
+            bias: bias.shape().to_vec(),
+        })
+    }
+
     /// `-self`.
     ///
     /// # Errors

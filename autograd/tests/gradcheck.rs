@@ -126,6 +126,18 @@ fn elementwise_unary() {
     check("powf", std::slice::from_ref(&pos), |v| v[0].powf(2.5));
     check("neg", std::slice::from_ref(&x), |v| v[0].neg());
     check("relu", std::slice::from_ref(&x), |v| v[0].relu());
+    // x stays at least 0.02 from 0, the bias within 0.01: no kink inside the finite differences
+    let bias = |shape: &[usize], seed| rand(shape, -0.01, 0.01, seed);
+    check(
+        "bias_relu per member",
+        &[spread(&[2, 3, 4], 11), bias(&[2, 1, 4], 12)],
+        |v| v[0].bias_relu(&v[1]),
+    );
+    check(
+        "bias_relu shared",
+        &[spread(&[3, 4], 13), bias(&[4], 14)],
+        |v| v[0].bias_relu(&v[1]),
+    );
     check("gelu", &[x.mul_scalar(3.0).unwrap()], |v| v[0].gelu());
     check("tanh", std::slice::from_ref(&x), |v| v[0].tanh());
     check("sigmoid", std::slice::from_ref(&x), |v| v[0].sigmoid());

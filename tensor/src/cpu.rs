@@ -232,6 +232,30 @@ pub fn unary(op: UnaryOp, s: &CpuStorage) -> Result<CpuStorage> {
     Ok(float_map!(op.name(), s, |v| unary_cpu::unary(op, v)))
 }
 
+/// `max(x + b, 0)` with `b` `[groups, cols]` broadcast over `group`-element blocks of `x`.
+pub fn bias_relu(x: &CpuStorage, b: &CpuStorage, cols: usize, group: usize) -> Result<CpuStorage> {
+    Ok(match (x, b) {
+        (CpuStorage::F32(x), CpuStorage::F32(b)) => {
+            CpuStorage::F32(unary_cpu::bias_relu(x, b, cols, group))
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(b)) => {
+            CpuStorage::F64(unary_cpu::bias_relu(x, b, cols, group))
+        }
+        (x, b) if x.dtype() != b.dtype() => return Err(mismatch("bias_relu", x, b)),
+        (x, _) => return Err(unsupported("bias_relu", x.dtype())),
+    })
+}
+
+/// ReLU's backward from its output: `dy` where `y > 0`, else 0.
+pub fn relu_backward(dy: &CpuStorage, y: &CpuStorage) -> Result<CpuStorage> {
+    Ok(match (dy, y) {
+        (CpuStorage::F32(g), CpuStorage::F32(y)) => CpuStorage::F32(unary_cpu::relu_backward(g, y)),
+        (CpuStorage::F64(g), CpuStorage::F64(y)) => CpuStorage::F64(unary_cpu::relu_backward(g, y)),
+        (g, y) if g.dtype() != y.dtype() => return Err(mismatch("relu_backward", g, y)),
+        (g, _) => return Err(unsupported("relu_backward", g.dtype())),
+    })
+}
+
 /// Picks `on_true` where `mask != 0`, else `on_false` (all the same length; mask of any numeric
 /// dtype).
 pub fn where_cond(

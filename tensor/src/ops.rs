@@ -883,6 +883,57 @@ impl Tensor {
         )
     }
 
+    /// `max(self + bias, 0)` in one pass (a Linear layer's bias and ReLU): `self` `[G, .., C]` with `bias`
+    /// `[G, 1, .., 1, C]` (a bias row per leading index, e.g. per member) or `[C]`.
+    ///
+    /// # Errors
+    /// Other bias shapes; dtype or device mismatches; non-float dtypes.
+    pub fn bias_relu(&self, bias: &Tensor) -> Result<Tensor> {
+        const OP: &str = "bias_relu";
+        self.same_dtype(OP, bias)?;
+        self.require_float(OP)?;
+        let (s, b) = (&self.shape, &bias.shape);
+        let c = s.last().copied().unwrap_or(0);
+        let r = s.len();
+        let groups = if b.as_slice() == [c] {
+            1
+        } else if r >= 2
+            && b.len() == r
+            && b[0] == s[0]
+            && b[r - 1] == c
+            && b[1..r - 1].iter().all(|&d| d == 1)
+        {
+            s[0]
+        } else {
+            return Err(self.shape_mismatch(OP, bias));
+        };
+        let group = self.elem_count().checked_div(groups).unwrap_or(0);
+        self.map2(
+            OP,
+            bias,
+            s.clone(),
+            |x, b| cpu::bias_relu(x, b, c, group),
+            |x, b| cuda::bias_relu(x, b, c, group),
+        )
+    }
+
+    /// ReLU's backward from its output `y`: `self` (the incoming gradient) where `y > 0`, else 0.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn relu_backward(&self, y: &Tensor) -> Result<Tensor> {
+        const OP: &str = "relu_backward";
+        self.same_shape(OP, y)?;
+        self.same_dtype(OP, y)?;
+        self.map2(
+            OP,
+            y,
+            self.shape.clone(),
+            cpu::relu_backward,
+            cuda::relu_backward,
+        )
+    }
+
     /// Softmax cross-entropy of logits `[.., B, C]` against i32 labels, in one pass: each row's
     /// loss (`logsumexp - logit[label]`, shape `[.., B]`) and the gradient of the logits,
     /// `(softmax - onehot) · grad_scale`. The labels have the rows' shape, or `[B]` shared by

@@ -140,6 +140,22 @@ fn unary(dev: &Device) -> Result<()> {
                 );
             }
         }
+        // The fused bias + ReLU and ReLU's backward agree with the ops they replace.
+        let x = rand(&[3, 5, 4], 130, dt, dev)?;
+        for bias in [rand(&[3, 1, 4], 131, dt, dev)?, rand(&[4], 132, dt, dev)?] {
+            let want = host(&x.add(&bias)?.relu()?);
+            assert_close("bias_relu", &x.bias_relu(&bias)?, &[3, 5, 4], &want, 0.0);
+        }
+        let g = rand(&[3, 5, 4], 133, dt, dev)?;
+        let want = host(&g.mul(&x.gt_scalar(0.0)?)?);
+        assert_close(
+            "relu_backward",
+            &g.relu_backward(&x)?,
+            &[3, 5, 4],
+            &want,
+            0.0,
+        );
+        assert!(x.bias_relu(&rand(&[5, 4], 134, dt, dev)?).is_err());
     }
     Ok(())
 }

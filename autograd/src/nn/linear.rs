@@ -57,8 +57,9 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+impl Linear {
+    /// `x W + b`, then the ReLU when `relu` (fused with the bias where there is one).
+    fn run(&self, tape: &Tape, x: Features, relu: bool) -> Result<Features> {
         let ws = self.weight.shape();
         let (m, inp, out) = (ws[0], ws[1], ws[2]);
         let s = x.var.shape().to_vec();
@@ -83,13 +84,26 @@ impl Module for Linear {
         };
         let w = tape.param(&self.weight);
         let mut y = flat.matmul(&w)?; // [M, N, out]
-        if let Some(b) = &self.bias {
-            y = y.add(&per_member(&tape.param(b), 3)?)?;
-        }
+        y = match (&self.bias, relu) {
+            (Some(b), true) => y.bias_relu(&per_member(&tape.param(b), 3)?)?,
+            (Some(b), false) => y.add(&per_member(&tape.param(b), 3)?)?,
+            (None, true) => y.relu()?,
+            (None, false) => y,
+        };
         let mut shape = vec![m];
         shape.extend_from_slice(&lead);
         shape.push(out);
         Ok(Features::members(y.reshape(&shape)?))
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        self.run(tape, x, false)
+    }
+
+    fn forward_relu(&self, tape: &Tape, x: Features) -> Option<Result<Features>> {
+        Some(self.run(tape, x, true))
     }
 
     fn params(&self) -> Vec<(String, Param)> {

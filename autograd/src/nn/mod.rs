@@ -101,6 +101,13 @@ pub trait Module: Debug + Send + Sync {
     /// When the input's shape or layout does not fit the layer.
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features>;
 
+    /// The layer followed by a ReLU, in fewer passes where the layer can fuse it (a Linear layer with a bias
+    /// adds the bias and applies the ReLU in one kernel); `None` where it cannot.
+    fn forward_relu(&self, tape: &Tape, x: Features) -> Option<Result<Features>> {
+        let _ = (tape, x);
+        None
+    }
+
     /// Parameters with their names relative to the layer (`weight`, `bias`).
     fn params(&self) -> Vec<(String, Param)>;
 

@@ -30,14 +30,27 @@ impl Sequential {
 
 impl Module for Sequential {
     fn forward(&self, tape: &Tape, mut x: Features) -> Result<Features> {
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(tape, x).map_err(|e| match e {
-                Error::Shape { op, reason } => Error::Shape {
-                    op,
-                    reason: format!("layers.{i}: {reason}"),
-                },
-                other => other,
-            })?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            let layer = &self.layers[i];
+            let relu_next = self.layers.get(i + 1).is_some_and(|l| l.kind() == "relu");
+            // A ReLU after a layer that can fuse it runs inside that layer (the names stay per layer).
+            let fused = if relu_next {
+                layer.forward_relu(tape, x.clone())
+            } else {
+                None
+            };
+            let step = if fused.is_some() { 2 } else { 1 };
+            x = fused
+                .unwrap_or_else(|| layer.forward(tape, x))
+                .map_err(|e| match e {
+                    Error::Shape { op, reason } => Error::Shape {
+                        op,
+                        reason: format!("layers.{i}: {reason}"),
+                    },
+                    other => other,
+                })?;
+            i += step;
         }
         Ok(x)
     }

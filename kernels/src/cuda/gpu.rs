@@ -481,7 +481,8 @@ impl Gpu {
 
     /// Reads (and clears) the calling thread's index-error flag; the caller has waited for the compute stream.
     fn check_flag(&self) -> Result<()> {
-        let Some(flag) = FLAGS.with(|f| f.borrow().get(&self.ordinal).map(DeviceBuffer::ptr)) else {
+        let Some(flag) = FLAGS.with(|f| f.borrow().get(&self.ordinal).map(DeviceBuffer::ptr))
+        else {
             return Ok(()); // this thread never launched an index kernel here
         };
         let mut words = [0i32; 4];

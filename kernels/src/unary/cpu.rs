@@ -117,3 +117,38 @@ fn map_inplace<T: Float, F: Fn(T) -> T + Sync + Send>(x: &mut [T], f: F) {
             .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
     }
 }
+
+/// `max(x + b, 0)` with `b` `[groups, cols]` broadcast over `group`-element blocks of `x` (`[groups, rows, cols]`,
+/// `group = rows · cols`): element `i` takes `b[(i / group) · cols + i % cols]`.
+pub fn bias_relu<T: Float>(x: &[T], b: &[T], cols: usize, group: usize) -> Vec<T> {
+    let mut y = x.to_vec();
+    let row = |(k, r): (usize, &mut [T])| {
+        let bias = &b[(k * cols / group) * cols..][..cols];
+        for (v, &bv) in r.iter_mut().zip(bias) {
+            let s = *v + bv;
+            *v = if s > T::ZERO { s } else { T::ZERO };
+        }
+    };
+    if x.len() < PAR_THRESHOLD {
+        y.chunks_mut(cols).enumerate().for_each(row);
+    } else {
+        y.par_chunks_mut(cols).enumerate().for_each(row);
+    }
+    y
+}
+
+/// ReLU's backward from its output: `y > 0 ? dy : 0`.
+pub fn relu_backward<T: Float>(dy: &[T], y: &[T]) -> Vec<T> {
+    let f = |(&g, &v): (&T, &T)| if v > T::ZERO { g } else { T::ZERO };
+    if dy.len() < PAR_THRESHOLD {
+        dy.iter().zip(y).map(f).collect()
+    } else {
+        let mut out = Vec::with_capacity(dy.len());
+        dy.par_iter()
+            .zip(y.par_iter())
+            .with_min_len(PAR_CHUNK)
+            .map(f)
+            .collect_into_vec(&mut out);
+        out
+    }
+}

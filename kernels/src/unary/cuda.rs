@@ -48,3 +48,46 @@ pub unsafe fn unary(gpu: &Gpu, op: UnaryOp, x: u64, out: u64, n: usize) -> Resul
     // SAFETY: matches `<op>_f32(u64, u32, float, const float*, float*)`; buffers per the caller.
     unsafe { gpu.launch(&SRC, name, gpu.grid(work, 256), &mut args) }
 }
+
+/// `y = max(x + b, 0)` for `n` f32 with `b` `[groups, cols]` broadcast over `group`-element blocks of `x`
+/// (`[groups, rows, cols]`, `group = rows · cols`).
+///
+/// # Safety
+/// `x` and `y` must hold `n` f32, `b` `n / group · cols` f32, on this device.
+///
+/// # Errors
+/// A launch failure.
+pub unsafe fn bias_relu(
+    gpu: &Gpu,
+    x: u64,
+    b: u64,
+    y: u64,
+    n: usize,
+    cols: usize,
+    group: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (n64, cols, group) = (n as u64, cols.max(1) as u64, group.max(1) as u64);
+    let mut args = kernel_args![n64, cols, group, x, b, y];
+    // SAFETY: matches `bias_relu_f32(u64, u64, u64, const float*, const float*, float*)`.
+    unsafe { gpu.launch(&SRC, "bias_relu_f32", gpu.grid(n, 256), &mut args) }
+}
+
+/// `dx = y > 0 ? dy : 0` for `n` f32.
+///
+/// # Safety
+/// The three buffers must hold `n` f32 on this device.
+///
+/// # Errors
+/// A launch failure.
+pub unsafe fn relu_backward(gpu: &Gpu, dy: u64, y: u64, dx: u64, n: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as u64;
+    let mut args = kernel_args![n64, dy, y, dx];
+    // SAFETY: matches `relu_backward_f32(u64, const float*, const float*, float*)`.
+    unsafe { gpu.launch(&SRC, "relu_backward_f32", gpu.grid(n, 256), &mut args) }
+}

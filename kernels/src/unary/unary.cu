@@ -41,3 +41,17 @@ UNARY(mul_scalar, v * p)
 UNARY(powf, powf(v, p))
 UNARY(gt_scalar, v > p ? 1.0f : 0.0f)
 UNARY(lt_scalar, v < p ? 1.0f : 0.0f)
+
+// Linear's bias and ReLU in one pass: y = max(x + b, 0), with b [groups, cols] and x [groups, rows, cols]
+// (element i takes b[(i / group) * cols + i % cols], group = rows * cols).
+extern "C" __global__ void bias_relu_f32(u64 n, u64 cols, u64 group, const float* x, const float* b, float* y) {
+    GRID_STRIDE(i, n) {
+        const float v = x[i] + b[(i / group) * cols + i % cols];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+// ReLU's backward from its output: dx = y > 0 ? dy : 0.
+extern "C" __global__ void relu_backward_f32(u64 n, const float* dy, const float* y, float* dx) {
+    GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}

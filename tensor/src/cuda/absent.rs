@@ -287,6 +287,23 @@ pub fn cross_entropy(
     Err(unavailable("cross_entropy", logits.ordinal))
 }
 
+/// See [`crate::cpu::bias_relu`].
+pub fn bias_relu(
+    x: &CudaStorage,
+    b: &CudaStorage,
+    cols: usize,
+    group: usize,
+) -> Result<CudaStorage> {
+    let _ = (b, cols, group);
+    Err(unavailable("bias_relu", x.ordinal))
+}
+
+/// See [`crate::cpu::relu_backward`].
+pub fn relu_backward(dy: &CudaStorage, y: &CudaStorage) -> Result<CudaStorage> {
+    let _ = y;
+    Err(unavailable("relu_backward", dy.ordinal))
+}
+
 /// See [`crate::cpu::fill`].
 pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
     let _ = value;

@@ -519,6 +519,57 @@ pub fn unary(op: UnaryOp, s: &CudaStorage) -> Result<CudaStorage> {
     Ok(out)
 }
 
+/// See [`crate::cpu::bias_relu`].
+///
+/// # Errors
+/// Not f32, different devices, out of memory, or a launch failure.
+pub fn bias_relu(
+    x: &CudaStorage,
+    b: &CudaStorage,
+    cols: usize,
+    group: usize,
+) -> Result<CudaStorage> {
+    want("bias_relu", x, &[DType::F32])?;
+    want("bias_relu", b, &[DType::F32])?;
+    same_device("bias_relu", x, b)?;
+    let y = x.sibling(x.len, DType::F32)?;
+    // SAFETY: x and y hold len f32, b len / group · cols (checked by the caller's shapes).
+    unsafe {
+        unary_cuda::bias_relu(
+            &x.gpu,
+            x.device_ptr(),
+            b.device_ptr(),
+            y.device_ptr(),
+            x.len,
+            cols,
+            group,
+        )?
+    };
+    Ok(y)
+}
+
+/// See [`crate::cpu::relu_backward`].
+///
+/// # Errors
+/// Not f32, different devices, out of memory, or a launch failure.
+pub fn relu_backward(dy: &CudaStorage, y: &CudaStorage) -> Result<CudaStorage> {
+    want("relu_backward", dy, &[DType::F32])?;
+    want("relu_backward", y, &[DType::F32])?;
+    same_device("relu_backward", dy, y)?;
+    let dx = dy.sibling(dy.len, DType::F32)?;
+    // SAFETY: all three hold len f32 (same shapes, checked by the caller).
+    unsafe {
+        unary_cuda::relu_backward(
+            &dy.gpu,
+            dy.device_ptr(),
+            y.device_ptr(),
+            dx.device_ptr(),
+            dy.len,
+        )?
+    };
+    Ok(dx)
+}
+
 /// See [`crate::cpu::where_cond`].
 ///
 /// # Errors
