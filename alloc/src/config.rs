@@ -230,7 +230,7 @@ pub struct Config {
     pub device: DeviceSelector,
     /// Stitched layout: idle physical pages kept mapped before pages are moved instead of created. The allocator
     /// grows this by every page a later block wanted back after a move took it (each move synchronizes the device),
-    /// up to an eighth of the peak bytes in use.
+    /// up to a quarter of the peak bytes in use.
     pub idle_page_slack: u64,
     /// Keep the last this many allocator events for [`crate::Bfc::chrome_trace`]; 0 turns recording off.
     pub record_events: usize,

@@ -211,6 +211,15 @@ const GELU_K: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
 const GELU_C: f64 = 0.044_715;
 
 impl Op {
+    /// The inputs' gradients for an output gradient of ones, where the op has them without arithmetic (the
+    /// cross-entropy's, computed in its forward pass); `None` for the others.
+    pub(crate) fn backward_of_ones(&self, need: &[bool]) -> Option<Result<Grads>> {
+        match self {
+            Op::CrossEntropy { grad } => Some(one(need, || Ok(grad.clone()))),
+            _ => None,
+        }
+    }
+
     /// Gradients of the inputs (those marked in `need`) given the output's gradient `g`.
     pub(crate) fn backward(&self, g: &Tensor, need: &[bool]) -> Result<Grads> {
         match self {

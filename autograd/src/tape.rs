@@ -288,26 +288,41 @@ fn run_backward(
     loss: &Var,
 ) -> Result<Gradients> {
     let mut grads: Vec<Option<Tensor>> = vec![None; n];
-    let lv = loss.value();
-    let seed = Tensor::ones(lv.shape(), lv.dtype(), &lv.device())?;
     let loss_id = loss.slot.as_ref().map(|s| s.id).unwrap_or_default();
-    grads[loss_id] = Some(seed);
     let mut need = Vec::with_capacity(4);
-    for node in nodes.iter().rev() {
+    let accumulate =
+        |grads: &mut Vec<Option<Tensor>>, node: &Node, ins: Vec<Option<Tensor>>| -> Result<()> {
+            for (input, gi) in node.inputs.iter().zip(ins) {
+                if let (Some(id), Some(gi)) = (input, gi) {
+                    grads[*id] = Some(match grads[*id].take() {
+                        Some(prev) => prev.add(&gi)?,
+                        None => gi,
+                    });
+                }
+            }
+            Ok(())
+        };
+    // The loss's own op may know its inputs' gradients for a seed of ones without making or multiplying by one.
+    let mut rest = nodes;
+    if let Some((last, before)) = nodes.split_last().filter(|(l, _)| l.out == loss_id) {
+        need.extend(last.inputs.iter().map(Option::is_some));
+        if let Some(ins) = last.op.backward_of_ones(&need) {
+            accumulate(&mut grads, last, ins?)?;
+            rest = before;
+        }
+    }
+    if rest.len() == nodes.len() {
+        let lv = loss.value();
+        grads[loss_id] = Some(Tensor::ones(lv.shape(), lv.dtype(), &lv.device())?);
+    }
+    for node in rest.iter().rev() {
         let Some(g) = grads[node.out].take() else {
             continue;
         };
         need.clear();
         need.extend(node.inputs.iter().map(Option::is_some));
         let ins = node.op.backward(&g, &need)?;
-        for (input, gi) in node.inputs.iter().zip(ins) {
-            if let (Some(id), Some(gi)) = (input, gi) {
-                grads[*id] = Some(match grads[*id].take() {
-                    Some(prev) => prev.add(&gi)?,
-                    None => gi,
-                });
-            }
-        }
+        accumulate(&mut grads, node, ins)?;
     }
     let mut by_param = Vec::with_capacity(params.len());
     for (id, p) in params {

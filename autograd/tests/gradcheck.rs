@@ -309,6 +309,24 @@ fn losses() {
     for (a, b) in values(l.value()).iter().zip(values(&want)) {
         assert!((a - b).abs() < 1e-12);
     }
+    // Backward straight from the loss (no seed of ones made or multiplied) equals the general path's.
+    let grad_of = |f: &dyn Fn(&Var) -> Var| {
+        let tape = Tape::new();
+        let v = tape.watch(logits.clone());
+        let grads = tape.backward(&f(&v)).unwrap();
+        values(grads.get(&v).unwrap())
+    };
+    let direct = grad_of(&|v| loss::cross_entropy(v, &shared).unwrap());
+    let general = grad_of(&|v| {
+        loss::cross_entropy(v, &shared)
+            .unwrap()
+            .mul_scalar(1.0)
+            .unwrap()
+    });
+    assert_eq!(direct.len(), logits.elem_count());
+    for (a, b) in direct.iter().zip(&general) {
+        assert!((a - b).abs() < 1e-15, "{a} vs {b}");
+    }
 }
 
 /// Gradient of every parameter of a built model against central differences, perturbing parameters in place.

@@ -49,9 +49,21 @@ extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u
     }
 }
 
-// Adam / AdamW: rates hold (lr / bias_correction1, 1 - lr·wd when decoupled else 1); l2 = wd for Adam.
-extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1, float one_b2, float eps,
-                                    float inv_sqrt_bc2, float l2) {
+// One Adam / AdamW element: l2 = wd for Adam (0 for AdamW, whose decay is the shrink factor).
+struct AdamConsts {
+    float b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1;
+};
+__device__ __forceinline__ void adam_one(const AdamConsts& c, float step_size, float shrink, float& p, float g,
+                                         float& m, float& v) {
+    const float gv = g + c.l2 * p;
+    m = c.b1 * m + c.one_b1 * gv;
+    v = c.b2 * v + c.one_b2 * gv * gv;
+    p = p * shrink - step_size * m / (sqrtf(v) * c.inv_sqrt_bc2 + c.eps);
+}
+
+// This block's chunk of its entry; rates[2r] times c.inv_bc1 is the step size of member r. Four elements per load
+// where every member's range and every buffer is 16-byte aligned (a float4 then never straddles two members).
+__device__ void adam_chunk(const MtTable& t, const AdamConsts& c) {
     const int k = mt_entry(t, blockIdx.x);
     const MtEntry e = t.e[k];
     float* p = (float*)e.p;
@@ -60,19 +72,32 @@ extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1,
     float* v = (float*)e.b;
     const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
     const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
-    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const u32 r = e.rate0 + (u32)(i / e.per_member);
-        const float step_size = t.rates[2 * r];
-        const float shrink = t.rates[2 * r + 1];
-        const float pv = p[i];
-        const float gv = g[i] + l2 * pv;
-        const float mv = b1 * m[i] + one_b1 * gv;
-        const float vv = b2 * v[i] + one_b2 * gv * gv;
-        m[i] = mv;
-        v[i] = vv;
-        const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
-        p[i] = pv * shrink - step_size * mv / denom;
+    if (e.per_member % 4 == 0 && ((e.p | e.g | e.a | e.b) & 15) == 0) {
+        for (u64 i = start + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
+            const u32 r = e.rate0 + (u32)(i / e.per_member);
+            const float step_size = t.rates[2 * r] * c.inv_bc1, shrink = t.rates[2 * r + 1];
+            float4 pv = *(float4*)(p + i), mv = *(float4*)(m + i), vv = *(float4*)(v + i);
+            const float4 gv = *(const float4*)(g + i);
+            adam_one(c, step_size, shrink, pv.x, gv.x, mv.x, vv.x);
+            adam_one(c, step_size, shrink, pv.y, gv.y, mv.y, vv.y);
+            adam_one(c, step_size, shrink, pv.z, gv.z, mv.z, vv.z);
+            adam_one(c, step_size, shrink, pv.w, gv.w, mv.w, vv.w);
+            *(float4*)(p + i) = pv;
+            *(float4*)(m + i) = mv;
+            *(float4*)(v + i) = vv;
+        }
+    } else {
+        for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+            const u32 r = e.rate0 + (u32)(i / e.per_member);
+            adam_one(c, t.rates[2 * r] * c.inv_bc1, t.rates[2 * r + 1], p[i], g[i], m[i], v[i]);
+        }
     }
+}
+
+// Adam / AdamW: rates hold (lr / bias_correction1, 1 - lr·wd when decoupled else 1); l2 = wd for Adam.
+extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1, float one_b2, float eps,
+                                    float inv_sqrt_bc2, float l2) {
+    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, 1.0f});
 }
 
 // Graph-capturable Adam: the step number lives in device memory (`counter`, advanced by
@@ -86,28 +111,8 @@ extern "C" __global__ void step_counter_inc(u32* counter) {
 
 extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float one_b1, float one_b2,
                                             float eps, float l2, const u32* counter) {
-    const int k = mt_entry(t, blockIdx.x);
-    const MtEntry e = t.e[k];
-    float* p = (float*)e.p;
-    const float* g = (const float*)e.g;
-    float* m = (float*)e.a;
-    float* v = (float*)e.b;
     const float step = (float)(*counter > 0u ? *counter : 1u);
     const float inv_bc1 = 1.0f / (1.0f - powf(b1, step));
     const float inv_sqrt_bc2 = rsqrtf(1.0f - powf(b2, step));
-    const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
-    const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
-    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const u32 r = e.rate0 + (u32)(i / e.per_member);
-        const float step_size = t.rates[2 * r] * inv_bc1;
-        const float shrink = t.rates[2 * r + 1];
-        const float pv = p[i];
-        const float gv = g[i] + l2 * pv;
-        const float mv = b1 * m[i] + one_b1 * gv;
-        const float vv = b2 * v[i] + one_b2 * gv * gv;
-        m[i] = mv;
-        v[i] = vv;
-        const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
-        p[i] = pv * shrink - step_size * mv / denom;
-    }
+    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1});
 }

@@ -63,8 +63,18 @@ __device__ void reduce_cols(u64 outer, u64 d, u64 inner, u64 chunk, const T* x, 
     const u64 start = split * chunk;
     const u64 end = start + chunk < d ? start + chunk : d;
     const T* base = x + o * d * inner + i;
-    T acc = Op::template init<T>();
-    for (u64 j = start; j < end; ++j) acc = Op::apply(acc, base[j * inner]);
+    // Four independent accumulators keep four loads in flight per thread: with one output per thread there are
+    // too few warps to hide the latency of one load at a time.
+    T a0 = Op::template init<T>(), a1 = a0, a2 = a0, a3 = a0;
+    u64 j = start;
+    for (; j + 4 <= end; j += 4) {
+        a0 = Op::apply(a0, base[j * inner]);
+        a1 = Op::apply(a1, base[(j + 1) * inner]);
+        a2 = Op::apply(a2, base[(j + 2) * inner]);
+        a3 = Op::apply(a3, base[(j + 3) * inner]);
+    }
+    for (; j < end; ++j) a0 = Op::apply(a0, base[j * inner]);
+    const T acc = Op::apply(Op::apply(a0, a1), Op::apply(a2, a3));
     out[(split * outer + o) * inner + i] = scaled<T>(acc, scale);
 }
 
