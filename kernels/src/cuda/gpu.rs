@@ -347,7 +347,7 @@ pub struct Gpu {
     /// Scratch areas of ops captured meanwhile: each graph owns its own, so graphs may replay concurrently.
     captured_scratch: Mutex<Vec<DeviceBuffer>>,
     /// Side streams for replaying graphs concurrently ([`Gpu::replay_concurrently`]), created on first use.
-    lanes: Mutex<Vec<Arc<CudaStream>>>,
+    lanes: Mutex<Lanes>,
     /// GPU time per kernel, when `COHORT_CUDA_PROFILE` asks for it.
     profile: Option<Profile>,
 }
@@ -418,7 +418,7 @@ impl Gpu {
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
             captured_scratch: Mutex::new(Vec::new()),
-            lanes: Mutex::new(Vec::new()),
+            lanes: Mutex::new(Lanes::default()),
             profile: Profile::from_env(),
         })
     }
@@ -930,6 +930,14 @@ impl CopyEvent {
     }
 }
 
+/// Side streams for concurrent replays, each with the event its last replay recorded, and the event they start from
+/// (reused: creating events per replay costs host time a small model's step cannot spare).
+#[derive(Default)]
+struct Lanes {
+    start: Option<CudaEvent>,
+    streams: Vec<(Arc<CudaStream>, CudaEvent)>,
+}
+
 /// A CUDA graph captured from the compute stream, instantiated and ready to replay.
 pub struct GpuGraph {
     graph: CudaGraph,
@@ -975,35 +983,50 @@ impl Gpu {
             )));
         }
         let lanes = lanes.clamp(1, graphs.len().max(1));
+        if lanes == 1 {
+            // One stream: the compute stream itself, no events to order it.
+            return graphs.iter().try_for_each(|g| g.launch());
+        }
         self.bind()?;
-        let mut streams = lock(&self.lanes);
-        while streams.len() < lanes {
-            let s = self
+        let mut guard = lock(&self.lanes);
+        let l = &mut *guard;
+        while l.streams.len() < lanes {
+            let stream = self
                 .ctx
                 .new_stream()
                 .map_err(|e| cuda_err("creating a replay stream", e))?;
-            streams.push(s);
+            let done = self
+                .ctx
+                .new_event(None)
+                .map_err(|e| cuda_err("creating an event", e))?;
+            l.streams.push((stream, done));
         }
-        let start = self
-            .compute
-            .record_event(None)
+        let start = match l.start.take() {
+            Some(e) => e,
+            None => self
+                .ctx
+                .new_event(None)
+                .map_err(|e| cuda_err("creating an event", e))?,
+        };
+        start
+            .record(&self.compute)
             .map_err(|e| cuda_err("recording an event", e))?;
-        for s in &streams[..lanes] {
+        for (s, _) in &l.streams[..lanes] {
             s.wait(&start)
                 .map_err(|e| cuda_err("ordering a replay stream", e))?;
         }
+        l.start = Some(start);
         for (k, g) in graphs.iter().enumerate() {
-            let s = &streams[k % lanes];
+            let s = &l.streams[k % lanes].0;
             // SAFETY: the graph's executable is live (owned by `g`), and the stream belongs to its context.
             unsafe { drv::graph::launch(g.graph.cu_graph_exec(), s.cu_stream()) }
                 .map_err(|e| cuda_err("launching a CUDA graph", e))?;
         }
-        for s in &streams[..lanes] {
-            let done = s
-                .record_event(None)
+        for (s, done) in &l.streams[..lanes] {
+            done.record(s)
                 .map_err(|e| cuda_err("recording an event", e))?;
             self.compute
-                .wait(&done)
+                .wait(done)
                 .map_err(|e| cuda_err("ordering the compute stream after replays", e))?;
         }
         Ok(())
