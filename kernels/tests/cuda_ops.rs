@@ -283,6 +283,17 @@ fn reductions_match_the_cpu() {
             dim: 10,
             inner: 1,
         },
+        // a bias gradient: few outputs over long columns, split in two passes
+        ReduceShape {
+            outer: 1,
+            dim: 256,
+            inner: 128,
+        },
+        ReduceShape {
+            outer: 2,
+            dim: 300,
+            inner: 10,
+        },
     ];
     for s in shapes {
         let n = s.outer * s.dim * s.inner;

@@ -30,7 +30,7 @@ pub fn run(args: &Args) -> Result<()> {
         Device::Cuda(0)
     };
     let x = Tensor::rand_uniform(&[256, 784], 0.0, 1.0, DType::F32, 0, &device)?;
-    let y: Vec<i32> = (0..256).map(|i| (i % 10) as i32).collect();
+    let y: Vec<i32> = (0..256).map(|i| i % 10).collect();
     let y = Tensor::from_vec(y, &[256], &device)?;
     for &n in &args.n {
         let mut t = Trainee::new(n, 0, device, cohort_alloc::TenantId::DEFAULT)?;
