@@ -219,7 +219,8 @@ fn criterion(args: &Args, root: &Path, out: &Path) -> Result<Value> {
         }
         None => {
             let mut cmd = Command::new("cargo");
-            cmd.args(["bench", "--workspace"])
+            // Only the bench targets: libtest's harness of a lib or bin would refuse criterion's flags.
+            cmd.args(["bench", "--workspace", "--benches"])
                 .current_dir(root)
                 .env("CRITERION_HOME", &home);
             if args.gpu {
