@@ -220,7 +220,7 @@ fn criterion(args: &Args, root: &Path, out: &Path) -> Result<Value> {
         None => {
             let mut cmd = Command::new("cargo");
             // Only the bench targets: libtest's harness of a lib or bin would refuse criterion's flags.
-            cmd.args(["bench", "--workspace", "--benches"])
+            cmd.args(["bench", "--workspace", "--bench", "*"])
                 .current_dir(root)
                 .env("CRITERION_HOME", &home);
             if args.gpu {
