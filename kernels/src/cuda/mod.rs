@@ -42,9 +42,8 @@ pub struct KernelTime {
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 11] {
+fn all_sources() -> [&'static KernelSource; 10] {
     [
-        &crate::matmul::cuda::SRC,
         &crate::binary::cuda::SRC,
         &crate::unary::cuda::SRC,
         &crate::reduce::cuda::SRC,

@@ -1,8 +1,5 @@
 //! CUDA matrix products through cuBLAS: SGEMM (fp32, no TF32) and, for f16 / bf16, GemmEx with
-//! fp32 accumulation; batches as one strided-batched call. f32 products with a side of at most
-//! [`THIN`] run on our own kernels (`thin.cu`) instead: a fused model's output layer (10 classes
-//! of 128 members) took cuBLAS 15-25 µs a product on an H200, and a small model's split-K pairs
-//! dominated its step.
+//! fp32 accumulation; batches as one strided-batched call.
 //!
 //! cuBLAS is column-major: the row-major `out = op(lhs)·op(rhs)` is computed as the column-major
 //! `outᵀ = op(rhs)ᵀ·op(lhs)ᵀ`, which needs no copy.
@@ -12,45 +9,8 @@ use std::ffi::c_void;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 
 use super::MatmulShape;
-use crate::cuda::{CudaType, Gpu, KernelSource, cuda_err, kernel_args, unsupported};
+use crate::cuda::{CudaType, Gpu, cuda_err, unsupported};
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "matmul",
-    code: include_str!("thin.cu"),
-};
-
-/// The longest short side the thin kernels take.
-const THIN: usize = 16;
-
-/// `out = op(lhs)·op(rhs)` in f32 on the thin kernels when `k` or `m`/`n` is at most [`THIN`];
-/// `None` when cuBLAS should run it.
-///
-/// # Safety
-/// As [`matmul`].
-unsafe fn thin(gpu: &Gpu, lhs: u64, rhs: u64, out: u64, s: &MatmulShape) -> Option<Result<()>> {
-    let name = if s.k <= THIN {
-        "matmul_short_k_f32"
-    } else if s.m.min(s.n) <= THIN {
-        "matmul_warp_f32"
-    } else {
-        return None;
-    };
-    let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
-    let (sai, sap) = if s.trans_lhs { (1, m) } else { (k, 1) };
-    let (sbp, sbj) = if s.trans_rhs { (1, k) } else { (n, 1) };
-    let (batch, sab, sbb) = (
-        s.batch as u64,
-        s.lhs_batch_stride as u64,
-        s.rhs_batch_stride as u64,
-    );
-    let outputs = s.batch * s.m * s.n;
-    let threads = if s.k <= THIN { outputs } else { outputs * 32 };
-    let mut args = kernel_args![batch, m, n, k, lhs, sab, sai, sap, rhs, sbb, sbp, sbj, out];
-    // SAFETY: matches `<name>(u64 x4, const float*, u64 x3, const float*, u64 x3, float*)`; the
-    // strides address `op(lhs)` and `op(rhs)` inside the caller's buffers.
-    Some(unsafe { gpu.launch(&SRC, name, gpu.grid(threads, 256), &mut args) })
-}
 
 fn int(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| {
@@ -133,12 +93,6 @@ pub unsafe fn matmul(
     if s.k == 0 {
         // SAFETY: out holds batch·m·n elements of ty.
         return unsafe { gpu.zero(out, s.batch * s.m * s.n * ty.size()) };
-    }
-    if ty == CudaType::F32 {
-        // SAFETY: forwarded from the caller.
-        if let Some(r) = unsafe { thin(gpu, lhs, rhs, out, s) } {
-            return r;
-        }
     }
     let p = plan(s)?;
     let alpha = 1.0f32;
