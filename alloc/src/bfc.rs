@@ -931,8 +931,7 @@ impl<S: MemorySource> Inner<S> {
         }
         // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
         // device synchronization. Grow the slack by those pages, up to a quarter of the peak in use.
-        let cap = (self.c.peak_in_use / pt.size / 4).max(self.config.idle_page_slack);
-        self.grown_slack = (self.grown_slack + regret).min(cap);
+        self.grown_slack = (self.grown_slack + regret).min(self.c.peak_in_use / pt.size / 4);
         let slack = self.config.idle_page_slack.max(self.grown_slack);
         let idle_avail = pt.idle - idle_in;
         let mut create = if idle_avail > slack {

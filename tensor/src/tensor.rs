@@ -450,14 +450,7 @@ impl Tensor {
     /// Device errors.
     pub fn copy(&self) -> Result<Tensor> {
         let n = self.elem_count();
-        let c = Copy2d {
-            rows: 1,
-            cols: n,
-            src_stride: n,
-            dst_stride: n,
-            src_offset: 0,
-            dst_offset: 0,
-        };
+        let c = Copy2d::whole(n);
         let dtype = self.dtype;
         self.map1(
             self.shape.clone(),
@@ -770,14 +763,7 @@ impl Tensor {
             return Ok(());
         }
         let n = self.elem_count();
-        let c = Copy2d {
-            rows: 1,
-            cols: n,
-            src_stride: n,
-            dst_stride: n,
-            src_offset: 0,
-            dst_offset: 0,
-        };
+        let c = Copy2d::whole(n);
         self.mutate2(
             OP,
             src,

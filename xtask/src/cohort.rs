@@ -4,8 +4,8 @@
 //!
 //! It mirrors ../shared/bench/torch_mlp_cohort.py step for step, so the two figures compare directly. On the CPU the
 //! loop's separate models step concurrently, as the trainer runs them (and as JAX's asynchronous dispatch overlaps
-//! the reference's loop). On a GPU two
-//! more schedules replay the same steps captured as CUDA graphs ([`graph_schedules`]).
+//! the reference's loop). On a GPU two more schedules replay the same steps captured as CUDA graphs
+//! ([`graph_schedules`]).
 
 use anyhow::{Context, Result};
 use cohort_alloc::TenantLimits;
@@ -157,9 +157,9 @@ pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>>
 /// The cohort benchmark's graph schedules, on a GPU: each training step (forward, backward, Adam) captured as a CUDA
 /// graph after three eager warm-up steps, then per step the batch copied into the graphs' static input tensors and
 /// every graph replayed (one launch each). `loop-graph` captures each of `n` separate models and replays them on
-/// [`LANES`] concurrent streams, `fused-graph` the one model of `n` members. Timed like the eager schedules; a schedule is only reported if its replays train as eager
-/// steps do. Prints a line per schedule and returns the benchmark rows (with the error where a capture failed, so
-/// the other figures still come out); nothing on the CPU.
+/// [`LANES`] concurrent streams, `fused-graph` the one model of `n` members. Timed like the eager schedules; a
+/// schedule is only reported if its replays train as eager steps do. Prints a line per schedule and returns the
+/// benchmark rows (with the error where a capture failed, so the other figures still come out); nothing on the CPU.
 pub fn graph_schedules(
     device: Device,
     n: usize,
@@ -232,28 +232,11 @@ fn graph_rate(
             "graph replays diverge from eager steps (relative difference {worst:.2e})"
         );
     }
-    let mut i = 0usize;
-    let mut replay = || -> Result<()> {
+    let steps_per_s = rate(device, 5, budget, |i| {
         let (bx, by) = &data[i % data.len()];
         x.assign_(bx)?;
         y.assign_(by)?;
-        cohort_tensor::cuda::replay_concurrently(&all, LANES)?;
-        i += 1;
-        Ok(())
-    };
-    for _ in 0..5 {
-        replay()?;
-    }
-    device.synchronize()?;
-    let start = Instant::now();
-    let mut done = 0usize;
-    while done < 3 || start.elapsed() < budget {
-        replay()?;
-        done += 1;
-        if done.is_multiple_of(16) {
-            device.synchronize()?;
-        }
-    }
-    device.synchronize()?;
-    Ok((done * models * members) as f64 / start.elapsed().as_secs_f64())
+        Ok(cohort_tensor::cuda::replay_concurrently(&all, LANES)?)
+    })?;
+    Ok(steps_per_s * (models * members) as f64)
 }

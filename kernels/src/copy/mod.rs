@@ -22,3 +22,17 @@ pub struct Copy2d {
     /// First destination element.
     pub dst_offset: usize,
 }
+
+impl Copy2d {
+    /// All `n` elements, as one block from the start of both buffers.
+    pub fn whole(n: usize) -> Copy2d {
+        Copy2d {
+            rows: 1,
+            cols: n,
+            src_stride: n,
+            dst_stride: n,
+            src_offset: 0,
+            dst_offset: 0,
+        }
+    }
+}

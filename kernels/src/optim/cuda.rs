@@ -192,6 +192,42 @@ pub unsafe fn sgd_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>
 /// # Errors
 /// Rates that do not split a parameter evenly, missing moments, or a launch failure.
 pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'_>) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { adam(gpu, params, h, None) }
+}
+
+/// [`adam_step`] for a step that is captured into a CUDA graph: the step number is read from the
+/// `u32` at device address `counter`, which a kernel launched first advances by one. So each
+/// replay of the graph advances the step and applies its bias correction; set the counter to
+/// the step before the first replay's (e.g. `h.step - 1`) after the capture.
+///
+/// # Safety
+/// As [`adam_step`]; `counter` must address a `u32` on this device that lives as long as the
+/// captured work.
+///
+/// # Errors
+/// As [`adam_step`].
+pub unsafe fn adam_step_counted(
+    gpu: &Gpu,
+    params: &[ParamBuffers<'_>],
+    h: &AdamParams<'_>,
+    counter: u64,
+) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { adam(gpu, params, h, Some(counter)) }
+}
+
+/// Adam with the bias corrections of `h.step` computed here, or of the step in `counter` computed
+/// on the device.
+///
+/// # Safety
+/// As [`adam_step_counted`] (the counter only when given).
+unsafe fn adam(
+    gpu: &Gpu,
+    params: &[ParamBuffers<'_>],
+    h: &AdamParams<'_>,
+    counter: Option<u64>,
+) -> Result<()> {
     if params
         .iter()
         .any(|p| (p.state1 == 0 || p.state2 == 0) && p.len > 0)
@@ -200,9 +236,22 @@ pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'
             "adam_step: every parameter needs both moment buffers".into(),
         ));
     }
+    if let Some(counter) = counter {
+        let one = Launch {
+            grid: (1, 1, 1),
+            block: (1, 1, 1),
+            shared: 0,
+        };
+        let mut inc_args = kernel_args![counter];
+        // SAFETY: matches `step_counter_inc(u32*)`; counter per the caller.
+        unsafe { gpu.launch(&SRC, "step_counter_inc", one, &mut inc_args)? };
+    }
+    // The counted kernel divides by its own corrections: the rates then hold the plain lr.
     let step = h.step.max(1) as i32;
-    let bc1 = 1.0 - h.beta1.powi(step);
-    let bc2 = 1.0 - h.beta2.powi(step);
+    let (bc1, bc2) = match counter {
+        None => (1.0 - h.beta1.powi(step), 1.0 - h.beta2.powi(step)),
+        Some(_) => (1.0, 1.0),
+    };
     let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
     let (one_b1, one_b2) = ((1.0 - h.beta1) as f32, (1.0 - h.beta2) as f32);
     let eps = h.eps as f32;
@@ -227,72 +276,21 @@ pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'
         },
         |t, blocks| {
             let table = *t;
-            let mut args = kernel_args![table, b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2];
-            // SAFETY: matches `adam_f32(MtTable, float x7)`; buffers per the caller.
-            unsafe { gpu.launch(&SRC, "adam_f32", table_launch(blocks)?, &mut args) }
-        },
-    )
-}
-
-/// [`adam_step`] for a step that is captured into a CUDA graph: the step number is read from the
-/// `u32` at device address `counter`, which a kernel launched first advances by one. So each
-/// replay of the graph advances the step and applies its bias correction; set the counter to
-/// the step before the first replay's (e.g. `h.step - 1`) after the capture.
-///
-/// # Safety
-/// As [`adam_step`]; `counter` must address a `u32` on this device that lives as long as the
-/// captured work.
-///
-/// # Errors
-/// As [`adam_step`].
-pub unsafe fn adam_step_counted(
-    gpu: &Gpu,
-    params: &[ParamBuffers<'_>],
-    h: &AdamParams<'_>,
-    counter: u64,
-) -> Result<()> {
-    if params
-        .iter()
-        .any(|p| (p.state1 == 0 || p.state2 == 0) && p.len > 0)
-    {
-        return Err(Error::Cuda(
-            "adam_step: every parameter needs both moment buffers".into(),
-        ));
-    }
-    let one = Launch {
-        grid: (1, 1, 1),
-        block: (1, 1, 1),
-        shared: 0,
-    };
-    let mut inc_args = kernel_args![counter];
-    // SAFETY: matches `step_counter_inc(u32*)`; counter per the caller.
-    unsafe { gpu.launch(&SRC, "step_counter_inc", one, &mut inc_args)? };
-    let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
-    let (one_b1, one_b2) = ((1.0 - h.beta1) as f32, (1.0 - h.beta2) as f32);
-    let eps = h.eps as f32;
-    let l2 = if h.decoupled {
-        0.0
-    } else {
-        h.weight_decay as f32
-    };
-    let (wd, decoupled) = (h.weight_decay, h.decoupled);
-    pack(
-        params,
-        |lr| {
-            (
-                lr as f32,
-                if decoupled {
-                    (1.0 - lr * wd) as f32
-                } else {
-                    1.0
-                },
-            )
-        },
-        |t, blocks| {
-            let table = *t;
-            let mut args = kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, counter];
-            // SAFETY: matches `adam_f32_counted(MtTable, float x6, const u32*)`; buffers per the caller.
-            unsafe { gpu.launch(&SRC, "adam_f32_counted", table_launch(blocks)?, &mut args) }
+            let cfg = table_launch(blocks)?;
+            match counter {
+                None => {
+                    let mut args =
+                        kernel_args![table, b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2];
+                    // SAFETY: matches `adam_f32(MtTable, float x7)`; buffers per the caller.
+                    unsafe { gpu.launch(&SRC, "adam_f32", cfg, &mut args) }
+                }
+                Some(counter) => {
+                    let mut args = kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, counter];
+                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, const u32*)`; buffers
+                    // per the caller.
+                    unsafe { gpu.launch(&SRC, "adam_f32_counted", cfg, &mut args) }
+                }
+            }
         },
     )
 }
