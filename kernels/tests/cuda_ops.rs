@@ -942,6 +942,118 @@ fn fused_optimizer_steps_match_the_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn tuned_f32_products_report_their_choice_and_run_on_any_alignment() {
+    let g = gpu();
+    g.gemm_tuning(); // forget earlier tests' tunings
+    // A geometry no other test uses, batched over a shared lhs as fused members are.
+    let s = MatmulShape {
+        batch: 5,
+        m: 96,
+        n: 40,
+        k: 72,
+        lhs_batch_stride: 0,
+        rhs_batch_stride: 72 * 40,
+        trans_lhs: false,
+        trans_rhs: false,
+    };
+    let a = rand_vec(s.m * s.k + 1, 21, -1.0, 1.0);
+    let b = rand_vec(s.batch * s.k * s.n + 1, 22, -1.0, 1.0);
+    let want = mm_cpu::matmul(&a[1..], &b[1..], &s);
+    let (da, db) = (up(&g, &a), up(&g, &b));
+    let outs = s.batch * s.m * s.n;
+    let out = zeros(&g, (outs + 1) * 4);
+    let mut first = None;
+    // Aligned operands, then every operand one element off its 16-byte alignment.
+    for shift in [0u64, 4] {
+        let (pa, pb, po) = (da.ptr() + 4, db.ptr() + 4, out.ptr() + shift);
+        for _ in 0..2 {
+            // SAFETY: each buffer holds one element more than the product reads or writes.
+            unsafe { mm_cuda::matmul(&g, CudaType::F32, pa, pb, po, &s).unwrap() };
+            let mut got = vec![0f32; outs];
+            // SAFETY: po addresses outs f32 inside `out`.
+            unsafe { g.dtoh(po, bytemuck::cast_slice_mut(&mut got)).unwrap() };
+            assert_close(&format!("shift {shift}"), &got, &want, 1e-4);
+            // The chosen algorithm is kept: the same call gives the same bits.
+            match &first {
+                None => first = Some(got),
+                Some(f) if shift == 0 => assert_eq!(&got, f, "a repeated product changed"),
+                Some(_) => {}
+            }
+        }
+    }
+    let report = g.gemm_tuning();
+    let label = "gemmNN 96x40x72 x5";
+    let tuned: Vec<_> = report.iter().filter(|t| t.label == label).collect();
+    assert!(!tuned.is_empty(), "no tuning of {label} in {report:?}");
+    for t in tuned {
+        assert!(t.candidates >= 1 && t.best_index < t.candidates, "{t:?}");
+        assert!(t.best_us > 0.0, "{t:?}");
+        if let Some(h) = t.heuristic_us {
+            assert!(
+                t.best_us <= h,
+                "the fastest is slower than the heuristic's pick: {t:?}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn counted_adam_steps_advance_their_device_counter() {
+    let g = gpu();
+    // 300 members need two launch tables: only the last launch may advance the counter.
+    let (members, per) = (300, 12);
+    let lrs: Vec<f64> = (0..members).map(|i| 1e-3 * (1.0 + i as f64)).collect();
+    let n = members * per;
+    let mut p = rand_vec(n, 1, -1.0, 1.0);
+    let gr = rand_vec(n, 2, -1.0, 1.0);
+    let mut m = rand_vec(n, 3, -0.1, 0.1);
+    let mut v = rand_vec(n, 4, 0.0, 0.1);
+    let (dp, dg, dm, dv) = (up(&g, &p), up(&g, &gr), up(&g, &m), up(&g, &v));
+    let counter = up(&g, &[2u32, 0]);
+    let bufs = [optim_cuda::ParamBuffers {
+        param: dp.ptr(),
+        grad: dg.ptr(),
+        state1: dm.ptr(),
+        state2: dv.ptr(),
+        len: n,
+        lrs: &lrs,
+    }];
+    let h = AdamParams {
+        lrs: &[],
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+        step: 0, // ignored: the counter decides
+    };
+    for step in [3, 4] {
+        // SAFETY: every buffer holds n f32; the counter two u32.
+        unsafe { optim_cuda::adam_step_counted(&g, &bufs, &h, counter.ptr()).unwrap() };
+        optim_cpu::adam_step(
+            &mut p,
+            &gr,
+            &mut m,
+            &mut v,
+            &AdamParams {
+                lrs: &lrs,
+                step,
+                ..h
+            },
+        );
+    }
+    assert_eq!(
+        down::<u32>(&g, &counter, 2),
+        vec![4, 0],
+        "two steps after step 2"
+    );
+    assert_close("counted adam", &down::<f32>(&g, &dp, n), &p, 1e-5);
+    assert_close("counted adam m", &down::<f32>(&g, &dm, n), &m, 1e-5);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn prefetch_on_the_copy_stream_is_ordered_with_compute() {
     let g = gpu();
     let n = 1 << 20;

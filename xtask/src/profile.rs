@@ -40,6 +40,9 @@ pub fn run(args: &Args) -> Result<()> {
         device.synchronize()?;
         phases(&mut t, &x, &y, device, n, args.steps)?;
         if let Device::Cuda(ordinal) = device {
+            tuning(ordinal)?;
+        }
+        if let Device::Cuda(ordinal) = device {
             kernels(&mut t, &x, &y, device, ordinal, args.steps)?;
             graph(&mut t, &x, &y, device, args.steps)?;
         }
@@ -85,6 +88,23 @@ fn phases(
         us(spent[2]),
         us(spent[3])
     );
+    Ok(())
+}
+
+/// The products the warm-up steps tuned: the cuBLASLt heuristic's pick against the fastest.
+fn tuning(ordinal: usize) -> Result<()> {
+    for t in cohort_tensor::cuda::gemm_tuning(ordinal)? {
+        let heuristic = t
+            .heuristic_us
+            .map_or("failed".to_string(), |h| format!("{h:.1} µs"));
+        println!(
+            "  tuned {}: heuristic's pick {heuristic}, fastest {:.1} µs (candidate {} of {})",
+            t.label,
+            t.best_us,
+            t.best_index + 1,
+            t.candidates
+        );
+    }
     Ok(())
 }
 

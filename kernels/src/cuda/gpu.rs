@@ -13,8 +13,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
-use super::KernelTime;
 use super::profile::Profile;
+use super::{GemmTuning, KernelTime};
+use crate::matmul::lt::Lt;
 use crate::{Error, Result};
 
 /// Most dimensions a strided or broadcasting kernel handles (matches `MAX_RANK` in `common.cuh`).
@@ -337,6 +338,8 @@ pub struct Gpu {
     sm_count: u32,
     name: String,
     blas: Mutex<Option<Blas>>,
+    /// cuBLASLt and its tuned algorithms (f32 products), created on first use.
+    lt: Mutex<Option<Lt>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
@@ -412,6 +415,7 @@ impl Gpu {
             sm_count: sm_count.max(1) as u32,
             name,
             blas: Mutex::new(None),
+            lt: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
@@ -541,9 +545,14 @@ impl Gpu {
         f: impl FnOnce(u64) -> Result<R>,
     ) -> Result<R> {
         if self.is_capturing() {
-            let area = self.alloc(bytes)?;
-            let ptr = area.ptr;
-            lock(&self.captured_scratch).push(area);
+            // The graph's nodes run one after another, so they share the graph's area like
+            // eager ops share the stream's; a larger need gets a new area (earlier nodes keep theirs).
+            let mut areas = lock(&self.captured_scratch);
+            if areas.last().is_none_or(|a| a.bytes < bytes) {
+                areas.push(self.alloc(bytes.next_power_of_two().max(1 << 16))?);
+            }
+            let ptr = areas.last().map(|a| a.ptr).unwrap_or_default();
+            drop(areas);
             return f(ptr);
         }
         let mut guard = lock(&self.scratch);
@@ -805,6 +814,26 @@ impl Gpu {
     pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
         self.bind()?;
         self.profile.as_ref().map_or(Ok(Vec::new()), Profile::drain)
+    }
+
+    /// Runs `f` with the device's cuBLASLt state (created on first use).
+    pub(crate) fn with_lt<R>(&self, f: impl FnOnce(&mut Lt) -> Result<R>) -> Result<R> {
+        self.bind()?;
+        let mut guard = lock(&self.lt);
+        let lt = match &mut *guard {
+            Some(lt) => lt,
+            empty => empty.insert(Lt::new()?),
+        };
+        f(lt)
+    }
+
+    /// The f32 product geometries tuned since the last call: each one's candidates, the
+    /// heuristic's pick and the fastest, timed on the device.
+    pub fn gemm_tuning(&self) -> Vec<GemmTuning> {
+        lock(&self.lt)
+            .as_mut()
+            .map(Lt::take_report)
+            .unwrap_or_default()
     }
 
     /// Runs `f` with the device's cuBLAS handle (created on first use, bound to the compute stream).

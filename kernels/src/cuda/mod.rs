@@ -40,6 +40,21 @@ pub struct KernelTime {
     pub total_ms: f64,
 }
 
+/// How one f32 product geometry was tuned ([`Gpu::gemm_tuning`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmTuning {
+    /// `gemmNT MxNxK xBATCH`, as in [`KernelTime`].
+    pub label: String,
+    /// Algorithms the cuBLASLt heuristics offered.
+    pub candidates: usize,
+    /// µs per product of the heuristic's first pick (`None`: it failed to run).
+    pub heuristic_us: Option<f64>,
+    /// µs per product of the fastest, now used.
+    pub best_us: f64,
+    /// Its rank among the heuristic's candidates (0: the heuristic's pick).
+    pub best_index: usize,
+}
+
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
 fn all_sources() -> [&'static KernelSource; 10] {

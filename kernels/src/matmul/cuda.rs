@@ -1,5 +1,6 @@
-//! CUDA matrix products through cuBLAS: SGEMM (fp32, no TF32) and, for f16 / bf16, GemmEx with
-//! fp32 accumulation; batches as one strided-batched call.
+//! CUDA matrix products: f32 through cuBLASLt on tuned algorithms (fp32, no TF32; see
+//! [`lt`](super::lt)), with cuBLAS SGEMM for a geometry cuBLASLt refuses; f16 / bf16 through
+//! cuBLAS GemmEx with fp32 accumulation. Batches run as one strided-batched call.
 //!
 //! cuBLAS is column-major: the row-major `out = op(lhs)·op(rhs)` is computed as the column-major
 //! `outᵀ = op(rhs)ᵀ·op(lhs)ᵀ`, which needs no copy.
@@ -9,6 +10,7 @@ use std::ffi::c_void;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 
 use super::MatmulShape;
+use super::lt::{Geometry, Operands};
 use crate::cuda::{CudaType, Gpu, cuda_err, unsupported};
 use crate::{Error, Result};
 
@@ -102,6 +104,31 @@ pub unsafe fn matmul(
         let (a, b) = (t(s.trans_lhs), t(s.trans_rhs));
         format!("gemm{a}{b} {}x{}x{} x{}", s.m, s.n, s.k, s.batch)
     };
+    if ty == CudaType::F32 {
+        let g = Geometry {
+            trans_a: p.op_a == cublasOperation_t::CUBLAS_OP_T,
+            trans_b: p.op_b == cublasOperation_t::CUBLAS_OP_T,
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            lda: p.lda,
+            ldb: p.ldb,
+            ldc: p.ldc,
+            batch: p.batch,
+            stride_a: p.stride_a,
+            stride_b: p.stride_b,
+            stride_c: p.stride_c,
+        };
+        let x = Operands {
+            a: rhs,
+            b: lhs,
+            d: out,
+        };
+        // SAFETY: forwarded to the caller.
+        if gpu.with_lt(|lt| unsafe { lt.matmul(gpu, &g, x, &label) })? {
+            return Ok(());
+        }
+    }
     gpu.timed(label, || {
         gpu.with_blas(|h| {
             match ty {

@@ -3,6 +3,8 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod lt;
 
 /// The geometry of a (batched) matrix product `out[b] = op(lhs[b]) · op(rhs[b])`.
 ///

@@ -12,7 +12,7 @@ pub(crate) static SRC: KernelSource = KernelSource {
 
 const MT_MAX: usize = 24;
 const MT_RATES: usize = 256;
-const MT_CHUNK: usize = 4096;
+const MT_CHUNK: usize = 1024;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -68,24 +68,38 @@ pub struct ParamBuffers<'a> {
 }
 
 /// Packs ranges of members into launch tables; `rate` turns a learning rate into the kernel's
-/// (first, second) per-member values.
+/// (first, second) per-member values. `launch` gets each table, its blocks, and whether it is
+/// the last.
 fn pack(
     params: &[ParamBuffers<'_>],
     rate: impl Fn(f64) -> (f32, f32),
-    mut launch: impl FnMut(&MtTable, usize) -> Result<()>,
+    mut launch: impl FnMut(&MtTable, usize, bool) -> Result<()>,
+) -> Result<()> {
+    let mut tables = Vec::new();
+    pack_tables(params, rate, |t, blocks| tables.push((*t, blocks)))?;
+    let last = tables.len().saturating_sub(1);
+    tables
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, (t, blocks))| launch(t, *blocks, i == last))
+}
+
+fn pack_tables(
+    params: &[ParamBuffers<'_>],
+    rate: impl Fn(f64) -> (f32, f32),
+    mut emit: impl FnMut(&MtTable, usize),
 ) -> Result<()> {
     let mut t = MtTable::new();
     let mut blocks = 0usize;
     let mut rates_used = 0usize;
-    let mut flush = |t: &mut MtTable, blocks: &mut usize, rates_used: &mut usize| -> Result<()> {
+    let mut flush = |t: &mut MtTable, blocks: &mut usize, rates_used: &mut usize| {
         if t.count > 0 {
             t.block_start[t.count as usize] = *blocks as u64;
-            launch(t, *blocks)?;
+            emit(t, *blocks);
         }
         *t = MtTable::new();
         *blocks = 0;
         *rates_used = 0;
-        Ok(())
     };
     for pb in params {
         if pb.len == 0 {
@@ -102,7 +116,7 @@ fn pack(
         let mut m0 = 0;
         while m0 < members {
             if t.count as usize == MT_MAX || rates_used == MT_RATES {
-                flush(&mut t, &mut blocks, &mut rates_used)?;
+                flush(&mut t, &mut blocks, &mut rates_used);
             }
             let take = (members - m0).min(MT_RATES - rates_used);
             let off = (m0 * per * 4) as u64;
@@ -131,7 +145,8 @@ fn pack(
             m0 += take;
         }
     }
-    flush(&mut t, &mut blocks, &mut rates_used)
+    flush(&mut t, &mut blocks, &mut rates_used);
+    Ok(())
 }
 
 fn table_launch(blocks: usize) -> Result<Launch> {
@@ -173,7 +188,7 @@ pub unsafe fn sgd_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>
     pack(
         params,
         |lr| (lr as f32, 1.0),
-        |t, blocks| {
+        |t, blocks, _| {
             let table = *t;
             let mut args = kernel_args![table, wd, mom, damp, nesterov, use_buf];
             // SAFETY: matches `sgd_f32(MtTable, float, float, float, u32, u32)`; buffers per the caller.
@@ -196,13 +211,14 @@ pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'
     unsafe { adam(gpu, params, h, None) }
 }
 
-/// [`adam_step`] for a step that is captured into a CUDA graph: the step number is read from the
-/// `u32` at device address `counter`, which a kernel launched first advances by one. So each
-/// replay of the graph advances the step and applies its bias correction; set the counter to
-/// the step before the first replay's (e.g. `h.step - 1`) after the capture.
+/// [`adam_step`] for a step that is captured into a CUDA graph: the step runs as step
+/// `counter[0] + 1` and then advances `counter[0]` by one (`counter` addresses two `u32`; the
+/// second, zero between steps, counts finished blocks). So each replay of the graph applies the
+/// next step's bias correction; set `counter[0]` to the step before the first replay's (e.g.
+/// `h.step - 1`) and `counter[1]` to 0 after the capture.
 ///
 /// # Safety
-/// As [`adam_step`]; `counter` must address a `u32` on this device that lives as long as the
+/// As [`adam_step`]; `counter` must address two `u32` on this device that live as long as the
 /// captured work.
 ///
 /// # Errors
@@ -236,16 +252,6 @@ unsafe fn adam(
             "adam_step: every parameter needs both moment buffers".into(),
         ));
     }
-    if let Some(counter) = counter {
-        let one = Launch {
-            grid: (1, 1, 1),
-            block: (1, 1, 1),
-            shared: 0,
-        };
-        let mut inc_args = kernel_args![counter];
-        // SAFETY: matches `step_counter_inc(u32*)`; counter per the caller.
-        unsafe { gpu.launch(&SRC, "step_counter_inc", one, &mut inc_args)? };
-    }
     // The counted kernel divides by its own corrections: the rates then hold the plain lr.
     let step = h.step.max(1) as i32;
     let (bc1, bc2) = match counter {
@@ -274,7 +280,7 @@ unsafe fn adam(
                 },
             )
         },
-        |t, blocks| {
+        |t, blocks, last| {
             let table = *t;
             let cfg = table_launch(blocks)?;
             match counter {
@@ -285,8 +291,10 @@ unsafe fn adam(
                     unsafe { gpu.launch(&SRC, "adam_f32", cfg, &mut args) }
                 }
                 Some(counter) => {
-                    let mut args = kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, counter];
-                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, const u32*)`; buffers
+                    let advance = u32::from(last);
+                    let mut args =
+                        kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, counter, advance];
+                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, u32*, u32)`; buffers
                     // per the caller.
                     unsafe { gpu.launch(&SRC, "adam_f32_counted", cfg, &mut args) }
                 }

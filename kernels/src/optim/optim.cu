@@ -3,7 +3,7 @@
 
 #define MT_MAX 24
 #define MT_RATES 256
-#define MT_CHUNK 4096
+#define MT_CHUNK 1024  // one float4 per thread of a 256-thread block: many blocks, every load in flight at once
 
 // Must match MtEntry / MtTable in optim/cuda.rs.
 struct MtEntry {
@@ -100,19 +100,23 @@ extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1,
     adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, 1.0f});
 }
 
-// Graph-capturable Adam: the step number lives in device memory (`counter`, advanced by
-// `step_counter_inc` just before), so every replay of a captured step applies the right bias
-// correction. rates[2r] holds the plain learning rate here (divided by bc1 in the kernel).
-extern "C" __global__ void step_counter_inc(u32* counter) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        *counter += 1;
-    }
-}
-
+// Graph-capturable Adam: the last finished step lives in device memory (`counter[0]`), so every
+// replay of a captured step applies the right bias correction. The last block of the step's last
+// launch (`advance`) moves the count on, counting finished blocks in `counter[1]`: no separate
+// kernel on the step's critical path. rates[2r] holds the plain learning rate here.
 extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float one_b1, float one_b2,
-                                            float eps, float l2, const u32* counter) {
-    const float step = (float)(*counter > 0u ? *counter : 1u);
+                                            float eps, float l2, u32* counter, u32 advance) {
+    const float step = (float)(counter[0] + 1u);
     const float inv_bc1 = 1.0f / (1.0f - powf(b1, step));
     const float inv_sqrt_bc2 = rsqrtf(1.0f - powf(b2, step));
     adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1});
+    if (!advance) return;
+    __syncthreads();  // every thread of this block has read counter[0]
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&counter[1], 1u) == gridDim.x - 1) {
+            counter[1] = 0;
+            counter[0] += 1;
+        }
+    }
 }

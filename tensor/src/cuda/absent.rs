@@ -479,3 +479,11 @@ pub fn mark(ordinal: usize) -> Result<StreamMark> {
 pub fn kernel_profile(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::KernelTime>> {
     Err(unavailable("kernel_profile", ordinal))
 }
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn gemm_tuning(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::GemmTuning>> {
+    Err(unavailable("gemm_tuning", ordinal))
+}

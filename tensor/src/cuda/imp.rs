@@ -246,6 +246,15 @@ pub fn kernel_profile(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::Kernel
     Ok(gpu(ordinal)?.kernel_profile()?)
 }
 
+/// The f32 product geometries device `ordinal` tuned since the last call (see
+/// [`Gpu::gemm_tuning`](cohort_kernels::cuda::Gpu::gemm_tuning)).
+///
+/// # Errors
+/// No such device.
+pub fn gemm_tuning(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::GemmTuning>> {
+    Ok(gpu(ordinal)?.gemm_tuning())
+}
+
 /// `len` elements of `value` on device `ordinal`.
 ///
 /// # Errors

@@ -23,7 +23,8 @@ struct Active {
     pool: Arc<dyn DeviceAllocator>,
     /// Blocks of other allocators freed during the capture, returned when the graph drops.
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
-    /// Adam step counters (a u32 each) with the step they stood for at capture.
+    /// Adam step counters (the last step and a block count, two u32 each) with the step they stood
+    /// for at capture.
     counters: Vec<(DeviceBuffer, u64)>,
 }
 
@@ -79,7 +80,7 @@ pub(super) fn step_counter(gpu: &Arc<Gpu>, step: u64) -> Result<u64> {
     // Its own allocation, not a pool block: the pool hands the blocks of the step's temporaries
     // out again within the same capture, and a kernel writing such a block on every replay would
     // overwrite the count.
-    let counter = gpu.alloc(4)?;
+    let counter = gpu.alloc(8)?;
     let ptr = counter.ptr();
     a.counters.push((counter, step));
     Ok(ptr)
@@ -229,8 +230,9 @@ pub fn capture<R, E: From<Error>>(
     built.graph = Some(graph?);
     for (counter, step) in state.counters {
         let before = u32::try_from(step.saturating_sub(1)).unwrap_or(u32::MAX);
-        // SAFETY: the counter holds one 4-byte element.
-        unsafe { gpu.htod(counter.ptr(), &before.to_ne_bytes()) }.map_err(Error::from)?;
+        let words: [u32; 2] = [before, 0];
+        // SAFETY: the counter holds two 4-byte elements.
+        unsafe { gpu.htod(counter.ptr(), bytemuck::cast_slice(&words)) }.map_err(Error::from)?;
         built.counters.push(counter);
     }
     Ok((built, out))

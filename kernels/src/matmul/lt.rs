@@ -1,0 +1,455 @@
+//! f32 products through cuBLASLt, each geometry on the algorithm that timed fastest.
+//!
+//! cuBLAS runs the first algorithm of its heuristics. For the thin and batched products of small
+//! and fused models that pick is often not the fastest one it offers. So the first time a
+//! geometry is met outside a graph capture, every candidate of the heuristics runs on the real
+//! operands, timed with events, and the fastest is kept for that geometry (PyTorch's TunableOp
+//! and XLA's autotuner do the same). A geometry first met while capturing runs the heuristic's
+//! pick, and is tuned at its next eager call. `COHORT_GEMM_TUNING=0` keeps the heuristic's pick.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::mem::{MaybeUninit, size_of_val};
+
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::sys::CUevent_flags;
+
+use crate::cuda::{GemmTuning, Gpu, cuda_err};
+use crate::{Error, Result};
+
+/// Most workspace one product may use (split-K partial sums).
+const MAX_WORKSPACE: usize = 8 << 20;
+/// Candidates asked of the heuristics.
+const CANDIDATES: usize = 16;
+/// Timed runs per candidate, after one untimed.
+const RUNS: usize = 4;
+
+/// One column-major product `D = op(A)·op(B)` (batched with strides), as cuBLAS sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Geometry {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub lda: i32,
+    pub ldb: i32,
+    pub ldc: i32,
+    pub batch: i32,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+}
+
+/// A geometry with the alignment (bytes, at most 256) of each operand's batches.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    g: Geometry,
+    align: [u32; 3],
+}
+
+/// Largest power of two up to 256 dividing the address of every batch of an f32 operand.
+fn alignment(ptr: u64, stride: i64, batch: i32) -> u32 {
+    let stride_bytes = if batch > 1 { stride as u64 * 4 } else { 0 };
+    1 << (ptr | stride_bytes | 256).trailing_zeros()
+}
+
+/// The cuBLASLt handle of a device and the algorithm chosen per geometry.
+pub(crate) struct Lt {
+    handle: sys::cublasLtHandle_t,
+    chosen: HashMap<Key, Choice>,
+    /// Geometries cuBLASLt has no algorithm for: they run on cuBLAS.
+    refused: HashSet<Key>,
+    report: Vec<GemmTuning>,
+    tune: bool,
+}
+
+// SAFETY: the handle is only used under the Gpu's mutex, one thread at a time.
+unsafe impl Send for Lt {}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        self.chosen.clear();
+        // SAFETY: created by cublasLtCreate, destroyed once, after every descriptor made with it.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// The descriptors of one geometry and the algorithm it runs.
+struct Choice {
+    desc: Desc,
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace: usize,
+    /// Picked by timing (not just the heuristic's first).
+    tuned: bool,
+}
+
+/// Operation and layout descriptors, destroyed when dropped.
+struct Desc {
+    op: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: each was created once by this value and is destroyed once.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.c);
+            let _ = lt::destroy_matrix_layout(self.b);
+            let _ = lt::destroy_matrix_layout(self.a);
+            let _ = lt::destroy_matmul_desc(self.op);
+        }
+    }
+}
+
+fn lt_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    cuda_err(what, e)
+}
+
+/// A column-major f32 layout of `rows x cols` with leading dimension `ld`, batched when `batch > 1`.
+fn layout(
+    rows: i32,
+    cols: i32,
+    ld: i32,
+    batch: i32,
+    stride: i64,
+) -> Result<sys::cublasLtMatrixLayout_t> {
+    let l = lt::create_matrix_layout(
+        sys::cudaDataType::CUDA_R_32F,
+        rows as u64,
+        cols as u64,
+        ld as i64,
+    )
+    .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))?;
+    if batch > 1 {
+        let set = |attr, v: *const c_void, size| {
+            // SAFETY: `l` is live; `v` points at `size` bytes of the attribute's type.
+            unsafe { lt::set_matrix_layout_attribute(l, attr, v, size) }
+                .map_err(|e| lt_err("cublasLtMatrixLayoutSetAttribute", e))
+        };
+        let r = set(
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            (&batch) as *const i32 as *const c_void,
+            size_of_val(&batch),
+        )
+        .and_then(|_| {
+            set(
+                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                (&stride) as *const i64 as *const c_void,
+                size_of_val(&stride),
+            )
+        });
+        if let Err(e) = r {
+            // SAFETY: created above, not used after.
+            let _ = unsafe { lt::destroy_matrix_layout(l) };
+            return Err(e);
+        }
+    }
+    Ok(l)
+}
+
+impl Desc {
+    fn new(g: &Geometry) -> Result<Desc> {
+        let op = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType::CUDA_R_32F,
+        )
+        .map_err(|e| lt_err("cublasLtMatmulDescCreate", e))?;
+        // Built field by field so that whatever was made is dropped on an error.
+        let mut d = Desc {
+            op,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            c: std::ptr::null_mut(),
+        };
+        for (attr, t) in [
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                g.trans_a,
+            ),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                g.trans_b,
+            ),
+        ] {
+            let op: i32 = i32::from(t); // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+            // SAFETY: the descriptor is live; the attribute is a cublasOperation_t (an i32).
+            unsafe {
+                lt::set_matmul_desc_attribute(d.op, attr, (&op) as *const i32 as *const c_void, 4)
+            }
+            .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
+        }
+        let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+        let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+        d.a = layout(ar, ac, g.lda, g.batch, g.stride_a)?;
+        d.b = layout(br, bc, g.ldb, g.batch, g.stride_b)?;
+        d.c = layout(g.m, g.n, g.ldc, g.batch, g.stride_c)?;
+        Ok(d)
+    }
+
+    /// The heuristic's candidates for operands aligned to `align` bytes (A, B, C and D).
+    fn candidates(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        align: [u32; 3],
+    ) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
+        let pref =
+            lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?;
+        let ws = MAX_WORKSPACE as u64;
+        let attrs = [
+            (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]),
+            (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]),
+            (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]),
+            (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]),
+        ];
+        // SAFETY: `pref` is live until destroyed below; each value has its attribute's type.
+        let r = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const u64 as *const c_void,
+                8,
+            )
+            .and_then(|_| {
+                attrs.iter().try_for_each(|(attr, v)| {
+                    lt::set_matmul_pref_attribute(pref, *attr, v as *const u32 as *const c_void, 4)
+                })
+            })
+        }
+        .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e));
+        let mut found =
+            vec![MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed(); CANDIDATES];
+        let mut count = 0i32;
+        let r = r.and_then(|_| {
+            // SAFETY: every descriptor is live; `found` has room for CANDIDATES results.
+            unsafe {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    handle,
+                    self.op,
+                    self.a,
+                    self.b,
+                    self.c,
+                    self.c,
+                    pref,
+                    CANDIDATES as i32,
+                    found.as_mut_ptr().cast(),
+                    &mut count,
+                )
+            }
+            .result()
+            .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))
+        });
+        // SAFETY: created above, not used after.
+        let _ = unsafe { lt::destroy_matmul_pref(pref) };
+        r?;
+        Ok(found
+            .into_iter()
+            .take(count.max(0) as usize)
+            // SAFETY: zero-initialised plain data, the first `count` filled in by cuBLASLt.
+            .map(|r| unsafe { r.assume_init() })
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .collect())
+    }
+}
+
+/// Operands of one call: A, B and the output (column-major roles), as device addresses.
+#[derive(Clone, Copy)]
+pub(crate) struct Operands {
+    pub a: u64,
+    pub b: u64,
+    pub d: u64,
+}
+
+impl Lt {
+    pub(crate) fn new() -> Result<Lt> {
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::Cuda(
+                "cuBLASLt (libcublasLt.so.13) was not found: install the CUDA 13 toolkit's cuBLAS \
+                 or put its lib folder on LD_LIBRARY_PATH"
+                    .to_string(),
+            ));
+        }
+        let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+        let tune = std::env::var("COHORT_GEMM_TUNING").map_or(true, |v| v != "0");
+        Ok(Lt {
+            handle,
+            chosen: HashMap::new(),
+            refused: HashSet::new(),
+            report: Vec::new(),
+            tune,
+        })
+    }
+
+    /// The tunings made since the last call.
+    pub(crate) fn take_report(&mut self) -> Vec<GemmTuning> {
+        std::mem::take(&mut self.report)
+    }
+
+    /// Queues `D = op(A)·op(B)` on the compute stream, tuning the geometry first if it is new.
+    /// Returns `false`, queuing nothing, for a geometry cuBLASLt offers no algorithm for.
+    ///
+    /// # Safety
+    /// The operands must hold what `g` describes, in f32, on `gpu`; D must not overlap A or B.
+    pub(crate) unsafe fn matmul(
+        &mut self,
+        gpu: &Gpu,
+        g: &Geometry,
+        x: Operands,
+        label: &dyn Fn() -> String,
+    ) -> Result<bool> {
+        let key = Key {
+            g: *g,
+            align: [
+                alignment(x.a, g.stride_a, g.batch),
+                alignment(x.b, g.stride_b, g.batch),
+                alignment(x.d, g.stride_c, g.batch),
+            ],
+        };
+        if self.refused.contains(&key) {
+            return Ok(false);
+        }
+        let capturing = gpu.is_capturing();
+        let settled = self
+            .chosen
+            .get(&key)
+            .is_some_and(|c| c.tuned || !self.tune || capturing);
+        if !settled {
+            match self.choose(gpu, &key, x, capturing, label)? {
+                Some(choice) => self.chosen.insert(key, choice),
+                None => {
+                    self.refused.insert(key);
+                    return Ok(false);
+                }
+            };
+        }
+        let c = &self.chosen[&key];
+        // SAFETY: forwarded to the caller.
+        gpu.timed(label, || unsafe {
+            self.run(gpu, &c.desc, &c.algo, c.workspace, x)
+        })?;
+        Ok(true)
+    }
+
+    /// The heuristic's pick, or (outside a capture, unless tuning is off) the fastest candidate;
+    /// `None` when the heuristics offer nothing for this geometry.
+    fn choose(
+        &mut self,
+        gpu: &Gpu,
+        key: &Key,
+        x: Operands,
+        capturing: bool,
+        label: &dyn Fn() -> String,
+    ) -> Result<Option<Choice>> {
+        let desc = Desc::new(&key.g)?;
+        let Ok(cands) = desc.candidates(self.handle, key.align) else {
+            return Ok(None);
+        };
+        let Some(first) = cands.first() else {
+            return Ok(None);
+        };
+        if capturing || !self.tune {
+            return Ok(Some(Choice {
+                algo: first.algo,
+                workspace: first.workspaceSize,
+                desc,
+                tuned: false,
+            }));
+        }
+        let mut times = Vec::with_capacity(cands.len());
+        for c in &cands {
+            // SAFETY: the caller's operands; a candidate that fails is skipped.
+            times.push(unsafe { self.time(gpu, &desc, c, x) }.ok());
+        }
+        let best = times
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.map(|t| (i, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((best, best_us)) = best else {
+            return Ok(None);
+        };
+        self.report.push(GemmTuning {
+            label: label(),
+            candidates: cands.len(),
+            heuristic_us: times[0],
+            best_us,
+            best_index: best,
+        });
+        Ok(Some(Choice {
+            algo: cands[best].algo,
+            workspace: cands[best].workspaceSize,
+            desc,
+            tuned: true,
+        }))
+    }
+
+    /// Mean µs of `c` over RUNS runs after one untimed run (waits for the device).
+    unsafe fn time(
+        &self,
+        gpu: &Gpu,
+        desc: &Desc,
+        c: &sys::cublasLtMatmulHeuristicResult_t,
+        x: Operands,
+    ) -> Result<f64> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.run(gpu, desc, &c.algo, c.workspaceSize, x)? };
+        let stream = gpu.compute_stream();
+        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = stream
+            .record_event(timed)
+            .map_err(|e| cuda_err("recording a timing event", e))?;
+        for _ in 0..RUNS {
+            // SAFETY: as above.
+            unsafe { self.run(gpu, desc, &c.algo, c.workspaceSize, x)? };
+        }
+        let end = stream
+            .record_event(timed)
+            .map_err(|e| cuda_err("recording a timing event", e))?;
+        end.synchronize()
+            .map_err(|e| cuda_err("timing a cuBLASLt algorithm", e))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(|e| cuda_err("reading a timing event", e))?;
+        Ok(f64::from(ms) * 1e3 / RUNS as f64)
+    }
+
+    /// Queues one product with `algo` and a workspace of `workspace` bytes.
+    unsafe fn run(
+        &self,
+        gpu: &Gpu,
+        desc: &Desc,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        workspace: usize,
+        x: Operands,
+    ) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        gpu.with_scratch(workspace.max(1), |ws| {
+            // SAFETY: descriptors live; operands per the caller; alpha / beta are host scalars
+            // read during the call; the workspace is the stream's (or the graph's) own.
+            unsafe {
+                lt::matmul(
+                    self.handle,
+                    desc.op,
+                    (&alpha) as *const f32 as *const c_void,
+                    (&beta) as *const f32 as *const c_void,
+                    x.a as *const c_void,
+                    desc.a,
+                    x.b as *const c_void,
+                    desc.b,
+                    x.d as *const c_void,
+                    desc.c,
+                    x.d as *mut c_void,
+                    desc.c,
+                    algo,
+                    ws as *mut c_void,
+                    workspace,
+                    gpu.compute_stream().cu_stream() as sys::cudaStream_t,
+                )
+            }
+            .map_err(|e| lt_err("cublasLtMatmul", e))
+        })
+    }
+}
