@@ -262,8 +262,14 @@ impl Op {
             Op::Neg => one(need, || Ok(g.neg()?)),
             Op::Relu { y } => one(need, || Ok(g.relu_backward(y)?)),
             Op::BiasRelu { y, bias } => {
-                let gx = g.relu_backward(y)?;
-                two(need, || Ok(gx.clone()), || reduce_to(gx.clone(), bias))
+                let per_group = bias.len() == y.rank() && bias.first() == y.shape().first();
+                if need[1] && per_group {
+                    let (gx, gb) = g.relu_backward_bias(y, bias)?;
+                    two(need, || Ok(gx), || Ok(gb))
+                } else {
+                    let gx = g.relu_backward(y)?;
+                    two(need, || Ok(gx.clone()), || reduce_to(gx.clone(), bias))
+                }
             }
             Op::Gelu { x } => one(need, || {
                 // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3)

@@ -934,6 +934,53 @@ impl Tensor {
         )
     }
 
+    /// [`relu_backward`](Tensor::relu_backward) with the gradient of the bias of the
+    /// [`bias_relu`](Tensor::bias_relu) that made `y`: for `self` and `y` `[G, .., C]` and a bias
+    /// `[G, 1, .., 1, C]`, returns `dx` and `db` (the bias's shape), `db` summing `dx` over the
+    /// middle dimensions. One kernel on CUDA, where the two apart cost two or three.
+    ///
+    /// # Errors
+    /// A bias shape other than `[G, 1, .., 1, C]`; shape, dtype or device mismatches.
+    pub fn relu_backward_bias(&self, y: &Tensor, bias_shape: &[usize]) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "relu_backward_bias";
+        self.same_shape(OP, y)?;
+        self.same_dtype(OP, y)?;
+        self.same_device(OP, y)?;
+        let s = &self.shape;
+        let r = s.len();
+        let fits = r >= 2
+            && bias_shape.len() == r
+            && bias_shape[0] == s[0]
+            && bias_shape[r - 1] == s[r - 1]
+            && bias_shape[1..r - 1].iter().all(|&d| d == 1);
+        if !fits {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "bias {bias_shape:?} for a gradient {s:?}: expected [G, 1, .., 1, C] with G and C \
+                     the gradient's first and last dimensions"
+                ),
+            });
+        }
+        let (groups, cols) = (s[0], s[r - 1]);
+        let (g, v) = (self.read(), y.read());
+        match (&*g, &*v) {
+            (Storage::Cuda(g), Storage::Cuda(v)) => {
+                let (dx, db) = cuda::relu_backward_bias(g, v, groups, cols)?;
+                Ok((
+                    Tensor::from_storage(Storage::Cuda(dx), s.clone()),
+                    Tensor::from_storage(Storage::Cuda(db), bias_shape.to_vec()),
+                ))
+            }
+            _ => {
+                drop((g, v));
+                let dx = self.relu_backward(y)?;
+                let db = dx.sum_to(bias_shape)?;
+                Ok((dx, db))
+            }
+        }
+    }
+
     /// Softmax cross-entropy of logits `[.., B, C]` against i32 labels, in one pass: each row's
     /// loss (`logsumexp - logit[label]`, shape `[.., B]`) and the gradient of the logits,
     /// `(softmax - onehot) · grad_scale`. The labels have the rows' shape, or `[B]` shared by

@@ -112,6 +112,22 @@ fn fused_members_agree() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn fused_relu_backward_with_bias_gradient_agrees() {
+    // Rows that are not a multiple of the kernel's 32, columns that are not either.
+    agree("relu backward with bias", 1e-5, |dev| {
+        let (m, b, n) = (3, 45, 70);
+        let y = rand(&[m, b, n], 20, dev)?.bias_relu(&rand(&[m, 1, n], 21, dev)?)?;
+        let dy = rand(&[m, b, n], 22, dev)?;
+        let (dx, db) = dy.relu_backward_bias(&y, &[m, 1, n])?;
+        let (dx4, db4) = dy
+            .reshape(&[m, 5, 9, n])?
+            .relu_backward_bias(&y.reshape(&[m, 5, 9, n])?, &[m, 1, 1, n])?;
+        Ok(vec![dx, db, dx4, db4])
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn conv_net_pieces_agree() {
     agree("conv net", 2e-4, |dev| {
         let x = rand(&[8, 3, 16, 16], 20, dev)?;

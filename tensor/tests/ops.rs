@@ -156,6 +156,14 @@ fn unary(dev: &Device) -> Result<()> {
             0.0,
         );
         assert!(x.bias_relu(&rand(&[5, 4], 134, dt, dev)?).is_err());
+        // ... and with the bias's gradient, the sum of that backward over the rows.
+        let (dx, db) = g.relu_backward_bias(&x, &[3, 1, 4])?;
+        assert_close("relu_backward_bias dx", &dx, &[3, 5, 4], &want, 0.0);
+        let want_db = host(&g.mul(&x.gt_scalar(0.0)?)?.sum(1, true)?);
+        assert_close("relu_backward_bias db", &db, &[3, 1, 4], &want_db, tol(dt));
+        for bad in [&[1, 1, 4][..], &[3, 4], &[3, 5, 4]] {
+            assert!(g.relu_backward_bias(&x, bad).is_err(), "bias {bad:?}");
+        }
     }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! CUDA element-wise unary float ops (`unary.cu`).
 
 use super::UnaryOp;
-use crate::Result;
-use crate::cuda::{Gpu, KernelSource, aligned16, kernel_args};
+use crate::cuda::{Gpu, KernelSource, Launch, aligned16, kernel_args};
+use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "unary",
@@ -90,4 +90,47 @@ pub unsafe fn relu_backward(gpu: &Gpu, dy: u64, y: u64, dx: u64, n: usize) -> Re
     let mut args = kernel_args![n64, dy, y, dx];
     // SAFETY: matches `relu_backward_f32(u64, const float*, const float*, float*)`.
     unsafe { gpu.launch(&SRC, "relu_backward_f32", gpu.grid(n, 256), &mut args) }
+}
+
+/// ReLU's backward with its bias's gradient in one kernel: for `dy` and `y` `[groups, rows, cols]`,
+/// `dx = y > 0 ? dy : 0` and `db[g, c]` the sum of `dx[g, .., c]` over the rows (shape
+/// `[groups, rows, cols]`).
+///
+/// # Safety
+/// `dy`, `y` and `dx` must hold `groups · rows · cols` f32, `db` `groups · cols` f32, on this device.
+///
+/// # Errors
+/// More than 65,535 groups, or a launch failure.
+pub unsafe fn relu_backward_bias(
+    gpu: &Gpu,
+    dy: u64,
+    y: u64,
+    dx: u64,
+    db: u64,
+    [groups, rows, cols]: [usize; 3],
+) -> Result<()> {
+    if groups == 0 || cols == 0 {
+        return Ok(());
+    }
+    let too_many = || {
+        Error::Cuda(format!(
+            "relu_backward_bias: {groups} groups of {cols} columns exceed the grid"
+        ))
+    };
+    let cfg = Launch {
+        grid: (
+            u32::try_from(cols.div_ceil(32)).map_err(|_| too_many())?,
+            u32::try_from(groups)
+                .ok()
+                .filter(|&g| g <= 65_535)
+                .ok_or_else(too_many)?,
+            1,
+        ),
+        block: (32, 32, 1),
+        shared: 0,
+    };
+    let (r, c) = (rows as u64, cols as u64);
+    let mut args = kernel_args![r, c, dy, y, dx, db];
+    // SAFETY: matches `relu_backward_bias_f32(u64, u64, const float*, const float*, float*, float*)`.
+    unsafe { gpu.launch(&SRC, "relu_backward_bias_f32", cfg, &mut args) }
 }

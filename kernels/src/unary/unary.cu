@@ -55,3 +55,30 @@ extern "C" __global__ void bias_relu_f32(u64 n, u64 cols, u64 group, const float
 extern "C" __global__ void relu_backward_f32(u64 n, const float* dy, const float* y, float* dx) {
     GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
 }
+
+// ReLU's backward and its bias's gradient in one pass, for dy and y [groups, rows, cols]:
+// dx = y > 0 ? dy : 0 and db[g][c] = sum over rows of dx. A block of 32 x 32 threads covers 32
+// columns of one group (blockIdx.y); each thread sums every 32nd row, then the block adds up.
+extern "C" __global__ void relu_backward_bias_f32(u64 rows, u64 cols, const float* dy, const float* y, float* dx,
+                                                  float* db) {
+    __shared__ float part[32][33];
+    const u64 c = blockIdx.x * 32 + threadIdx.x;
+    const u64 base = (u64)blockIdx.y * rows * cols + c;
+    float acc = 0.0f;
+    if (c < cols) {
+#pragma unroll 4
+        for (u64 r = threadIdx.y; r < rows; r += 32) {
+            const u64 i = base + r * cols;
+            const float v = y[i] > 0.0f ? dy[i] : 0.0f;
+            dx[i] = v;
+            acc += v;
+        }
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float s = 0.0f;
+        for (int k = 0; k < 32; ++k) s += part[k][threadIdx.x];
+        db[(u64)blockIdx.y * cols + c] = s;
+    }
+}

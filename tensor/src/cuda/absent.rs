@@ -304,6 +304,20 @@ pub fn relu_backward(dy: &CudaStorage, y: &CudaStorage) -> Result<CudaStorage> {
     Err(unavailable("relu_backward", dy.ordinal))
 }
 
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn relu_backward_bias(
+    dy: &CudaStorage,
+    y: &CudaStorage,
+    groups: usize,
+    cols: usize,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let _ = (y, groups, cols);
+    Err(unavailable("relu_backward_bias", dy.ordinal))
+}
+
 /// See [`crate::cpu::fill`].
 pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
     let _ = value;

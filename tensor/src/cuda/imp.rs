@@ -579,6 +579,38 @@ pub fn relu_backward(dy: &CudaStorage, y: &CudaStorage) -> Result<CudaStorage> {
     Ok(dx)
 }
 
+/// ReLU's backward and the gradient of the bias before it, in one kernel: `dy` and `y` hold
+/// `groups · rows · cols` f32; returns `dx` and `db` (`groups · cols`, summed over the rows).
+///
+/// # Errors
+/// Not f32, different devices, out of memory, or a launch failure.
+pub fn relu_backward_bias(
+    dy: &CudaStorage,
+    y: &CudaStorage,
+    groups: usize,
+    cols: usize,
+) -> Result<(CudaStorage, CudaStorage)> {
+    want("relu_backward_bias", dy, &[DType::F32])?;
+    want("relu_backward_bias", y, &[DType::F32])?;
+    same_device("relu_backward_bias", dy, y)?;
+    let rows = dy.len.checked_div(groups * cols).unwrap_or(0);
+    let dx = dy.sibling(dy.len, DType::F32)?;
+    let db = dy.sibling(groups * cols, DType::F32)?;
+    // SAFETY: dy, y and dx hold groups·rows·cols f32 (same shapes, checked by the caller), db
+    // groups·cols.
+    unsafe {
+        unary_cuda::relu_backward_bias(
+            &dy.gpu,
+            dy.device_ptr(),
+            y.device_ptr(),
+            dx.device_ptr(),
+            db.device_ptr(),
+            [groups, rows, cols],
+        )?
+    };
+    Ok((dx, db))
+}
+
 /// See [`crate::cpu::where_cond`].
 ///
 /// # Errors
