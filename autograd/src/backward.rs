@@ -41,6 +41,14 @@ pub(crate) enum Op {
         y: Tensor,
         bias: Vec<usize>,
     },
+    /// `x · w + bias`, then a ReLU when `relu` (the output `y` is kept for it).
+    Linear {
+        x: Tensor,
+        w: Tensor,
+        y: Tensor,
+        bias: Vec<usize>,
+        relu: bool,
+    },
     Gelu {
         x: Tensor,
     },
@@ -386,6 +394,37 @@ impl Op {
                 let total = g.sum(last, true)?;
                 Ok(g.sub(&y.exp()?.mul(&total)?)?)
             }),
+            Op::Linear {
+                x,
+                w,
+                y,
+                bias,
+                relu,
+            } => {
+                // The gradient before the bias (and ReLU), and the bias's.
+                let (gz, gb) = match (relu, need[2]) {
+                    (true, true) if bias.len() == y.rank() && bias.first() == y.shape().first() => {
+                        let (gz, gb) = g.relu_backward_bias(y, bias)?;
+                        (gz, Some(gb))
+                    }
+                    (true, need_b) => {
+                        let gz = g.relu_backward(y)?;
+                        let gb = need_b.then(|| reduce_to(gz.clone(), bias)).transpose()?;
+                        (gz, gb)
+                    }
+                    (false, need_b) => (
+                        g.clone(),
+                        need_b.then(|| reduce_to(g.clone(), bias)).transpose()?,
+                    ),
+                };
+                let gx = need[0]
+                    .then(|| reduce_to(gz.matmul_t(w, false, true)?, x.shape()))
+                    .transpose()?;
+                let gw = need[1]
+                    .then(|| reduce_to(x.matmul_t(&gz, true, false)?, w.shape()))
+                    .transpose()?;
+                Ok(vec![gx, gw, gb])
+            }
             Op::Matmul { lhs, rhs, tl, tr } => {
                 let (tl, tr) = (*tl, *tr);
                 two(

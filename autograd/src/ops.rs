@@ -450,6 +450,23 @@ impl Var {
         })
     }
 
+    /// `self · w + bias`, then a ReLU when `relu`: a Linear layer in one op (one cuBLASLt call on
+    /// CUDA; see [`Tensor::linear`]). `self` `[.., m, k]` or shared `[m, k]`, `w` `[.., k, n]`,
+    /// `bias` `[n]` or one row per batch entry.
+    ///
+    /// # Errors
+    /// When the shapes do not fit.
+    pub fn linear(&self, w: &Var, bias: &Var, relu: bool) -> Result<Var> {
+        let y = self.value().linear(w.value(), bias.value(), relu)?;
+        Var::record("linear", y.clone(), &[self, w, bias], || Op::Linear {
+            x: self.value().clone(),
+            w: w.value().clone(),
+            y,
+            bias: bias.shape().to_vec(),
+            relu,
+        })
+    }
+
     /// 2-D convolution, NCHW; weight `[O, C/groups, kh, kw]`, bias `[O]`.
     ///
     /// # Errors

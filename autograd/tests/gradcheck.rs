@@ -138,6 +138,28 @@ fn elementwise_unary() {
         &[spread(&[3, 4], 13), bias(&[4], 14)],
         |v| v[0].bias_relu(&v[1]),
     );
+    // Linear in one op: shared or per-member input, a bias per member or shared, with and
+    // without its ReLU (a bias spread from 0 keeps the pre-activations away from the kink).
+    for relu in [false, true] {
+        check(
+            "linear shared input",
+            &[
+                rand(&[5, 3], -1.0, 1.0, 15),
+                rand(&[2, 3, 4], -1.0, 1.0, 16),
+                spread(&[2, 1, 4], 17),
+            ],
+            |v| v[0].linear(&v[1], &v[2], relu),
+        );
+        check(
+            "linear per member, shared bias",
+            &[
+                rand(&[2, 5, 3], -1.0, 1.0, 18),
+                rand(&[2, 3, 4], -1.0, 1.0, 19),
+                spread(&[4], 20),
+            ],
+            |v| v[0].linear(&v[1], &v[2], relu),
+        );
+    }
     check("gelu", &[x.mul_scalar(3.0).unwrap()], |v| v[0].gelu());
     check("tanh", std::slice::from_ref(&x), |v| v[0].tanh());
     check("sigmoid", std::slice::from_ref(&x), |v| v[0].sigmoid());

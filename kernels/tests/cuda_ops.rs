@@ -999,6 +999,54 @@ fn tuned_f32_products_report_their_choice_and_run_on_any_alignment() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn products_with_a_bias_and_relu_epilogue_match_the_cpu() {
+    let g = gpu();
+    // Four members sharing their input, each with its own weight and bias.
+    let s = MatmulShape {
+        batch: 4,
+        m: 50,
+        n: 64,
+        k: 30,
+        lhs_batch_stride: 0,
+        rhs_batch_stride: 30 * 64,
+        trans_lhs: false,
+        trans_rhs: false,
+    };
+    let a = rand_vec(s.m * s.k, 41, -1.0, 1.0);
+    let b = rand_vec(s.batch * s.k * s.n, 42, -1.0, 1.0);
+    let bias = rand_vec(s.batch * s.n + 1, 43, -1.0, 1.0);
+    let (da, db, dbias) = (up(&g, &a), up(&g, &b), up(&g, &bias));
+    let out = zeros(&g, s.batch * s.m * s.n * 4);
+    let product = mm_cpu::matmul(&a, &b, &s);
+    for relu in [false, true] {
+        let want: Vec<f32> = product
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let z = v + bias[(i / (s.m * s.n)) * s.n + i % s.n];
+                if relu { z.max(0.0) } else { z }
+            })
+            .collect();
+        let ptrs = (da.ptr(), db.ptr(), out.ptr(), dbias.ptr());
+        // SAFETY: the buffers hold what s and the bias stride (n) describe.
+        let ran = unsafe { mm_cuda::matmul_bias(&g, CudaType::F32, ptrs, &s, s.n, relu).unwrap() };
+        assert!(ran, "the epilogue did not run (relu {relu})");
+        assert_close(
+            &format!("bias relu={relu}"),
+            &down::<f32>(&g, &out, want.len()),
+            &want,
+            1e-4,
+        );
+    }
+    // A bias off its 16-byte alignment is left to the caller.
+    let ptrs = (da.ptr(), db.ptr(), out.ptr(), dbias.ptr() + 4);
+    // SAFETY: as above; the bias buffer holds one element more.
+    let ran = unsafe { mm_cuda::matmul_bias(&g, CudaType::F32, ptrs, &s, s.n, true).unwrap() };
+    assert!(!ran, "an unaligned bias must not reach the epilogue");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn counted_adam_steps_advance_their_device_counter() {
     let g = gpu();
     // 300 members need two launch tables: only the last launch may advance the counter.

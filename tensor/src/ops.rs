@@ -432,6 +432,64 @@ impl Tensor {
     /// Shape, dtype or device mismatches; non-float dtypes.
     pub fn matmul_t(&self, rhs: &Tensor, trans_lhs: bool, trans_rhs: bool) -> Result<Tensor> {
         const OP: &str = "matmul";
+        let (shape, out) = self.matmul_shape(rhs, trans_lhs, trans_rhs)?;
+        self.map2(
+            OP,
+            rhs,
+            out,
+            |a, b| cpu::matmul(a, b, &shape),
+            |a, b| cuda::matmul(a, b, &shape),
+        )
+    }
+
+    /// `self · w + bias`, then a ReLU when `relu`: a Linear layer's forward. `self` `[.., m, k]`
+    /// (or `[m, k]` shared by every batch entry), `w` `[.., k, n]`, `bias` `[n]` or one row per
+    /// batch entry (`[G, 1, n]` for an output `[G, m, n]`). On CUDA (f32) one cuBLASLt call with
+    /// the bias and ReLU in its epilogue where it can; otherwise the product, then
+    /// [`bias_relu`](Tensor::bias_relu) or [`add`](Tensor::add).
+    ///
+    /// # Errors
+    /// As [`matmul`](Tensor::matmul) and [`bias_relu`](Tensor::bias_relu).
+    pub fn linear(&self, w: &Tensor, bias: &Tensor, relu: bool) -> Result<Tensor> {
+        let (shape, out) = self.matmul_shape(w, false, false)?;
+        let r = out.len();
+        let n = out[r - 1];
+        // Elements between the biases of consecutive products, where the epilogue can take them.
+        let stride = if bias.shape == [n] {
+            Some(0)
+        } else if bias.shape.len() == r
+            && r == 3
+            && bias.shape[0] == out[0]
+            && bias.shape[1] == 1
+            && bias.shape[2] == n
+            && (shape.batch == out[0] || out[0] == 1)
+        {
+            Some(n)
+        } else {
+            None
+        };
+        if let Some(stride) = stride
+            && bias.dtype == self.dtype
+        {
+            let (x, wv, b) = (self.read(), w.read(), bias.read());
+            if let (Storage::Cuda(x), Storage::Cuda(wv), Storage::Cuda(b)) = (&*x, &*wv, &*b)
+                && let Some(y) = cuda::linear(x, wv, b, &shape, stride, relu)?
+            {
+                return Ok(Tensor::from_storage(Storage::Cuda(y), out));
+            }
+        }
+        let y = self.matmul(w)?;
+        if relu { y.bias_relu(bias) } else { y.add(bias) }
+    }
+
+    /// The product's geometry and output shape (see [`matmul_t`](Tensor::matmul_t)).
+    fn matmul_shape(
+        &self,
+        rhs: &Tensor,
+        trans_lhs: bool,
+        trans_rhs: bool,
+    ) -> Result<(MatmulShape, Vec<usize>)> {
+        const OP: &str = "matmul";
         self.same_dtype(OP, rhs)?;
         self.same_device(OP, rhs)?;
         // f16/bf16 run on CUDA (GemmEx); the CPU backend refuses them with a dtype error.
@@ -482,13 +540,7 @@ impl Tensor {
         }
         let mut out = batch_dims;
         out.extend([m, n]);
-        self.map2(
-            OP,
-            rhs,
-            out,
-            |a, b| cpu::matmul(a, b, &shape),
-            |a, b| cuda::matmul(a, b, &shape),
-        )
+        Ok((shape, out))
     }
 
     // ---------------------------------------------------------------- convolution and pooling

@@ -112,6 +112,31 @@ fn fused_members_agree() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn linear_with_its_bias_and_relu_in_one_call_agrees() {
+    agree("linear", 1e-4, |dev| {
+        let mut outs = Vec::new();
+        for relu in [false, true] {
+            // Shared input, a bias per member (128 columns: 16-byte aligned, the epilogue runs).
+            let x = rand(&[64, 96], 30, dev)?;
+            let w = rand(&[3, 96, 128], 31, dev)?;
+            outs.push(x.linear(&w, &rand(&[3, 1, 128], 32, dev)?, relu)?);
+            // One member, and members each with their own input and one shared bias.
+            outs.push(x.linear(
+                &rand(&[1, 96, 128], 33, dev)?,
+                &rand(&[1, 1, 128], 34, dev)?,
+                relu,
+            )?);
+            outs.push(rand(&[3, 64, 96], 35, dev)?.linear(&w, &rand(&[128], 36, dev)?, relu)?);
+            // Ten columns per member: biases 40 bytes apart, the product and bias then run apart.
+            let w10 = rand(&[3, 96, 10], 37, dev)?;
+            outs.push(x.linear(&w10, &rand(&[3, 1, 10], 38, dev)?, relu)?);
+        }
+        Ok(outs)
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn fused_relu_backward_with_bias_gradient_agrees() {
     // Rows that are not a multiple of the kernel's 32, columns that are not either.
     agree("relu backward with bias", 1e-5, |dev| {

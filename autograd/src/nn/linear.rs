@@ -83,12 +83,11 @@ impl Linear {
             _ => return Err(bad("expected [B, .., in] shared or [M, B, .., in]")),
         };
         let w = tape.param(&self.weight);
-        let mut y = flat.matmul(&w)?; // [M, N, out]
-        y = match (&self.bias, relu) {
-            (Some(b), true) => y.bias_relu(&per_member(&tape.param(b), 3)?)?,
-            (Some(b), false) => y.add(&per_member(&tape.param(b), 3)?)?,
-            (None, true) => y.relu()?,
-            (None, false) => y,
+        // [M, N, out]
+        let y = match &self.bias {
+            Some(b) => flat.linear(&w, &per_member(&tape.param(b), 3)?, relu)?,
+            None if relu => flat.matmul(&w)?.relu()?,
+            None => flat.matmul(&w)?,
         };
         let mut shape = vec![m];
         shape.extend_from_slice(&lead);

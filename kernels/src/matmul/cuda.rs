@@ -10,8 +10,8 @@ use std::ffi::c_void;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 
 use super::MatmulShape;
-use super::lt::{Geometry, Operands};
-use crate::cuda::{CudaType, Gpu, cuda_err, unsupported};
+use super::lt::{Epilogue, Geometry, Operands};
+use crate::cuda::{CudaType, Gpu, aligned16, cuda_err, unsupported};
 use crate::{Error, Result};
 
 fn int(what: &str, v: usize) -> Result<i32> {
@@ -97,125 +97,197 @@ pub unsafe fn matmul(
         return unsafe { gpu.zero(out, s.batch * s.m * s.n * ty.size()) };
     }
     let p = plan(s)?;
-    let alpha = 1.0f32;
-    let beta = 0.0f32;
-    let t = |yes| if yes { 'T' } else { 'N' };
-    let label = || {
-        let (a, b) = (t(s.trans_lhs), t(s.trans_rhs));
-        format!("gemm{a}{b} {}x{}x{} x{}", s.m, s.n, s.k, s.batch)
-    };
     if ty == CudaType::F32 {
-        let g = Geometry {
-            trans_a: p.op_a == cublasOperation_t::CUBLAS_OP_T,
-            trans_b: p.op_b == cublasOperation_t::CUBLAS_OP_T,
-            m: p.m,
-            n: p.n,
-            k: p.k,
-            lda: p.lda,
-            ldb: p.ldb,
-            ldc: p.ldc,
-            batch: p.batch,
-            stride_a: p.stride_a,
-            stride_b: p.stride_b,
-            stride_c: p.stride_c,
-        };
         let x = Operands {
             a: rhs,
             b: lhs,
             d: out,
+            bias: 0,
         };
         // SAFETY: forwarded to the caller.
-        if gpu.with_lt(|lt| unsafe { lt.matmul(gpu, &g, x, &label) })? {
+        if unsafe { lt_matmul(gpu, s, &p, Epilogue::default(), x) }? {
             return Ok(());
         }
     }
-    gpu.timed(label, || {
-        gpu.with_blas(|h| {
-            match ty {
-                CudaType::F32 => {
-                    // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
-                    // the call (host pointer mode).
-                    unsafe {
-                        if p.batch == 1 {
-                            cudarc::cublas::result::sgemm(
-                                h,
-                                p.op_a,
-                                p.op_b,
-                                p.m,
-                                p.n,
-                                p.k,
-                                &alpha,
-                                rhs as *const f32,
-                                p.lda,
-                                lhs as *const f32,
-                                p.ldb,
-                                &beta,
-                                out as *mut f32,
-                                p.ldc,
-                            )
+    let alpha = 1.0f32;
+    let beta = 0.0f32;
+    gpu.timed(
+        || label(s, ""),
+        || {
+            gpu.with_blas(|h| {
+                match ty {
+                    CudaType::F32 => {
+                        // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
+                        // the call (host pointer mode).
+                        unsafe {
+                            if p.batch == 1 {
+                                cudarc::cublas::result::sgemm(
+                                    h,
+                                    p.op_a,
+                                    p.op_b,
+                                    p.m,
+                                    p.n,
+                                    p.k,
+                                    &alpha,
+                                    rhs as *const f32,
+                                    p.lda,
+                                    lhs as *const f32,
+                                    p.ldb,
+                                    &beta,
+                                    out as *mut f32,
+                                    p.ldc,
+                                )
+                            } else {
+                                cudarc::cublas::result::sgemm_strided_batched(
+                                    h,
+                                    p.op_a,
+                                    p.op_b,
+                                    p.m,
+                                    p.n,
+                                    p.k,
+                                    &alpha,
+                                    rhs as *const f32,
+                                    p.lda,
+                                    p.stride_a,
+                                    lhs as *const f32,
+                                    p.ldb,
+                                    p.stride_b,
+                                    &beta,
+                                    out as *mut f32,
+                                    p.ldc,
+                                    p.stride_c,
+                                    p.batch,
+                                )
+                            }
+                        }
+                        .map_err(|e| cuda_err("cublasSgemm", e))
+                    }
+                    CudaType::F16 | CudaType::BF16 => {
+                        let dt = if ty == CudaType::F16 {
+                            cudaDataType::CUDA_R_16F
                         } else {
-                            cudarc::cublas::result::sgemm_strided_batched(
+                            cudaDataType::CUDA_R_16BF
+                        };
+                        // SAFETY: as above.
+                        unsafe {
+                            cudarc::cublas::result::gemm_strided_batched_ex(
                                 h,
                                 p.op_a,
                                 p.op_b,
                                 p.m,
                                 p.n,
                                 p.k,
-                                &alpha,
-                                rhs as *const f32,
+                                (&alpha) as *const f32 as *const c_void,
+                                rhs as *const c_void,
+                                dt,
                                 p.lda,
                                 p.stride_a,
-                                lhs as *const f32,
+                                lhs as *const c_void,
+                                dt,
                                 p.ldb,
                                 p.stride_b,
-                                &beta,
-                                out as *mut f32,
+                                (&beta) as *const f32 as *const c_void,
+                                out as *mut c_void,
+                                dt,
                                 p.ldc,
                                 p.stride_c,
                                 p.batch,
+                                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                             )
                         }
+                        .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
                     }
-                    .map_err(|e| cuda_err("cublasSgemm", e))
+                    other => Err(unsupported("matmul", other)),
                 }
-                CudaType::F16 | CudaType::BF16 => {
-                    let dt = if ty == CudaType::F16 {
-                        cudaDataType::CUDA_R_16F
-                    } else {
-                        cudaDataType::CUDA_R_16BF
-                    };
-                    // SAFETY: as above.
-                    unsafe {
-                        cudarc::cublas::result::gemm_strided_batched_ex(
-                            h,
-                            p.op_a,
-                            p.op_b,
-                            p.m,
-                            p.n,
-                            p.k,
-                            (&alpha) as *const f32 as *const c_void,
-                            rhs as *const c_void,
-                            dt,
-                            p.lda,
-                            p.stride_a,
-                            lhs as *const c_void,
-                            dt,
-                            p.ldb,
-                            p.stride_b,
-                            (&beta) as *const f32 as *const c_void,
-                            out as *mut c_void,
-                            dt,
-                            p.ldc,
-                            p.stride_c,
-                            p.batch,
-                            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                        )
-                    }
-                    .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
-                }
-                other => Err(unsupported("matmul", other)),
-            }
-        })
-    })
+            })
+        },
+    )
+}
+
+fn label(s: &MatmulShape, epilogue: &str) -> String {
+    let t = |yes| if yes { 'T' } else { 'N' };
+    let (a, b) = (t(s.trans_lhs), t(s.trans_rhs));
+    format!("gemm{a}{b}{epilogue} {}x{}x{} x{}", s.m, s.n, s.k, s.batch)
+}
+
+/// The product of plan `p` (of `s`) through cuBLASLt; `false` when it has no algorithm for it.
+///
+/// # Safety
+/// As [`matmul`], and the epilogue's bias as [`matmul_bias`] describes.
+unsafe fn lt_matmul(
+    gpu: &Gpu,
+    s: &MatmulShape,
+    p: &Plan,
+    e: Epilogue,
+    x: Operands,
+) -> Result<bool> {
+    let g = Geometry {
+        trans_a: p.op_a == cublasOperation_t::CUBLAS_OP_T,
+        trans_b: p.op_b == cublasOperation_t::CUBLAS_OP_T,
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        lda: p.lda,
+        ldb: p.ldb,
+        ldc: p.ldc,
+        batch: p.batch,
+        stride_a: p.stride_a,
+        stride_b: p.stride_b,
+        stride_c: p.stride_c,
+    };
+    let tag = match (e.bias, e.relu) {
+        (true, true) => "+bias+relu",
+        (true, false) => "+bias",
+        (false, true) => "+relu",
+        (false, false) => "",
+    };
+    // SAFETY: forwarded to the caller.
+    gpu.with_lt(|lt| unsafe { lt.matmul(gpu, &g, e, x, &|| label(s, tag)) })
+}
+
+/// `out[b] = op(lhs[b])·op(rhs[b]) + bias[b]`, then a ReLU when `relu`, in one cuBLASLt call:
+/// a Linear layer's forward. `bias[b]` is the `n` elements at `bias + b·bias_batch_stride`
+/// (stride 0: one bias for every batch entry), added to every row of `out[b]`.
+///
+/// Returns `false`, queuing nothing, where the epilogue cannot run: a type other than f32, a
+/// bias not 16-byte aligned, or a geometry cuBLASLt has no such epilogue for. The caller then
+/// runs the product and the bias apart.
+///
+/// # Safety
+/// As [`matmul`]; `bias` must hold the biases `s` and the stride describe, in f32.
+///
+/// # Errors
+/// A dimension beyond 2³¹, or a cuBLASLt failure.
+pub unsafe fn matmul_bias(
+    gpu: &Gpu,
+    ty: CudaType,
+    (lhs, rhs, out, bias): (u64, u64, u64, u64),
+    s: &MatmulShape,
+    bias_batch_stride: usize,
+    relu: bool,
+) -> Result<bool> {
+    if ty != CudaType::F32 || s.batch == 0 || s.m == 0 || s.n == 0 || s.k == 0 {
+        return Ok(false);
+    }
+    let p = plan(s)?;
+    let stride = if p.batch > 1 { bias_batch_stride } else { 0 };
+    // A plan that merged the batch into one product has one bias for all its rows.
+    let merged = p.batch == 1 && s.batch > 1 && bias_batch_stride != 0;
+    if merged || !aligned16(&[bias, (stride * 4) as u64]) {
+        return Ok(false);
+    }
+    let e = Epilogue {
+        bias: true,
+        bias_stride: stride as i64,
+        relu,
+    };
+    let x = Operands {
+        a: rhs,
+        b: lhs,
+        d: out,
+        bias,
+    };
+    // SAFETY: forwarded to the caller.
+    unsafe { lt_matmul(gpu, s, &p, e, x) }
 }

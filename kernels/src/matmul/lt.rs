@@ -41,10 +41,33 @@ pub(crate) struct Geometry {
     pub stride_c: i64,
 }
 
-/// A geometry with the alignment (bytes, at most 256) of each operand's batches.
+/// What cuBLASLt applies to each product before storing it: a bias per row of D (an output
+/// feature of the row-major product; its address is [`Operands::bias`]), then a ReLU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Epilogue {
+    pub bias: bool,
+    /// Elements between the biases of consecutive batch entries (0: one bias for all).
+    pub bias_stride: i64,
+    pub relu: bool,
+}
+
+impl Epilogue {
+    fn kind(&self) -> sys::cublasLtEpilogue_t {
+        use sys::cublasLtEpilogue_t::*;
+        match (self.bias, self.relu) {
+            (false, false) => CUBLASLT_EPILOGUE_DEFAULT,
+            (false, true) => CUBLASLT_EPILOGUE_RELU,
+            (true, false) => CUBLASLT_EPILOGUE_BIAS,
+            (true, true) => CUBLASLT_EPILOGUE_RELU_BIAS,
+        }
+    }
+}
+
+/// A geometry with its epilogue and the alignment (bytes, at most 256) of each operand's batches.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     g: Geometry,
+    epilogue: Epilogue,
     align: [u32; 3],
 }
 
@@ -151,7 +174,7 @@ fn layout(
 }
 
 impl Desc {
-    fn new(g: &Geometry) -> Result<Desc> {
+    fn new(g: &Geometry, e: &Epilogue) -> Result<Desc> {
         let op = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -181,6 +204,26 @@ impl Desc {
             }
             .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
         }
+        let kind = e.kind() as u32;
+        // SAFETY: the descriptor is live; the epilogue is a cublasLtEpilogue_t (a u32), the
+        // bias's batch stride an i64.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                d.op,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                (&kind) as *const u32 as *const c_void,
+                4,
+            )
+            .and_then(|_| {
+                lt::set_matmul_desc_attribute(
+                    d.op,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                    (&e.bias_stride) as *const i64 as *const c_void,
+                    8,
+                )
+            })
+        }
+        .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
         let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
         let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
         d.a = layout(ar, ac, g.lda, g.batch, g.stride_a)?;
@@ -254,12 +297,14 @@ impl Desc {
     }
 }
 
-/// Operands of one call: A, B and the output (column-major roles), as device addresses.
+/// Operands of one call: A, B, the output (column-major roles) and the epilogue's bias (0:
+/// none), as device addresses.
 #[derive(Clone, Copy)]
 pub(crate) struct Operands {
     pub a: u64,
     pub b: u64,
     pub d: u64,
+    pub bias: u64,
 }
 
 impl Lt {
@@ -288,7 +333,8 @@ impl Lt {
         std::mem::take(&mut self.report)
     }
 
-    /// Queues `D = op(A)·op(B)` on the compute stream, tuning the geometry first if it is new.
+    /// Queues `D = epilogue(op(A)·op(B))` on the compute stream, tuning the geometry first if it
+    /// is new.
     /// Returns `false`, queuing nothing, for a geometry cuBLASLt offers no algorithm for.
     ///
     /// # Safety
@@ -297,11 +343,13 @@ impl Lt {
         &mut self,
         gpu: &Gpu,
         g: &Geometry,
+        epilogue: Epilogue,
         x: Operands,
         label: &dyn Fn() -> String,
     ) -> Result<bool> {
         let key = Key {
             g: *g,
+            epilogue,
             align: [
                 alignment(x.a, g.stride_a, g.batch),
                 alignment(x.b, g.stride_b, g.batch),
@@ -343,7 +391,7 @@ impl Lt {
         capturing: bool,
         label: &dyn Fn() -> String,
     ) -> Result<Option<Choice>> {
-        let desc = Desc::new(&key.g)?;
+        let desc = Desc::new(&key.g, &key.epilogue)?;
         let Ok(cands) = desc.candidates(self.handle, key.align) else {
             return Ok(None);
         };
@@ -426,6 +474,19 @@ impl Lt {
         x: Operands,
     ) -> Result<()> {
         let (alpha, beta) = (1.0f32, 0.0f32);
+        if x.bias != 0 {
+            // SAFETY: the descriptor is live (and used by this thread only, under the Gpu's
+            // mutex); the bias pointer is a device address (a u64).
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc.op,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    (&x.bias) as *const u64 as *const c_void,
+                    8,
+                )
+            }
+            .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
+        }
         gpu.with_scratch(workspace.max(1), |ws| {
             // SAFETY: descriptors live; operands per the caller; alpha / beta are host scalars
             // read during the call; the workspace is the stream's (or the graph's) own.

@@ -318,6 +318,22 @@ pub fn relu_backward_bias(
     Err(unavailable("relu_backward_bias", dy.ordinal))
 }
 
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn linear(
+    x: &CudaStorage,
+    w: &CudaStorage,
+    bias: &CudaStorage,
+    shape: &MatmulShape,
+    bias_batch_stride: usize,
+    relu: bool,
+) -> Result<Option<CudaStorage>> {
+    let _ = (w, bias, shape, bias_batch_stride, relu);
+    Err(unavailable("linear", x.ordinal))
+}
+
 /// See [`crate::cpu::fill`].
 pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
     let _ = value;

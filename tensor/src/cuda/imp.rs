@@ -736,6 +736,39 @@ pub fn matmul(lhs: &CudaStorage, rhs: &CudaStorage, shape: &MatmulShape) -> Resu
     Ok(out)
 }
 
+/// `x · w + bias` (then a ReLU) in one cuBLASLt call, the bias and ReLU in its epilogue;
+/// `None` where the epilogue cannot run (see [`matmul_cuda::matmul_bias`]).
+///
+/// # Errors
+/// Different dtypes or devices, out of memory, or a cuBLASLt failure.
+pub fn linear(
+    x: &CudaStorage,
+    w: &CudaStorage,
+    bias: &CudaStorage,
+    shape: &MatmulShape,
+    bias_batch_stride: usize,
+    relu: bool,
+) -> Result<Option<CudaStorage>> {
+    if x.dtype != w.dtype || x.dtype != bias.dtype {
+        return Err(mismatch("linear", x.dtype, w.dtype));
+    }
+    same_device("linear", x, w)?;
+    same_device("linear", x, bias)?;
+    let t = want("linear", x, &[DType::F32, DType::F16, DType::BF16])?;
+    let out = x.sibling(shape.batch * shape.m * shape.n, x.dtype)?;
+    let ptrs = (
+        x.device_ptr(),
+        w.device_ptr(),
+        out.device_ptr(),
+        bias.device_ptr(),
+    );
+    // SAFETY: the tensor validated that x and w hold what `shape` describes and that the bias
+    // holds n elements per product at the given stride.
+    let done =
+        unsafe { matmul_cuda::matmul_bias(&x.gpu, t, ptrs, shape, bias_batch_stride, relu)? };
+    Ok(done.then_some(out))
+}
+
 fn conv_check(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.dtype != b.dtype {
         return Err(mismatch(op, a.dtype, b.dtype));
