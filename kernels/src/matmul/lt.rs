@@ -21,6 +21,8 @@ use crate::{Error, Result};
 const MAX_WORKSPACE: usize = 8 << 20;
 /// Candidates asked of the heuristics.
 const CANDIDATES: usize = 16;
+/// Parts the contracted dimension of a candidate is also tried split into.
+const SPLITS: [u32; 6] = [1, 2, 4, 8, 16, 32];
 /// Timed runs per candidate, after one untimed.
 const RUNS: usize = 4;
 
@@ -297,6 +299,75 @@ impl Desc {
     }
 }
 
+impl Desc {
+    /// `cands` and, for each, its variants splitting the contracted dimension in 1 to 32 parts
+    /// (those cuBLASLt accepts for this product within the workspace). The heuristics rarely
+    /// offer a split for small products, where spreading K over more blocks is what fills the GPU.
+    fn with_split_k(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        cands: Vec<sys::cublasLtMatmulHeuristicResult_t>,
+    ) -> Vec<sys::cublasLtMatmulHeuristicResult_t> {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t::*;
+        let mut all = cands.clone();
+        for c in &cands {
+            for splits in SPLITS {
+                let mut algo = c.algo;
+                let scheme = if splits == 1 {
+                    sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE
+                } else {
+                    sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                } as u32;
+                let mut checked = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+                // SAFETY: `algo` is a copy of an initialised algorithm; the attributes are u32;
+                // the descriptors are live; `checked` has room for one result.
+                let ok = unsafe {
+                    sys::cublasLtMatmulAlgoConfigSetAttribute(
+                        &mut algo,
+                        CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                        (&splits) as *const u32 as *const c_void,
+                        4,
+                    )
+                    .result()
+                    .and_then(|_| {
+                        sys::cublasLtMatmulAlgoConfigSetAttribute(
+                            &mut algo,
+                            CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                            (&scheme) as *const u32 as *const c_void,
+                            4,
+                        )
+                        .result()
+                    })
+                    .and_then(|_| {
+                        sys::cublasLtMatmulAlgoCheck(
+                            handle,
+                            self.op,
+                            self.a,
+                            self.b,
+                            self.c,
+                            self.c,
+                            &algo,
+                            checked.as_mut_ptr(),
+                        )
+                        .result()
+                    })
+                    .is_ok()
+                };
+                if !ok {
+                    continue;
+                }
+                // SAFETY: filled in by a successful check.
+                let checked = unsafe { checked.assume_init() };
+                let fits = checked.workspaceSize <= MAX_WORKSPACE;
+                if fits && all.iter().all(|a| a.algo.data != algo.data) {
+                    all.push(sys::cublasLtMatmulHeuristicResult_t { algo, ..checked });
+                }
+            }
+        }
+        all
+    }
+}
+
 /// Operands of one call: A, B, the output (column-major roles) and the epilogue's bias (0:
 /// none), as device addresses.
 #[derive(Clone, Copy)]
@@ -406,6 +477,8 @@ impl Lt {
                 tuned: false,
             }));
         }
+        let heuristic = cands[0];
+        let cands = desc.with_split_k(self.handle, cands);
         let mut times = Vec::with_capacity(cands.len());
         for c in &cands {
             // SAFETY: the caller's operands; a candidate that fails is skipped.
@@ -422,7 +495,10 @@ impl Lt {
         self.report.push(GemmTuning {
             label: label(),
             candidates: cands.len(),
-            heuristic_us: times[0],
+            heuristic_us: times[cands
+                .iter()
+                .position(|c| c.algo.data == heuristic.algo.data)
+                .unwrap_or(0)],
             best_us,
             best_index: best,
         });
