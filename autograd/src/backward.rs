@@ -401,9 +401,18 @@ impl Op {
                 bias,
                 relu,
             } => {
+                let per_member = bias.len() == y.rank() && bias.first() == y.shape().first();
+                // Without a ReLU, the weight's and bias's gradients come from one product.
+                if !relu && need[1] && need[2] && per_member && g.rank() == 3 {
+                    let (gw, gb) = x.linear_grads(g)?;
+                    let gx = need[0]
+                        .then(|| reduce_to(g.matmul_t(w, false, true)?, x.shape()))
+                        .transpose()?;
+                    return Ok(vec![gx, Some(reduce_to(gw, w.shape())?), Some(gb)]);
+                }
                 // The gradient before the bias (and ReLU), and the bias's.
                 let (gz, gb) = match (relu, need[2]) {
-                    (true, true) if bias.len() == y.rank() && bias.first() == y.shape().first() => {
+                    (true, true) if per_member => {
                         let (gz, gb) = g.relu_backward_bias(y, bias)?;
                         (gz, Some(gb))
                     }

@@ -1047,6 +1047,57 @@ fn products_with_a_bias_and_relu_epilogue_match_the_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn products_with_the_sums_of_their_rhs_match_the_cpu() {
+    let g = gpu();
+    for batch in [1, 3] {
+        // A Linear layer's weight gradient (input transposed) and bias gradient.
+        let s = MatmulShape {
+            batch,
+            m: 48,
+            n: 32,
+            k: 64,
+            lhs_batch_stride: 0,
+            rhs_batch_stride: 64 * 32,
+            trans_lhs: true,
+            trans_rhs: false,
+        };
+        let a = rand_vec(s.k * s.m, 51, -1.0, 1.0);
+        let b = rand_vec(batch * s.k * s.n, 52, -1.0, 1.0);
+        let (da, db) = (up(&g, &a), up(&g, &b));
+        let (out, sums) = (zeros(&g, batch * s.m * s.n * 4), zeros(&g, batch * s.n * 4));
+        let ptrs = (da.ptr(), db.ptr(), out.ptr(), sums.ptr());
+        // SAFETY: the buffers hold what s and the sums' stride (n) describe.
+        let ran = unsafe { mm_cuda::matmul_rhs_sums(&g, CudaType::F32, ptrs, &s, s.n).unwrap() };
+        if !ran {
+            // cuBLASLt offers no such epilogue here: the caller runs the two apart.
+            eprintln!("batch {batch}: no column-sum epilogue on this GPU");
+            continue;
+        }
+        let want_sums: Vec<f32> = (0..batch * s.n)
+            .map(|i| {
+                (0..s.k)
+                    .map(|r| b[(i / s.n) * s.k * s.n + r * s.n + i % s.n])
+                    .sum()
+            })
+            .collect();
+        let what = format!("batch {batch}");
+        assert_close(
+            &what,
+            &down::<f32>(&g, &out, batch * s.m * s.n),
+            &mm_cpu::matmul(&a, &b, &s),
+            1e-4,
+        );
+        assert_close(
+            &what,
+            &down::<f32>(&g, &sums, batch * s.n),
+            &want_sums,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn counted_adam_steps_advance_their_device_counter() {
     let g = gpu();
     // 300 members need two launch tables: only the last launch may advance the counter.

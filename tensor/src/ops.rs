@@ -482,6 +482,35 @@ impl Tensor {
         if relu { y.bias_relu(bias) } else { y.add(bias) }
     }
 
+    /// A Linear layer's weight and bias gradients from its input `self` (`[.., m, k]`, or `[m, k]`
+    /// shared by every member) and its output's gradient `g` (`[G, m, n]`): `selfᵀ · g` and the
+    /// sums of `g` over its rows, shaped `[G, 1, n]`. One cuBLASLt call on CUDA (f32) where it can.
+    ///
+    /// # Errors
+    /// `g` not of rank 3, or as [`matmul_t`](Tensor::matmul_t).
+    pub fn linear_grads(&self, g: &Tensor) -> Result<(Tensor, Tensor)> {
+        if g.rank() != 3 {
+            return Err(Error::InvalidArgument {
+                op: "linear_grads",
+                reason: format!("the output's gradient {:?} must be [G, m, n]", g.shape),
+            });
+        }
+        let (shape, out) = self.matmul_shape(g, true, false)?;
+        let sums_shape = vec![g.shape[0], 1, g.shape[2]];
+        {
+            let (x, gv) = (self.read(), g.read());
+            if let (Storage::Cuda(x), Storage::Cuda(gv)) = (&*x, &*gv)
+                && let Some((gw, gb)) = cuda::linear_grads(x, gv, &shape)?
+            {
+                return Ok((
+                    Tensor::from_storage(Storage::Cuda(gw), out),
+                    Tensor::from_storage(Storage::Cuda(gb), sums_shape),
+                ));
+            }
+        }
+        Ok((self.matmul_t(g, true, false)?, g.sum(1, true)?))
+    }
+
     /// The product's geometry and output shape (see [`matmul_t`](Tensor::matmul_t)).
     fn matmul_shape(
         &self,

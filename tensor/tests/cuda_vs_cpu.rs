@@ -137,6 +137,18 @@ fn linear_with_its_bias_and_relu_in_one_call_agrees() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn linear_weight_and_bias_gradients_in_one_call_agree() {
+    agree("linear grads", 1e-4, |dev| {
+        let g = rand(&[3, 64, 128], 40, dev)?;
+        let (gw, gb) = rand(&[64, 96], 41, dev)?.linear_grads(&g)?;
+        let (gw1, gb1) = rand(&[64, 96], 42, dev)?.linear_grads(&rand(&[1, 64, 16], 43, dev)?)?;
+        let (gwm, gbm) = rand(&[3, 64, 96], 44, dev)?.linear_grads(&g)?;
+        Ok(vec![gw, gb, gw1, gb1, gwm, gbm])
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn fused_relu_backward_with_bias_gradient_agrees() {
     // Rows that are not a multiple of the kernel's 32, columns that are not either.
     agree("relu backward with bias", 1e-5, |dev| {

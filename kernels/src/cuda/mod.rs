@@ -1,5 +1,5 @@
 //! The CUDA device layer: one [`Gpu`] per device (context, a compute stream, a copy stream,
-//! a cuBLAS handle and a cache of NVRTC-compiled kernel modules).
+//! cuBLAS and cuBLASLt handles and a cache of NVRTC-compiled kernel modules).
 //!
 //! Kernels take raw device addresses (`u64`), because tensors hold blocks of the device's
 //! caching allocator, not one driver allocation each. Every op of the `<family>/cuda.rs`
@@ -45,13 +45,13 @@ pub struct KernelTime {
 pub struct GemmTuning {
     /// `gemmNT MxNxK xBATCH`, as in [`KernelTime`].
     pub label: String,
-    /// Algorithms the cuBLASLt heuristics offered.
+    /// Algorithms timed: the cuBLASLt heuristics' picks and their split-K variants.
     pub candidates: usize,
     /// µs per product of the heuristic's first pick (`None`: it failed to run).
     pub heuristic_us: Option<f64>,
     /// µs per product of the fastest, now used.
     pub best_us: f64,
-    /// Its rank among the heuristic's candidates (0: the heuristic's pick).
+    /// Its index among them.
     pub best_index: usize,
 }
 

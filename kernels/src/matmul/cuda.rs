@@ -237,6 +237,7 @@ unsafe fn lt_matmul(
         stride_c: p.stride_c,
     };
     let tag = match (e.bias, e.relu) {
+        _ if e.bias_grad => "+colsums",
         (true, true) => "+bias+relu",
         (true, false) => "+bias",
         (false, true) => "+relu",
@@ -281,12 +282,56 @@ pub unsafe fn matmul_bias(
         bias: true,
         bias_stride: stride as i64,
         relu,
+        bias_grad: false,
     };
     let x = Operands {
         a: rhs,
         b: lhs,
         d: out,
         bias,
+    };
+    // SAFETY: forwarded to the caller.
+    unsafe { lt_matmul(gpu, s, &p, e, x) }
+}
+
+/// `out[b] = op(lhs[b])·rhs[b]`, and `sums[b]` the sums of `rhs[b]`'s `k` rows (`n` elements at
+/// `sums + b·sums_batch_stride`), in one cuBLASLt call: a Linear layer's weight and bias
+/// gradients from its input (`lhs`, transposed) and its output's gradient (`rhs`).
+///
+/// Returns `false`, queuing nothing, where that epilogue cannot run: a type other than f32, a
+/// transposed `rhs`, sums not 16-byte aligned, or a geometry cuBLASLt has no such epilogue for.
+///
+/// # Safety
+/// As [`matmul`]; `sums` must hold what `s` and the stride describe, in f32.
+///
+/// # Errors
+/// A dimension beyond 2³¹, or a cuBLASLt failure.
+pub unsafe fn matmul_rhs_sums(
+    gpu: &Gpu,
+    ty: CudaType,
+    (lhs, rhs, out, sums): (u64, u64, u64, u64),
+    s: &MatmulShape,
+    sums_batch_stride: usize,
+) -> Result<bool> {
+    if ty != CudaType::F32 || s.trans_rhs || s.batch == 0 || s.m == 0 || s.n == 0 || s.k == 0 {
+        return Ok(false);
+    }
+    let p = plan(s)?;
+    let stride = if p.batch > 1 { sums_batch_stride } else { 0 };
+    if p.batch as usize != s.batch || !aligned16(&[sums, (stride * 4) as u64]) {
+        return Ok(false);
+    }
+    let e = Epilogue {
+        bias: false,
+        bias_stride: stride as i64,
+        relu: false,
+        bias_grad: true,
+    };
+    let x = Operands {
+        a: rhs,
+        b: lhs,
+        d: out,
+        bias: sums,
     };
     // SAFETY: forwarded to the caller.
     unsafe { lt_matmul(gpu, s, &p, e, x) }

@@ -43,20 +43,23 @@ pub(crate) struct Geometry {
     pub stride_c: i64,
 }
 
-/// What cuBLASLt applies to each product before storing it: a bias per row of D (an output
-/// feature of the row-major product; its address is [`Operands::bias`]), then a ReLU.
+/// What cuBLASLt does besides each product: add a bias per row of D (an output feature of the
+/// row-major product; its address is [`Operands::bias`]) then a ReLU, or (`bias_grad`) write the
+/// sums of A over the contracted dimension to that address instead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Epilogue {
     pub bias: bool,
     /// Elements between the biases of consecutive batch entries (0: one bias for all).
     pub bias_stride: i64,
     pub relu: bool,
+    pub bias_grad: bool,
 }
 
 impl Epilogue {
     fn kind(&self) -> sys::cublasLtEpilogue_t {
         use sys::cublasLtEpilogue_t::*;
         match (self.bias, self.relu) {
+            _ if self.bias_grad => CUBLASLT_EPILOGUE_BGRADA,
             (false, false) => CUBLASLT_EPILOGUE_DEFAULT,
             (false, true) => CUBLASLT_EPILOGUE_RELU,
             (true, false) => CUBLASLT_EPILOGUE_BIAS,

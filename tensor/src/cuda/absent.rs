@@ -334,6 +334,19 @@ pub fn linear(
     Err(unavailable("linear", x.ordinal))
 }
 
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn linear_grads(
+    x: &CudaStorage,
+    g: &CudaStorage,
+    shape: &MatmulShape,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    let _ = (g, shape);
+    Err(unavailable("linear_grads", x.ordinal))
+}
+
 /// See [`crate::cpu::fill`].
 pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
     let _ = value;

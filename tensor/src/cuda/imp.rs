@@ -769,6 +769,35 @@ pub fn linear(
     Ok(done.then_some(out))
 }
 
+/// `xᵀ · g` and the sums of `g`'s rows per product in one cuBLASLt call; `None` where that
+/// epilogue cannot run (see [`matmul_cuda::matmul_rhs_sums`]).
+///
+/// # Errors
+/// Different dtypes or devices, out of memory, or a cuBLASLt failure.
+pub fn linear_grads(
+    x: &CudaStorage,
+    g: &CudaStorage,
+    shape: &MatmulShape,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    if x.dtype != g.dtype {
+        return Err(mismatch("linear_grads", x.dtype, g.dtype));
+    }
+    same_device("linear_grads", x, g)?;
+    let t = want("linear_grads", x, &[DType::F32, DType::F16, DType::BF16])?;
+    let gw = x.sibling(shape.batch * shape.m * shape.n, x.dtype)?;
+    let gb = x.sibling(shape.batch * shape.n, x.dtype)?;
+    let ptrs = (
+        x.device_ptr(),
+        g.device_ptr(),
+        gw.device_ptr(),
+        gb.device_ptr(),
+    );
+    // SAFETY: the tensor validated that x and g hold what `shape` describes; gb holds n sums per
+    // product.
+    let done = unsafe { matmul_cuda::matmul_rhs_sums(&x.gpu, t, ptrs, shape, shape.n)? };
+    Ok(done.then_some((gw, gb)))
+}
+
 fn conv_check(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.dtype != b.dtype {
         return Err(mismatch(op, a.dtype, b.dtype));
