@@ -149,6 +149,23 @@ fn linear_weight_and_bias_gradients_in_one_call_agree() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn fused_cross_entropy_agrees_on_narrow_and_wide_rows() {
+    agree("cross entropy", 1e-5, |dev| {
+        let mut outs = Vec::new();
+        // 10 classes run a thread per row, 300 a warp per row; labels shared or per member.
+        for classes in [10, 300] {
+            let logits = rand(&[3, 40, classes], 50, dev)?.mul_scalar(4.0)?;
+            let (loss, grad) = logits.cross_entropy_rows(&labels(40, classes, dev)?, 0.025)?;
+            let own = labels(120, classes, dev)?.reshape(&[3, 40])?;
+            let (loss_own, grad_own) = logits.cross_entropy_rows(&own, 1.0)?;
+            outs.extend([loss, grad, loss_own, grad_own]);
+        }
+        Ok(outs)
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn fused_relu_backward_with_bias_gradient_agrees() {
     // Rows that are not a multiple of the kernel's 32, columns that are not either.
     agree("relu backward with bias", 1e-5, |dev| {
@@ -159,7 +176,11 @@ fn fused_relu_backward_with_bias_gradient_agrees() {
         let (dx4, db4) = dy
             .reshape(&[m, 5, 9, n])?
             .relu_backward_bias(&y.reshape(&[m, 5, 9, n])?, &[m, 1, 1, n])?;
-        Ok(vec![dx, db, dx4, db4])
+        // Enough groups for the kernel that takes four columns at a time.
+        let (m, b, n) = (160, 20, 256);
+        let y = rand(&[m, b, n], 23, dev)?.relu()?;
+        let (dxw, dbw) = rand(&[m, b, n], 24, dev)?.relu_backward_bias(&y, &[m, 1, n])?;
+        Ok(vec![dx, db, dx4, db4, dxw, dbw])
     });
 }
 

@@ -78,21 +78,29 @@ pub unsafe fn cross_entropy(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    const WARPS: usize = 8;
-    let blocks = u32::try_from(rows.div_ceil(WARPS)).map_err(|_| {
+    // A warp per row, or a thread per row where a row is narrower than a warp.
+    const BLOCK: usize = 256;
+    let narrow = cols <= 32;
+    let per_block = if narrow { BLOCK } else { BLOCK / 32 };
+    let blocks = u32::try_from(rows.div_ceil(per_block)).map_err(|_| {
         crate::Error::Cuda(format!(
             "cross_entropy: {rows} rows exceed the grid limit; split the batch"
         ))
     })?;
     let cfg = Launch {
         grid: (blocks, 1, 1),
-        block: (32 * WARPS as u32, 1, 1),
+        block: (BLOCK as u32, 1, 1),
         shared: 0,
+    };
+    let kernel = if narrow {
+        "cross_entropy_narrow_f32"
+    } else {
+        "cross_entropy_f32"
     };
     let (rows, cols, label_rows) = (rows as u64, cols as u64, label_rows.max(1) as u64);
     let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![rows, cols, label_rows, scale, labels, x, loss, grad, flag];
-    // SAFETY: matches `cross_entropy_f32(u64, u64, u64, float, const int*, const float*, float*,
-    // float*, int*)`; buffers per the caller.
-    unsafe { gpu.launch(&SRC, "cross_entropy_f32", cfg, &mut args) }
+    // SAFETY: matches `cross_entropy[_narrow]_f32(u64, u64, u64, float, const int*, const float*,
+    // float*, float*, int*)`; buffers per the caller.
+    unsafe { gpu.launch(&SRC, kernel, cfg, &mut args) }
 }

@@ -52,3 +52,27 @@ extern "C" __global__ void cross_entropy_f32(u64 rows, u64 cols, u64 label_rows,
     }
     if (lane == 0) loss[r] = ok ? m + logf(s) - xr[l] : 0.0f;
 }
+
+// cross_entropy_f32 for rows of at most 32 columns (classifier heads): one thread per row, so
+// no lane of a warp idles on a short row.
+extern "C" __global__ void cross_entropy_narrow_f32(u64 rows, u64 cols, u64 label_rows, float scale,
+                                                    const int* labels, const float* x, float* loss, float* grad,
+                                                    int* flag) {
+    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float* xr = x + r * cols;
+    float* gr = grad + r * cols;
+    const int l = labels[r % label_rows];
+    const bool ok = l >= 0 && (u64)l < cols;
+    if (!ok) report_index_error(flag, OP_CROSS_ENTROPY, l, (i64)cols);
+    float m = NEG_INF;
+    for (u64 j = 0; j < cols; ++j) m = fmaxf(m, xr[j]);
+    float s = 0.0f;
+    for (u64 j = 0; j < cols; ++j) s += expf(xr[j] - m);
+    const float inv = 1.0f / s;
+    for (u64 j = 0; j < cols; ++j) {
+        const float hot = (ok && (u64)l == j) ? 1.0f : 0.0f;
+        gr[j] = (expf(xr[j] - m) * inv - hot) * scale;
+    }
+    loss[r] = ok ? m + logf(s) - xr[l] : 0.0f;
+}

@@ -117,20 +117,32 @@ pub unsafe fn relu_backward_bias(
             "relu_backward_bias: {groups} groups of {cols} columns exceed the grid"
         ))
     };
+    let groups32 = u32::try_from(groups)
+        .ok()
+        .filter(|&g| g <= 65_535)
+        .ok_or_else(too_many)?;
+    // Four columns a thread where the groups alone give a block per multiprocessor; else
+    // narrower strips, so that a few groups still spread over many blocks.
+    let wide = cols % 4 == 0
+        && aligned16(&[dy, y, dx, db])
+        && groups * cols.div_ceil(128) >= gpu.sm_count() as usize;
+    let (kernel, strip, block) = if wide {
+        ("relu_backward_bias_f32x4", 128, (32, 8, 1))
+    } else {
+        ("relu_backward_bias_f32", 32, (32, 32, 1))
+    };
     let cfg = Launch {
         grid: (
-            u32::try_from(cols.div_ceil(32)).map_err(|_| too_many())?,
-            u32::try_from(groups)
-                .ok()
-                .filter(|&g| g <= 65_535)
-                .ok_or_else(too_many)?,
+            u32::try_from(cols.div_ceil(strip)).map_err(|_| too_many())?,
+            groups32,
             1,
         ),
-        block: (32, 32, 1),
+        block,
         shared: 0,
     };
     let (r, c) = (rows as u64, cols as u64);
     let mut args = kernel_args![r, c, dy, y, dx, db];
-    // SAFETY: matches `relu_backward_bias_f32(u64, u64, const float*, const float*, float*, float*)`.
-    unsafe { gpu.launch(&SRC, "relu_backward_bias_f32", cfg, &mut args) }
+    // SAFETY: matches `relu_backward_bias_f32[x4](u64, u64, const float*, const float*, float*,
+    // float*)`; the x4 kernel's alignment was checked above.
+    unsafe { gpu.launch(&SRC, kernel, cfg, &mut args) }
 }
