@@ -40,11 +40,7 @@ pub fn cross_entropy(logits: &Var, labels: &Tensor) -> Result<Var> {
         });
     }
     check_labels("cross_entropy", s, labels)?;
-    let batch = s[s.len() - 2];
-    let (rows, grad) = logits
-        .value()
-        .cross_entropy_rows(labels, 1.0 / batch as f64)?;
-    let loss = rows.mean(s.len() - 2, false)?;
+    let (loss, grad) = logits.value().cross_entropy_mean(labels)?;
     if !logits.requires_grad() {
         return Ok(Var::constant(loss));
     }

@@ -1072,21 +1072,9 @@ impl Tensor {
     /// the next read-back, see the crate docs).
     pub fn cross_entropy_rows(&self, labels: &Tensor, grad_scale: f64) -> Result<(Tensor, Tensor)> {
         const OP: &str = "cross_entropy";
-        labels.require_i32(OP)?;
-        self.require_float(OP)?;
-        self.same_device(OP, labels)?;
+        self.check_labels(labels)?;
         let r = self.rank();
-        let rows = &self.shape[..r.saturating_sub(1)];
-        if r < 2 || labels.elem_count() == 0 || !rows.ends_with(&labels.shape) {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "labels {:?} do not fit logits {:?}: expected labels shaped like the logits' rows, or [B] \
-                     shared by every member",
-                    labels.shape, self.shape
-                ),
-            });
-        }
+        let rows = &self.shape[..r - 1];
         let cols = self.shape[r - 1];
         let (x, l) = (self.read(), labels.read());
         let (loss, grad) = match (&*x, &*l) {
@@ -1104,6 +1092,54 @@ impl Tensor {
             Tensor::from_storage(loss, rows.to_vec()),
             Tensor::from_storage(grad, self.shape.clone()),
         ))
+    }
+
+    /// [`cross_entropy_rows`](Tensor::cross_entropy_rows) averaged over the batch (the
+    /// second-to-last dimension): the mean loss of each member (shape `[..]`) and the gradient
+    /// of the logits with `grad_scale = 1 / B`. One kernel on CUDA for heads of at most 32
+    /// classes and batches of at most 1,024 rows.
+    ///
+    /// # Errors
+    /// As [`cross_entropy_rows`](Tensor::cross_entropy_rows).
+    pub fn cross_entropy_mean(&self, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.check_labels(labels)?;
+        let r = self.rank();
+        let (batch, cols) = (self.shape[r - 2], self.shape[r - 1]);
+        let groups = &self.shape[..r - 2];
+        {
+            let (x, l) = (self.read(), labels.read());
+            if let (Storage::Cuda(x), Storage::Cuda(l)) = (&*x, &*l)
+                && let Some((loss, grad)) = cuda::cross_entropy_mean(x, l, cols, batch)?
+            {
+                return Ok((
+                    Tensor::from_storage(Storage::Cuda(loss), groups.to_vec()),
+                    Tensor::from_storage(Storage::Cuda(grad), self.shape.clone()),
+                ));
+            }
+        }
+        let (rows, grad) = self.cross_entropy_rows(labels, 1.0 / batch.max(1) as f64)?;
+        Ok((rows.mean(r - 2, false)?, grad))
+    }
+
+    /// Labels that are i32, on the logits' device, and shaped like the logits' rows (or `[B]`).
+    fn check_labels(&self, labels: &Tensor) -> Result<()> {
+        const OP: &str = "cross_entropy";
+        labels.require_i32(OP)?;
+        self.require_float(OP)?;
+        self.same_device(OP, labels)?;
+        let r = self.rank();
+        let rows = &self.shape[..r.saturating_sub(1)];
+        if r < 2 || labels.elem_count() == 0 || !rows.ends_with(&labels.shape) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "labels {:?} do not fit logits {:?}: expected labels shaped like the logits' rows, or [B] \
+                     shared by every member",
+                    labels.shape, self.shape
+                ),
+            });
+        }
+        Ok(())
     }
 
     // ---------------------------------------------------------------- optimizer steps

@@ -104,3 +104,47 @@ pub unsafe fn cross_entropy(
     // float*, float*, int*)`; buffers per the caller.
     unsafe { gpu.launch(&SRC, kernel, cfg, &mut args) }
 }
+
+/// [`cross_entropy`] averaged over each group of `batch` rows (`rows / batch` groups, e.g. the
+/// members of a fused model), in one kernel: `loss` gets one mean per group and `grad` uses
+/// `scale = 1 / batch`. Returns `false`, queuing nothing, for more than 32 columns or a batch of
+/// more than 1,024 rows (the caller then takes the mean of [`cross_entropy`]'s rows).
+///
+/// # Safety
+/// As [`cross_entropy`], with `loss` holding `rows / batch` f32; `batch` must divide `rows`.
+///
+/// # Errors
+/// The launch failed.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cross_entropy_mean(
+    gpu: &Gpu,
+    x: u64,
+    labels: u64,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+    label_rows: usize,
+    loss: u64,
+    grad: u64,
+) -> Result<bool> {
+    if cols > 32 || batch == 0 || batch > 1024 || rows % batch != 0 {
+        return Ok(false);
+    }
+    let groups = u32::try_from(rows / batch).map_err(|_| {
+        crate::Error::Cuda(format!(
+            "cross_entropy: {rows} rows exceed the grid limit; split the batch"
+        ))
+    })?;
+    let cfg = Launch {
+        grid: (groups, 1, 1),
+        block: (batch.next_multiple_of(32) as u32, 1, 1),
+        shared: 0,
+    };
+    let (batch, cols, label_rows) = (batch as u64, cols as u64, label_rows.max(1) as u64);
+    let flag = gpu.flag_ptr()?;
+    let mut args = kernel_args![batch, cols, label_rows, labels, x, loss, grad, flag];
+    // SAFETY: matches `cross_entropy_mean_narrow_f32(u64, u64, u64, const int*, const float*,
+    // float*, float*, int*)`; buffers per the caller.
+    unsafe { gpu.launch(&SRC, "cross_entropy_mean_narrow_f32", cfg, &mut args)? };
+    Ok(true)
+}

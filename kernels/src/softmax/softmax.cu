@@ -76,3 +76,32 @@ extern "C" __global__ void cross_entropy_narrow_f32(u64 rows, u64 cols, u64 labe
     }
     loss[r] = ok ? m + logf(s) - xr[l] : 0.0f;
 }
+
+// cross_entropy_narrow_f32 averaged over each group of `batch` rows (a member's batch): one block
+// per group (blockDim a multiple of 32, at least batch), a thread per row; loss[g] is the group's
+// mean loss and grad uses scale = 1 / batch. Saves the separate mean of the rows' losses.
+extern "C" __global__ void cross_entropy_mean_narrow_f32(u64 batch, u64 cols, u64 label_rows, const int* labels,
+                                                         const float* x, float* loss, float* grad, int* flag) {
+    const u64 r = (u64)blockIdx.x * batch + threadIdx.x;
+    const float scale = 1.0f / (float)batch;
+    float lr = 0.0f;
+    if (threadIdx.x < batch) {
+        const float* xr = x + r * cols;
+        float* gr = grad + r * cols;
+        const int l = labels[r % label_rows];
+        const bool ok = l >= 0 && (u64)l < cols;
+        if (!ok) report_index_error(flag, OP_CROSS_ENTROPY, l, (i64)cols);
+        float m = NEG_INF;
+        for (u64 j = 0; j < cols; ++j) m = fmaxf(m, xr[j]);
+        float s = 0.0f;
+        for (u64 j = 0; j < cols; ++j) s += expf(xr[j] - m);
+        const float inv = 1.0f / s;
+        for (u64 j = 0; j < cols; ++j) {
+            const float hot = (ok && (u64)l == j) ? 1.0f : 0.0f;
+            gr[j] = (expf(xr[j] - m) * inv - hot) * scale;
+        }
+        lr = ok ? m + logf(s) - xr[l] : 0.0f;
+    }
+    const float total = block_sum(lr);
+    if (threadIdx.x == 0) loss[blockIdx.x] = total * scale;
+}

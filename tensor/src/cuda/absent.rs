@@ -347,6 +347,20 @@ pub fn linear_grads(
     Err(unavailable("linear_grads", x.ordinal))
 }
 
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn cross_entropy_mean(
+    logits: &CudaStorage,
+    labels: &CudaStorage,
+    cols: usize,
+    batch: usize,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    let _ = (labels, cols, batch);
+    Err(unavailable("cross_entropy", logits.ordinal))
+}
+
 /// See [`crate::cpu::fill`].
 pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
     let _ = value;

@@ -1131,6 +1131,41 @@ pub fn cross_entropy(
     Ok((loss, grad))
 }
 
+/// Cross-entropy averaged over each group of `batch` rows in one kernel; `None` where that
+/// kernel does not apply (see [`softmax_cuda::cross_entropy_mean`]).
+///
+/// # Errors
+/// Not f32, different devices, out of memory, or a launch failure.
+pub fn cross_entropy_mean(
+    logits: &CudaStorage,
+    labels: &CudaStorage,
+    cols: usize,
+    batch: usize,
+) -> Result<Option<(CudaStorage, CudaStorage)>> {
+    indices("cross_entropy", labels)?;
+    want("cross_entropy", logits, &[DType::F32])?;
+    same_device("cross_entropy", logits, labels)?;
+    let rows = logits.len.checked_div(cols).unwrap_or(0);
+    let loss = logits.sibling(rows.checked_div(batch).unwrap_or(0), DType::F32)?;
+    let grad = logits.sibling(logits.len, DType::F32)?;
+    // SAFETY: logits and grad hold rows·cols f32, loss rows / batch f32, labels labels.len i32
+    // (the caller checked that it divides rows).
+    let done = unsafe {
+        softmax_cuda::cross_entropy_mean(
+            &logits.gpu,
+            logits.device_ptr(),
+            labels.device_ptr(),
+            rows,
+            cols,
+            batch,
+            labels.len,
+            loss.device_ptr(),
+            grad.device_ptr(),
+        )?
+    };
+    Ok(done.then_some((loss, grad)))
+}
+
 /// See [`crate::cpu::fill`].
 ///
 /// # Errors
