@@ -402,12 +402,14 @@ impl Op {
                 relu,
             } => {
                 let per_member = bias.len() == y.rank() && bias.first() == y.shape().first();
-                // Without a ReLU, the weight's and bias's gradients come from one product.
+                // Without a ReLU, the weight's and bias's gradients come from one product, which
+                // runs alongside the input's gradient.
                 if !relu && need[1] && need[2] && per_member && g.rank() == 3 {
-                    let (gw, gb) = x.linear_grads(g)?;
-                    let gx = need[0]
-                        .then(|| reduce_to(g.matmul_t(w, false, true)?, x.shape()))
-                        .transpose()?;
+                    let ((gw, gb), gx) = x.linear_grads_beside(g, || {
+                        need[0]
+                            .then(|| reduce_to(g.matmul_t(w, false, true)?, x.shape()))
+                            .transpose()
+                    })?;
                     return Ok(vec![gx, Some(reduce_to(gw, w.shape())?), Some(gb)]);
                 }
                 // The gradient before the bias (and ReLU), and the bias's.

@@ -484,31 +484,46 @@ impl Tensor {
 
     /// A Linear layer's weight and bias gradients from its input `self` (`[.., m, k]`, or `[m, k]`
     /// shared by every member) and its output's gradient `g` (`[G, m, n]`): `selfᵀ · g` and the
-    /// sums of `g` over its rows, shaped `[G, 1, n]`. One cuBLASLt call on CUDA (f32) where it can.
+    /// sums of `g` over its rows, shaped `[G, 1, n]`, alongside `main` (the input's gradient,
+    /// say). On CUDA (f32) where it can, one cuBLASLt call on the side stream, running
+    /// concurrently with `main`'s work (see `Gpu::on_side`); otherwise after `main`.
     ///
     /// # Errors
-    /// `g` not of rank 3, or as [`matmul_t`](Tensor::matmul_t).
-    pub fn linear_grads(&self, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// `g` not of rank 3, as [`matmul_t`](Tensor::matmul_t), or `main`'s error.
+    pub fn linear_grads_beside<T, E: From<Error>>(
+        &self,
+        g: &Tensor,
+        main: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<((Tensor, Tensor), T), E> {
         if g.rank() != 3 {
             return Err(Error::InvalidArgument {
                 op: "linear_grads",
                 reason: format!("the output's gradient {:?} must be [G, m, n]", g.shape),
-            });
+            }
+            .into());
         }
         let (shape, out) = self.matmul_shape(g, true, false)?;
         let sums_shape = vec![g.shape[0], 1, g.shape[2]];
-        {
+        let side = {
             let (x, gv) = (self.read(), g.read());
-            if let (Storage::Cuda(x), Storage::Cuda(gv)) = (&*x, &*gv)
-                && let Some((gw, gb)) = cuda::linear_grads(x, gv, &shape)?
-            {
-                return Ok((
+            match (&*x, &*gv) {
+                (Storage::Cuda(x), Storage::Cuda(gv)) => cuda::linear_grads_on_side(x, gv, &shape)?,
+                _ => None,
+            }
+        };
+        // `self` and `g` stay alive (borrowed) until the join.
+        let t = main();
+        let grads = match side {
+            Some(side) => {
+                let (gw, gb) = side.join()?;
+                (
                     Tensor::from_storage(Storage::Cuda(gw), out),
                     Tensor::from_storage(Storage::Cuda(gb), sums_shape),
-                ));
+                )
             }
-        }
-        Ok((self.matmul_t(g, true, false)?, g.sum(1, true)?))
+            None => (self.matmul_t(g, true, false)?, g.sum(1, true)?),
+        };
+        Ok((grads, t?))
     }
 
     /// The product's geometry and output shape (see [`matmul_t`](Tensor::matmul_t)).

@@ -137,13 +137,19 @@ fn linear_with_its_bias_and_relu_in_one_call_agrees() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn linear_weight_and_bias_gradients_in_one_call_agree() {
+fn linear_weight_and_bias_gradients_beside_the_input_gradient_agree() {
     agree("linear grads", 1e-4, |dev| {
         let g = rand(&[3, 64, 128], 40, dev)?;
-        let (gw, gb) = rand(&[64, 96], 41, dev)?.linear_grads(&g)?;
-        let (gw1, gb1) = rand(&[64, 96], 42, dev)?.linear_grads(&rand(&[1, 64, 16], 43, dev)?)?;
-        let (gwm, gbm) = rand(&[3, 64, 96], 44, dev)?.linear_grads(&g)?;
-        Ok(vec![gw, gb, gw1, gb1, gwm, gbm])
+        let w = rand(&[3, 96, 128], 45, dev)?;
+        // Each alongside the input's gradient, as a Linear layer's backward runs them.
+        let input_grad = || g.matmul_t(&w, false, true);
+        let ((gw, gb), gx) = rand(&[64, 96], 41, dev)?.linear_grads_beside(&g, input_grad)?;
+        let g1 = rand(&[1, 64, 16], 43, dev)?;
+        let w1 = rand(&[1, 96, 16], 46, dev)?;
+        let ((gw1, gb1), gx1) =
+            rand(&[64, 96], 42, dev)?.linear_grads_beside(&g1, || g1.matmul_t(&w1, false, true))?;
+        let ((gwm, gbm), gxm) = rand(&[3, 64, 96], 44, dev)?.linear_grads_beside(&g, input_grad)?;
+        Ok(vec![gw, gb, gx, gw1, gb1, gx1, gwm, gbm, gxm])
     });
 }
 

@@ -1,6 +1,6 @@
 //! The per-device context: driver context, streams, cuBLAS handle, NVRTC module cache.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
@@ -298,6 +298,8 @@ impl Drop for DeviceBuffer {
 }
 
 thread_local! {
+    /// This thread's work goes to the side stream (inside [`Gpu::on_side`]).
+    static ON_SIDE: Cell<bool> = const { Cell::new(false) };
     /// Each thread's index-error flag per device (4 words: set, op, index, size). Index kernels write the flag of
     /// the thread that queued them, so a bad index is reported by that thread's next read-back or synchronize,
     /// never by another thread's.
@@ -334,6 +336,8 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     compute: Arc<CudaStream>,
     copy: Arc<CudaStream>,
+    /// Where [`Gpu::on_side`] runs work off the compute stream's critical path.
+    side: Arc<CudaStream>,
     arch: Option<&'static str>,
     sm_count: u32,
     name: String,
@@ -343,12 +347,16 @@ pub struct Gpu {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
+    /// The side stream's scratch area (see [`Gpu::with_scratch`]).
+    side_scratch: Mutex<Option<DeviceBuffer>>,
     /// A CUDA graph is being captured on the compute stream.
     capturing: AtomicBool,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
     captured_host: Mutex<Vec<PinnedBuffer>>,
     /// Scratch areas of ops captured meanwhile: each graph owns its own, so graphs may replay concurrently.
     captured_scratch: Mutex<Vec<DeviceBuffer>>,
+    /// Those of ops captured on the side stream, whose nodes run alongside the compute stream's.
+    captured_side_scratch: Mutex<Vec<DeviceBuffer>>,
     /// Side streams for replaying graphs concurrently ([`Gpu::replay_concurrently`]), created on first use.
     lanes: Mutex<Lanes>,
     /// GPU time per kernel, when `COHORT_CUDA_PROFILE` asks for it.
@@ -399,6 +407,9 @@ impl Gpu {
         let copy = ctx
             .new_stream()
             .map_err(|e| cuda_err("creating the copy stream", e))?;
+        let side = ctx
+            .new_stream()
+            .map_err(|e| cuda_err("creating the side stream", e))?;
         let cc = ctx
             .compute_capability()
             .map_err(|e| cuda_err("reading the compute capability", e))?;
@@ -411,6 +422,7 @@ impl Gpu {
             ctx,
             compute,
             copy,
+            side,
             arch: arch_of(cc),
             sm_count: sm_count.max(1) as u32,
             name,
@@ -419,9 +431,11 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
+            side_scratch: Mutex::new(None),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
             captured_scratch: Mutex::new(Vec::new()),
+            captured_side_scratch: Mutex::new(Vec::new()),
             lanes: Mutex::new(Lanes::default()),
             profile: Profile::from_env(),
         })
@@ -537,17 +551,24 @@ impl Gpu {
     }
 
     /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
-    /// by every op (safe because all of them are ordered on the compute stream). During a capture
-    /// the area is the graph's own.
+    /// by every op of the stream the work goes to (safe because all of them are ordered on it).
+    /// During a capture the area is the graph's own.
     pub(crate) fn with_scratch<R>(
         &self,
         bytes: usize,
         f: impl FnOnce(u64) -> Result<R>,
     ) -> Result<R> {
+        let side = ON_SIDE.get();
         if self.is_capturing() {
-            // The graph's nodes run one after another, so they share the graph's area like
-            // eager ops share the stream's; a larger need gets a new area (earlier nodes keep theirs).
-            let mut areas = lock(&self.captured_scratch);
+            // The graph's nodes on one stream run one after another, so they share the graph's
+            // area like eager ops share the stream's; a larger need gets a new area (earlier
+            // nodes keep theirs).
+            let list = if side {
+                &self.captured_side_scratch
+            } else {
+                &self.captured_scratch
+            };
+            let mut areas = lock(list);
             if areas.last().is_none_or(|a| a.bytes < bytes) {
                 areas.push(self.alloc(bytes.next_power_of_two().max(1 << 16))?);
             }
@@ -555,12 +576,17 @@ impl Gpu {
             drop(areas);
             return f(ptr);
         }
-        let mut guard = lock(&self.scratch);
+        let (area, stream) = if side {
+            (&self.side_scratch, &self.side)
+        } else {
+            (&self.scratch, &self.compute)
+        };
+        let mut guard = lock(area);
         let big_enough = guard.as_ref().is_some_and(|b| b.bytes >= bytes);
         if !big_enough {
             // Work still queued may read the old area: let it finish before the area is freed.
             if guard.is_some() {
-                self.compute
+                stream
                     .synchronize()
                     .map_err(|e| cuda_err("synchronizing before growing the scratch area", e))?;
             }
@@ -761,7 +787,8 @@ impl Gpu {
         }
     }
 
-    /// Launches kernel `name` of `src` on the compute stream.
+    /// Launches kernel `name` of `src` on the compute stream (the side stream inside
+    /// [`Gpu::on_side`]).
     ///
     /// # Safety
     /// `args` must point at values whose types and order match the kernel's parameters, and
@@ -785,7 +812,7 @@ impl Gpu {
                         cfg.grid,
                         cfg.block,
                         cfg.shared,
-                        self.compute.cu_stream(),
+                        self.stream().cu_stream(),
                         args,
                     )
                 }
@@ -801,7 +828,7 @@ impl Gpu {
         f: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         match &self.profile {
-            Some(p) if !self.is_capturing() => p.span(&self.compute, label, f),
+            Some(p) if !self.is_capturing() => p.span(self.stream(), label, f),
             _ => f(),
         }
     }
@@ -814,6 +841,57 @@ impl Gpu {
     pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
         self.bind()?;
         self.profile.as_ref().map_or(Ok(Vec::new()), Profile::drain)
+    }
+
+    /// The stream this thread's work goes to: the compute stream, or the side stream inside
+    /// [`Gpu::on_side`].
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        if ON_SIDE.get() {
+            &self.side
+        } else {
+            &self.compute
+        }
+    }
+
+    /// Queues `f`'s work on the side stream, after all the work queued so far, and returns: the
+    /// compute stream's next work runs alongside it until [`Gpu::join_side`]. In a capture this
+    /// forks the graph into two branches.
+    ///
+    /// `f` may only queue kernels and cuBLASLt products (cuBLAS runs on the compute stream).
+    /// Until the join, the memory the side work uses must stay allocated: the caching allocator
+    /// would hand freed memory to the compute stream's work while the side stream may still use it.
+    ///
+    /// # Errors
+    /// `f`'s error, or the driver refusing an event.
+    pub fn on_side<A>(&self, f: impl FnOnce() -> Result<A>) -> Result<A> {
+        self.bind()?;
+        let fork = self
+            .compute
+            .record_event(None)
+            .map_err(|e| cuda_err("recording a stream event", e))?;
+        self.side
+            .wait(&fork)
+            .map_err(|e| cuda_err("ordering the side stream", e))?;
+        ON_SIDE.set(true);
+        let out = f();
+        ON_SIDE.set(false);
+        out
+    }
+
+    /// Makes the compute stream wait for the side stream's work (see [`Gpu::on_side`]); in a
+    /// capture, joins the two branches.
+    ///
+    /// # Errors
+    /// The driver refusing an event.
+    pub fn join_side(&self) -> Result<()> {
+        self.bind()?;
+        let join = self
+            .side
+            .record_event(None)
+            .map_err(|e| cuda_err("recording a stream event", e))?;
+        self.compute
+            .wait(&join)
+            .map_err(|e| cuda_err("joining the side stream", e))
     }
 
     /// Runs `f` with the device's cuBLASLt state (created on first use).
@@ -1186,7 +1264,8 @@ impl Gpu {
             ));
         }
         let host = std::mem::take(&mut *lock(&self.captured_host));
-        let scratch = std::mem::take(&mut *lock(&self.captured_scratch));
+        let mut scratch = std::mem::take(&mut *lock(&self.captured_scratch));
+        scratch.append(&mut lock(&self.captured_side_scratch));
         let r = self.compute.end_capture(sys::CUgraphInstantiate_flags(0));
         self.capturing.store(false, Ordering::Release);
         match r {

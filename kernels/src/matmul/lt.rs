@@ -523,7 +523,7 @@ impl Lt {
     ) -> Result<f64> {
         // SAFETY: forwarded to the caller.
         unsafe { self.run(gpu, desc, &c.algo, c.workspaceSize, x)? };
-        let stream = gpu.compute_stream();
+        let stream = gpu.stream();
         let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let start = stream
             .record_event(timed)
@@ -586,7 +586,7 @@ impl Lt {
                     algo,
                     ws as *mut c_void,
                     workspace,
-                    gpu.compute_stream().cu_stream() as sys::cudaStream_t,
+                    gpu.stream().cu_stream() as sys::cudaStream_t,
                 )
             }
             .map_err(|e| lt_err("cublasLtMatmul", e))

@@ -121,11 +121,11 @@ pub unsafe fn relu_backward_bias(
         .ok()
         .filter(|&g| g <= 65_535)
         .ok_or_else(too_many)?;
-    // Four columns a thread where the groups alone give a block per multiprocessor; else
+    // Four columns a thread where the groups alone keep half the multiprocessors busy; else
     // narrower strips, so that a few groups still spread over many blocks.
     let wide = cols % 4 == 0
         && aligned16(&[dy, y, dx, db])
-        && groups * cols.div_ceil(128) >= gpu.sm_count() as usize;
+        && 2 * groups * cols.div_ceil(128) >= gpu.sm_count() as usize;
     let (kernel, strip, block) = if wide {
         ("relu_backward_bias_f32x4", 128, (32, 8, 1))
     } else {

@@ -334,15 +334,29 @@ pub fn linear(
     Err(unavailable("linear", x.ordinal))
 }
 
+/// Never made: this build has no CUDA support.
+#[derive(Debug)]
+pub struct SideGrads;
+
+impl SideGrads {
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    pub fn join(self) -> Result<(CudaStorage, CudaStorage)> {
+        Err(unavailable("linear_grads", 0))
+    }
+}
+
 /// Always fails: this build has no CUDA support.
 ///
 /// # Errors
 /// [`Error::NotCompiledWithCuda`].
-pub fn linear_grads(
+pub fn linear_grads_on_side(
     x: &CudaStorage,
     g: &CudaStorage,
     shape: &MatmulShape,
-) -> Result<Option<(CudaStorage, CudaStorage)>> {
+) -> Result<Option<SideGrads>> {
     let _ = (g, shape);
     Err(unavailable("linear_grads", x.ordinal))
 }

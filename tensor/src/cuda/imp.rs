@@ -769,21 +769,43 @@ pub fn linear(
     Ok(done.then_some(out))
 }
 
-/// `xᵀ · g` and the sums of `g`'s rows per product in one cuBLASLt call; `None` where that
-/// epilogue cannot run (see [`matmul_cuda::matmul_rhs_sums`]).
+/// Gradients queued on the side stream: [`SideGrads::join`] makes the compute stream wait for
+/// them before handing them out.
+#[derive(Debug)]
+pub struct SideGrads {
+    gw: CudaStorage,
+    gb: CudaStorage,
+}
+
+impl SideGrads {
+    /// The weight and bias gradients, once the compute stream waits for the side stream.
+    ///
+    /// # Errors
+    /// The driver refusing an event.
+    pub fn join(self) -> Result<(CudaStorage, CudaStorage)> {
+        self.gw.gpu.join_side()?;
+        Ok((self.gw, self.gb))
+    }
+}
+
+/// `xᵀ · g` and the sums of `g`'s rows per product, in one cuBLASLt call queued on the side
+/// stream (the compute stream's next work runs alongside it); `None`, queuing nothing, where
+/// that epilogue cannot run (see [`matmul_cuda::matmul_rhs_sums`]). `x` and `g` must stay alive
+/// until [`SideGrads::join`].
 ///
 /// # Errors
 /// Different dtypes or devices, out of memory, or a cuBLASLt failure.
-pub fn linear_grads(
+pub fn linear_grads_on_side(
     x: &CudaStorage,
     g: &CudaStorage,
     shape: &MatmulShape,
-) -> Result<Option<(CudaStorage, CudaStorage)>> {
+) -> Result<Option<SideGrads>> {
     if x.dtype != g.dtype {
         return Err(mismatch("linear_grads", x.dtype, g.dtype));
     }
     same_device("linear_grads", x, g)?;
     let t = want("linear_grads", x, &[DType::F32, DType::F16, DType::BF16])?;
+    // Allocated before the fork, and kept until the join.
     let gw = x.sibling(shape.batch * shape.m * shape.n, x.dtype)?;
     let gb = x.sibling(shape.batch * shape.n, x.dtype)?;
     let ptrs = (
@@ -792,10 +814,19 @@ pub fn linear_grads(
         gw.device_ptr(),
         gb.device_ptr(),
     );
-    // SAFETY: the tensor validated that x and g hold what `shape` describes; gb holds n sums per
-    // product.
-    let done = unsafe { matmul_cuda::matmul_rhs_sums(&x.gpu, t, ptrs, shape, shape.n)? };
-    Ok(done.then_some((gw, gb)))
+    let done = x.gpu.on_side(|| {
+        // SAFETY: the tensor validated that x and g hold what `shape` describes; gb holds n
+        // sums per product.
+        unsafe { matmul_cuda::matmul_rhs_sums(&x.gpu, t, ptrs, shape, shape.n) }
+    });
+    match done {
+        Ok(true) => Ok(Some(SideGrads { gw, gb })),
+        Ok(false) => Ok(None),
+        Err(e) => {
+            x.gpu.join_side()?;
+            Err(e.into())
+        }
+    }
 }
 
 fn conv_check(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {

@@ -376,6 +376,55 @@ mod tests {
         }
     }
 
+    /// A linear layer's step whose weight and bias gradients run on the side stream beside its
+    /// input's gradient (the graph forks and joins); SGD on all three (state-free, so eager and
+    /// replayed steps compare directly).
+    fn side_step(w: &Tensor, b: &Tensor, x: &Tensor) -> Result<()> {
+        let xs = x.reshape(&[64, 64])?;
+        let g = xs.linear(w, b, false)?;
+        let ((gw, gb), gx) = xs.linear_grads_beside(&g, || g.matmul_t(w, false, true))?;
+        let gw = gw.add(&gx.reshape(&[1, 64, 64])?.mul_scalar(1e-2)?)?;
+        Tensor::sgd_step_(w, &gw, None, &[1e-3], 0.0, 0.0, 0.0, false)?;
+        Tensor::sgd_step_(b, &gb, None, &[1e-3], 0.0, 0.0, 0.0, false)
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn graphs_with_a_side_stream_branch_match_eager_steps() {
+        let _turn = exclusive();
+        let dev = Device::Cuda(0);
+        let inputs: Vec<Tensor> = (0..5).map(|k| input(300 + k, &dev)).collect();
+        let fresh = || {
+            let w = Tensor::rand_uniform(&[1, 64, 64], -0.1, 0.1, DType::F32, 8, &dev).unwrap();
+            let b = Tensor::rand_uniform(&[1, 1, 64], -0.1, 0.1, DType::F32, 9, &dev).unwrap();
+            (w, b)
+        };
+        let (w, b) = fresh();
+        for x in &inputs {
+            side_step(&w, &b, x).unwrap();
+        }
+        let eager = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let (w, b) = fresh();
+        side_step(&w, &b, &inputs[0]).unwrap();
+        let x = inputs[1].copy().unwrap();
+        let (graph, ()) = capture(&dev, || side_step(&w, &b, &x)).unwrap();
+        for xi in &inputs[1..] {
+            x.assign_(xi).unwrap();
+            graph.replay().unwrap();
+        }
+        for (what, got, want) in [
+            ("weight", w.to_vec::<f32>().unwrap(), &eager.0),
+            ("bias", b.to_vec::<f32>().unwrap(), &eager.1),
+        ] {
+            let worst = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+                .fold(0.0f32, f32::max);
+            assert!(worst <= 1e-5, "{what}: relative difference {worst:e}");
+        }
+    }
+
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn blocks_freed_during_capture_stay_out_of_the_shared_cache() {
