@@ -788,10 +788,10 @@ impl SideGrads {
     }
 }
 
-/// `xᵀ · g` and the sums of `g`'s rows per product, in one cuBLASLt call queued on the side
-/// stream (the compute stream's next work runs alongside it); `None`, queuing nothing, where
-/// that epilogue cannot run (see [`matmul_cuda::matmul_rhs_sums`]). `x` and `g` must stay alive
-/// until [`SideGrads::join`].
+/// `xᵀ · g` and the sums of `g`'s rows per product, queued on the side stream (the compute
+/// stream's next work runs alongside it): one cuBLASLt call where its column-sum epilogue runs
+/// (see [`matmul_cuda::matmul_rhs_sums`]), else (f32) the product and a reduction. `None`,
+/// queuing nothing, for other dtypes. `x` and `g` must stay alive until [`SideGrads::join`].
 ///
 /// # Errors
 /// Different dtypes or devices, out of memory, or a cuBLASLt failure.
@@ -814,10 +814,26 @@ pub fn linear_grads_on_side(
         gw.device_ptr(),
         gb.device_ptr(),
     );
-    let done = x.gpu.on_side(|| {
-        // SAFETY: the tensor validated that x and g hold what `shape` describes; gb holds n
-        // sums per product.
-        unsafe { matmul_cuda::matmul_rhs_sums(&x.gpu, t, ptrs, shape, shape.n) }
+    let (gpu, (xp, gp, wp, bp)) = (&x.gpu, ptrs);
+    let done = gpu.on_side(|| {
+        // SAFETY: the tensor validated that x and g hold what `shape` describes; gw holds the
+        // product, gb n sums per product (g is [batch, k, n]).
+        unsafe {
+            if matmul_cuda::matmul_rhs_sums(gpu, t, ptrs, shape, shape.n)? {
+                return Ok(true);
+            }
+            if t != CudaType::F32 {
+                return Ok(false);
+            }
+            matmul_cuda::matmul(gpu, t, xp, gp, wp, shape)?;
+            let rows = ReduceShape {
+                outer: shape.batch,
+                dim: shape.k,
+                inner: shape.n,
+            };
+            reduce_cuda::reduce(gpu, ReduceOp::Sum, t, gp, bp, rows)?;
+            Ok(true)
+        }
     });
     match done {
         Ok(true) => Ok(Some(SideGrads { gw, gb })),
