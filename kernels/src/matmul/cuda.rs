@@ -205,6 +205,23 @@ pub unsafe fn matmul(
     )
 }
 
+fn geometry(p: &Plan) -> Geometry {
+    Geometry {
+        trans_a: p.op_a == cublasOperation_t::CUBLAS_OP_T,
+        trans_b: p.op_b == cublasOperation_t::CUBLAS_OP_T,
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        lda: p.lda,
+        ldb: p.ldb,
+        ldc: p.ldc,
+        batch: p.batch,
+        stride_a: p.stride_a,
+        stride_b: p.stride_b,
+        stride_c: p.stride_c,
+    }
+}
+
 fn label(s: &MatmulShape, epilogue: &str) -> String {
     let t = |yes| if yes { 'T' } else { 'N' };
     let (a, b) = (t(s.trans_lhs), t(s.trans_rhs));
@@ -222,20 +239,7 @@ unsafe fn lt_matmul(
     e: Epilogue,
     x: Operands,
 ) -> Result<bool> {
-    let g = Geometry {
-        trans_a: p.op_a == cublasOperation_t::CUBLAS_OP_T,
-        trans_b: p.op_b == cublasOperation_t::CUBLAS_OP_T,
-        m: p.m,
-        n: p.n,
-        k: p.k,
-        lda: p.lda,
-        ldb: p.ldb,
-        ldc: p.ldc,
-        batch: p.batch,
-        stride_a: p.stride_a,
-        stride_b: p.stride_b,
-        stride_c: p.stride_c,
-    };
+    let g = geometry(p);
     let tag = match (e.bias, e.relu) {
         _ if e.bias_grad => "+colsums",
         (true, true) => "+bias+relu",
@@ -335,4 +339,73 @@ pub unsafe fn matmul_rhs_sums(
     };
     // SAFETY: forwarded to the caller.
     unsafe { lt_matmul(gpu, s, &p, e, x) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matmul::cpu;
+
+    fn up(gpu: &Gpu, v: &[f32]) -> crate::cuda::DeviceBuffer {
+        let buf = gpu.alloc(v.len() * 4).unwrap();
+        // SAFETY: the buffer holds exactly these bytes.
+        unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
+        buf
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_product_split_at_a_column_equals_the_whole() {
+        let gpu = Gpu::get(0).unwrap();
+        // A weight gradient as fused members make it: 272 rows (256 + 16) of the row-major
+        // output are D's columns; the split puts the last 16 in a second product.
+        let s = MatmulShape {
+            batch: 3,
+            m: 272,
+            n: 64,
+            k: 96,
+            lhs_batch_stride: 0,
+            rhs_batch_stride: 96 * 64,
+            trans_lhs: true,
+            trans_rhs: false,
+        };
+        let a: Vec<f32> = (0..s.k * s.m)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let b: Vec<f32> = (0..s.batch * s.k * s.n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+            .collect();
+        let (da, db) = (up(&gpu, &a), up(&gpu, &b));
+        let len = s.batch * s.m * s.n;
+        let out = up(&gpu, &vec![f32::NAN; len]);
+        let g = geometry(&plan(&s).unwrap());
+        let x = Operands {
+            a: db.ptr(),
+            b: da.ptr(),
+            d: out.ptr(),
+            bias: 0,
+        };
+        let ran = gpu
+            .with_lt(|lt| {
+                // SAFETY: the buffers hold what `s` describes.
+                unsafe {
+                    lt.matmul_split(&gpu, &g, Epilogue::default(), x, 256, &|| "split".into())
+                }
+            })
+            .unwrap();
+        assert!(ran);
+        let mut got = vec![0f32; len];
+        // SAFETY: `out` holds len f32.
+        unsafe {
+            gpu.dtoh(out.ptr(), bytemuck::cast_slice_mut(&mut got))
+                .unwrap()
+        };
+        let want = cpu::matmul(&a, &b, &s);
+        for (i, (x, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (x - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "element {i}: {x} vs {w}"
+            );
+        }
+    }
 }

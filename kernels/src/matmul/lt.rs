@@ -82,12 +82,33 @@ fn alignment(ptr: u64, stride: i64, batch: i32) -> u32 {
     1 << (ptr | stride_bytes | 256).trailing_zeros()
 }
 
+/// `g` as two products over D's columns `..n0` and `n0..`, with the operands of the second.
+fn halves(g: &Geometry, x: Operands, n0: i32) -> (Geometry, Geometry, Operands) {
+    let head = Geometry { n: n0, ..*g };
+    let tail = Geometry { n: g.n - n0, ..*g };
+    // Column n0 of op(B): row n0 of a transposed B, else column n0; of D, column n0.
+    let b_off = if g.trans_b {
+        n0 as u64
+    } else {
+        n0 as u64 * g.ldb as u64
+    };
+    let d_off = n0 as u64 * g.ldc as u64;
+    let xt = Operands {
+        b: x.b + 4 * b_off,
+        d: x.d + 4 * d_off,
+        ..x
+    };
+    (head, tail, xt)
+}
+
 /// The cuBLASLt handle of a device and the algorithm chosen per geometry.
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
     chosen: HashMap<Key, Choice>,
     /// Geometries cuBLASLt has no algorithm for: they run on cuBLAS.
     refused: HashSet<Key>,
+    /// Geometries that run as two products, the columns before the given one and the rest.
+    split: HashMap<Key, i32>,
     report: Vec<GemmTuning>,
     tune: bool,
 }
@@ -110,6 +131,8 @@ struct Choice {
     workspace: usize,
     /// Picked by timing (not just the heuristic's first).
     tuned: bool,
+    /// Its µs per product, where timed.
+    us: Option<f64>,
 }
 
 /// Operation and layout descriptors, destroyed when dropped.
@@ -397,6 +420,7 @@ impl Lt {
             handle,
             chosen: HashMap::new(),
             refused: HashSet::new(),
+            split: HashMap::new(),
             report: Vec::new(),
             tune,
         })
@@ -433,6 +457,10 @@ impl Lt {
         if self.refused.contains(&key) {
             return Ok(false);
         }
+        if let Some(&n0) = self.split.get(&key) {
+            // SAFETY: forwarded to the caller; the two halves cover D's columns.
+            return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
+        }
         let capturing = gpu.is_capturing();
         let settled = self
             .chosen
@@ -446,6 +474,11 @@ impl Lt {
                     return Ok(false);
                 }
             };
+            // SAFETY: forwarded to the caller.
+            if unsafe { self.split_pays(gpu, &key, x, label) }? {
+                // SAFETY: as above.
+                return unsafe { self.matmul(gpu, g, epilogue, x, label) };
+            }
         }
         let c = &self.chosen[&key];
         // SAFETY: forwarded to the caller.
@@ -453,6 +486,82 @@ impl Lt {
             self.run(gpu, &c.desc, &c.algo, c.workspace, x)
         })?;
         Ok(true)
+    }
+
+    /// The first `n0` columns of D, then the rest, as two products (B's and D's columns split
+    /// alike).
+    ///
+    /// # Safety
+    /// As [`Lt::matmul`].
+    pub(crate) unsafe fn matmul_split(
+        &mut self,
+        gpu: &Gpu,
+        g: &Geometry,
+        epilogue: Epilogue,
+        x: Operands,
+        n0: i32,
+        label: &dyn Fn() -> String,
+    ) -> Result<bool> {
+        let (head, tail, xt) = halves(g, x, n0);
+        let part = |n: i32| move || format!("{} (columns of {n})", label());
+        // SAFETY: each half addresses a part of the caller's operands.
+        unsafe {
+            Ok(self.matmul(gpu, &head, epilogue, x, &part(head.n))?
+                && self.matmul(gpu, &tail, epilogue, xt, &part(tail.n))?)
+        }
+    }
+
+    /// Whether the just tuned `key` runs faster as two products: one over D's columns up to the
+    /// last multiple of 128 (no tile of it mostly padding), one over the ragged rest. Tried for
+    /// plain products with at least 256 columns and a rest of at most 32; the split is kept if
+    /// the two halves time at least 3 % faster.
+    ///
+    /// # Safety
+    /// As [`Lt::matmul`].
+    unsafe fn split_pays(
+        &mut self,
+        gpu: &Gpu,
+        key: &Key,
+        x: Operands,
+        label: &dyn Fn() -> String,
+    ) -> Result<bool> {
+        let g = key.g;
+        let rest = g.n % 128;
+        let whole = self.chosen.get(key).and_then(|c| c.us);
+        let Some(whole) = whole.filter(|_| key.epilogue == Epilogue::default()) else {
+            return Ok(false);
+        };
+        if g.n < 256 || rest == 0 || rest > 32 {
+            return Ok(false);
+        }
+        let n0 = g.n - rest;
+        let (head, tail, xt) = halves(&g, x, n0);
+        let mut us = 0.0;
+        for (part, xp) in [(head, x), (tail, xt)] {
+            let k = Key {
+                g: part,
+                epilogue: key.epilogue,
+                align: [
+                    alignment(xp.a, part.stride_a, part.batch),
+                    alignment(xp.b, part.stride_b, part.batch),
+                    alignment(xp.d, part.stride_c, part.batch),
+                ],
+            };
+            let n = part.n;
+            let Some(c) = self.choose(gpu, &k, xp, false, &|| {
+                format!("{} (columns of {n})", label())
+            })?
+            else {
+                return Ok(false);
+            };
+            us += c.us.unwrap_or(f64::INFINITY);
+            self.chosen.insert(k, c);
+        }
+        let pays = us < 0.97 * whole;
+        if pays {
+            self.split.insert(*key, n0);
+        }
+        Ok(pays)
     }
 
     /// The heuristic's pick, or (outside a capture, unless tuning is off) the fastest candidate;
@@ -478,6 +587,7 @@ impl Lt {
                 workspace: first.workspaceSize,
                 desc,
                 tuned: false,
+                us: None,
             }));
         }
         let heuristic = cands[0];
@@ -510,6 +620,7 @@ impl Lt {
             workspace: cands[best].workspaceSize,
             desc,
             tuned: true,
+            us: Some(best_us),
         }))
     }
 
