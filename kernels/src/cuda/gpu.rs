@@ -338,6 +338,9 @@ pub struct Gpu {
     copy: Arc<CudaStream>,
     /// Where [`Gpu::on_side`] runs work off the compute stream's critical path.
     side: Arc<CudaStream>,
+    /// The events that fork the side stream from the compute stream and join it back, reused:
+    /// a wait already queued keeps the state the event had when it was queued.
+    fork_join: (CudaEvent, CudaEvent),
     arch: Option<&'static str>,
     sm_count: u32,
     name: String,
@@ -410,6 +413,11 @@ impl Gpu {
         let side = ctx
             .new_stream()
             .map_err(|e| cuda_err("creating the side stream", e))?;
+        let event = || {
+            ctx.new_event(None)
+                .map_err(|e| cuda_err("creating an event", e))
+        };
+        let fork_join = (event()?, event()?);
         let cc = ctx
             .compute_capability()
             .map_err(|e| cuda_err("reading the compute capability", e))?;
@@ -423,6 +431,7 @@ impl Gpu {
             compute,
             copy,
             side,
+            fork_join,
             arch: arch_of(cc),
             sm_count: sm_count.max(1) as u32,
             name,
@@ -865,12 +874,11 @@ impl Gpu {
     /// `f`'s error, or the driver refusing an event.
     pub fn on_side<A>(&self, f: impl FnOnce() -> Result<A>) -> Result<A> {
         self.bind()?;
-        let fork = self
-            .compute
-            .record_event(None)
+        let fork = &self.fork_join.0;
+        fork.record(&self.compute)
             .map_err(|e| cuda_err("recording a stream event", e))?;
         self.side
-            .wait(&fork)
+            .wait(fork)
             .map_err(|e| cuda_err("ordering the side stream", e))?;
         ON_SIDE.set(true);
         let out = f();
@@ -885,12 +893,11 @@ impl Gpu {
     /// The driver refusing an event.
     pub fn join_side(&self) -> Result<()> {
         self.bind()?;
-        let join = self
-            .side
-            .record_event(None)
+        let join = &self.fork_join.1;
+        join.record(&self.side)
             .map_err(|e| cuda_err("recording a stream event", e))?;
         self.compute
-            .wait(&join)
+            .wait(join)
             .map_err(|e| cuda_err("joining the side stream", e))
     }
 
