@@ -155,10 +155,6 @@ impl Drop for Desc {
     }
 }
 
-fn lt_err(what: &str, e: impl std::fmt::Debug) -> Error {
-    cuda_err(what, e)
-}
-
 /// A column-major f32 layout of `rows x cols` with leading dimension `ld`, batched when `batch > 1`.
 fn layout(
     rows: i32,
@@ -173,12 +169,12 @@ fn layout(
         cols as u64,
         ld as i64,
     )
-    .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))?;
+    .map_err(|e| cuda_err("cublasLtMatrixLayoutCreate", e))?;
     if batch > 1 {
         let set = |attr, v: *const c_void, size| {
             // SAFETY: `l` is live; `v` points at `size` bytes of the attribute's type.
             unsafe { lt::set_matrix_layout_attribute(l, attr, v, size) }
-                .map_err(|e| lt_err("cublasLtMatrixLayoutSetAttribute", e))
+                .map_err(|e| cuda_err("cublasLtMatrixLayoutSetAttribute", e))
         };
         let r = set(
             sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
@@ -207,7 +203,7 @@ impl Desc {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
         )
-        .map_err(|e| lt_err("cublasLtMatmulDescCreate", e))?;
+        .map_err(|e| cuda_err("cublasLtMatmulDescCreate", e))?;
         // Built field by field so that whatever was made is dropped on an error.
         let mut d = Desc {
             op,
@@ -230,7 +226,7 @@ impl Desc {
             unsafe {
                 lt::set_matmul_desc_attribute(d.op, attr, (&op) as *const i32 as *const c_void, 4)
             }
-            .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
+            .map_err(|e| cuda_err("cublasLtMatmulDescSetAttribute", e))?;
         }
         let kind = e.kind() as u32;
         // SAFETY: the descriptor is live; the epilogue is a cublasLtEpilogue_t (a u32), the
@@ -251,7 +247,7 @@ impl Desc {
                 )
             })
         }
-        .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
+        .map_err(|e| cuda_err("cublasLtMatmulDescSetAttribute", e))?;
         let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
         let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
         d.a = layout(ar, ac, g.lda, g.batch, g.stride_a)?;
@@ -267,7 +263,7 @@ impl Desc {
         align: [u32; 3],
     ) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
         let pref =
-            lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?;
+            lt::create_matmul_pref().map_err(|e| cuda_err("cublasLtMatmulPreferenceCreate", e))?;
         let ws = MAX_WORKSPACE as u64;
         let attrs = [
             (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]),
@@ -289,7 +285,7 @@ impl Desc {
                 })
             })
         }
-        .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e));
+        .map_err(|e| cuda_err("cublasLtMatmulPreferenceSetAttribute", e));
         let mut found =
             vec![MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed(); CANDIDATES];
         let mut count = 0i32;
@@ -310,7 +306,7 @@ impl Desc {
                 )
             }
             .result()
-            .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))
+            .map_err(|e| cuda_err("cublasLtMatmulAlgoGetHeuristic", e))
         });
         // SAFETY: created above, not used after.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
@@ -414,7 +410,7 @@ impl Lt {
                     .to_string(),
             ));
         }
-        let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+        let handle = lt::create_handle().map_err(|e| cuda_err("cublasLtCreate", e))?;
         let tune = std::env::var("COHORT_GEMM_TUNING").map_or(true, |v| v != "0");
         Ok(Lt {
             handle,
@@ -675,7 +671,7 @@ impl Lt {
                     8,
                 )
             }
-            .map_err(|e| lt_err("cublasLtMatmulDescSetAttribute", e))?;
+            .map_err(|e| cuda_err("cublasLtMatmulDescSetAttribute", e))?;
         }
         gpu.with_scratch(workspace.max(1), |ws| {
             // SAFETY: descriptors live; operands per the caller; alpha / beta are host scalars
@@ -700,7 +696,7 @@ impl Lt {
                     gpu.stream().cu_stream() as sys::cudaStream_t,
                 )
             }
-            .map_err(|e| lt_err("cublasLtMatmul", e))
+            .map_err(|e| cuda_err("cublasLtMatmul", e))
         })
     }
 }
