@@ -53,16 +53,9 @@ extern "C" __global__ void cross_entropy_f32(u64 rows, u64 cols, u64 label_rows,
     if (lane == 0) loss[r] = ok ? m + logf(s) - xr[l] : 0.0f;
 }
 
-// cross_entropy_f32 for rows of at most 32 columns (classifier heads): one thread per row, so
-// no lane of a warp idles on a short row.
-extern "C" __global__ void cross_entropy_narrow_f32(u64 rows, u64 cols, u64 label_rows, float scale,
-                                                    const int* labels, const float* x, float* loss, float* grad,
-                                                    int* flag) {
-    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float* xr = x + r * cols;
-    float* gr = grad + r * cols;
-    const int l = labels[r % label_rows];
+// One row of a narrow head, by one thread: writes the row's gradient (softmax - onehot) * scale and
+// returns its loss (0 for a bad label, which is reported through the flag).
+__device__ float cross_entropy_row(u64 cols, int l, float scale, const float* xr, float* gr, int* flag) {
     const bool ok = l >= 0 && (u64)l < cols;
     if (!ok) report_index_error(flag, OP_CROSS_ENTROPY, l, (i64)cols);
     float m = NEG_INF;
@@ -74,7 +67,17 @@ extern "C" __global__ void cross_entropy_narrow_f32(u64 rows, u64 cols, u64 labe
         const float hot = (ok && (u64)l == j) ? 1.0f : 0.0f;
         gr[j] = (expf(xr[j] - m) * inv - hot) * scale;
     }
-    loss[r] = ok ? m + logf(s) - xr[l] : 0.0f;
+    return ok ? m + logf(s) - xr[l] : 0.0f;
+}
+
+// cross_entropy_f32 for rows of at most 32 columns (classifier heads): one thread per row, so
+// no lane of a warp idles on a short row.
+extern "C" __global__ void cross_entropy_narrow_f32(u64 rows, u64 cols, u64 label_rows, float scale,
+                                                    const int* labels, const float* x, float* loss, float* grad,
+                                                    int* flag) {
+    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    loss[r] = cross_entropy_row(cols, labels[r % label_rows], scale, x + r * cols, grad + r * cols, flag);
 }
 
 // cross_entropy_narrow_f32 averaged over each group of `batch` rows (a member's batch): one block
@@ -84,24 +87,9 @@ extern "C" __global__ void cross_entropy_mean_narrow_f32(u64 batch, u64 cols, u6
                                                          const float* x, float* loss, float* grad, int* flag) {
     const u64 r = (u64)blockIdx.x * batch + threadIdx.x;
     const float scale = 1.0f / (float)batch;
-    float lr = 0.0f;
-    if (threadIdx.x < batch) {
-        const float* xr = x + r * cols;
-        float* gr = grad + r * cols;
-        const int l = labels[r % label_rows];
-        const bool ok = l >= 0 && (u64)l < cols;
-        if (!ok) report_index_error(flag, OP_CROSS_ENTROPY, l, (i64)cols);
-        float m = NEG_INF;
-        for (u64 j = 0; j < cols; ++j) m = fmaxf(m, xr[j]);
-        float s = 0.0f;
-        for (u64 j = 0; j < cols; ++j) s += expf(xr[j] - m);
-        const float inv = 1.0f / s;
-        for (u64 j = 0; j < cols; ++j) {
-            const float hot = (ok && (u64)l == j) ? 1.0f : 0.0f;
-            gr[j] = (expf(xr[j] - m) * inv - hot) * scale;
-        }
-        lr = ok ? m + logf(s) - xr[l] : 0.0f;
-    }
+    const float lr = threadIdx.x < batch
+                         ? cross_entropy_row(cols, labels[r % label_rows], scale, x + r * cols, grad + r * cols, flag)
+                         : 0.0f;
     const float total = block_sum(lr);
     if (threadIdx.x == 0) loss[blockIdx.x] = total * scale;
 }
