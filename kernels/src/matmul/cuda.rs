@@ -117,48 +117,30 @@ pub unsafe fn matmul(
             gpu.with_blas(|h| {
                 match ty {
                     CudaType::F32 => {
+                        // A single product runs as a batch of one.
                         // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
                         // the call (host pointer mode).
                         unsafe {
-                            if p.batch == 1 {
-                                cudarc::cublas::result::sgemm(
-                                    h,
-                                    p.op_a,
-                                    p.op_b,
-                                    p.m,
-                                    p.n,
-                                    p.k,
-                                    &alpha,
-                                    rhs as *const f32,
-                                    p.lda,
-                                    lhs as *const f32,
-                                    p.ldb,
-                                    &beta,
-                                    out as *mut f32,
-                                    p.ldc,
-                                )
-                            } else {
-                                cudarc::cublas::result::sgemm_strided_batched(
-                                    h,
-                                    p.op_a,
-                                    p.op_b,
-                                    p.m,
-                                    p.n,
-                                    p.k,
-                                    &alpha,
-                                    rhs as *const f32,
-                                    p.lda,
-                                    p.stride_a,
-                                    lhs as *const f32,
-                                    p.ldb,
-                                    p.stride_b,
-                                    &beta,
-                                    out as *mut f32,
-                                    p.ldc,
-                                    p.stride_c,
-                                    p.batch,
-                                )
-                            }
+                            cudarc::cublas::result::sgemm_strided_batched(
+                                h,
+                                p.op_a,
+                                p.op_b,
+                                p.m,
+                                p.n,
+                                p.k,
+                                &alpha,
+                                rhs as *const f32,
+                                p.lda,
+                                p.stride_a,
+                                lhs as *const f32,
+                                p.ldb,
+                                p.stride_b,
+                                &beta,
+                                out as *mut f32,
+                                p.ldc,
+                                p.stride_c,
+                                p.batch,
+                            )
                         }
                         .map_err(|e| cuda_err("cublasSgemm", e))
                     }
