@@ -22,43 +22,19 @@ fn int(what: &str, v: usize) -> Result<i32> {
     })
 }
 
-/// The cuBLAS call `s` maps to: (transa, transb, m, n, k, lda, ldb, batch, stride_a, stride_b,
-/// stride_c), with A = rhs and B = lhs (see the module docs).
-struct Plan {
-    op_a: cublasOperation_t,
-    op_b: cublasOperation_t,
-    m: i32,
-    n: i32,
-    k: i32,
-    lda: i32,
-    ldb: i32,
-    ldc: i32,
-    batch: i32,
-    stride_a: i64,
-    stride_b: i64,
-    stride_c: i64,
-}
-
-fn plan(s: &MatmulShape) -> Result<Plan> {
+/// The column-major product `s` maps to, with A = rhs and B = lhs (see the module docs).
+fn plan(s: &MatmulShape) -> Result<Geometry> {
     let mut s = *s;
     // [b, m, k] · [k, n] with a shared rhs and a plain lhs: one GEMM with b·m rows.
     if s.batch > 1 && !s.trans_lhs && s.rhs_batch_stride == 0 && s.lhs_batch_stride == s.m * s.k {
         s.m *= s.batch;
         s.batch = 1;
     }
-    let (op_a, lda) = if s.trans_rhs {
-        (cublasOperation_t::CUBLAS_OP_T, s.k)
-    } else {
-        (cublasOperation_t::CUBLAS_OP_N, s.n)
-    };
-    let (op_b, ldb) = if s.trans_lhs {
-        (cublasOperation_t::CUBLAS_OP_T, s.m)
-    } else {
-        (cublasOperation_t::CUBLAS_OP_N, s.k)
-    };
-    Ok(Plan {
-        op_a,
-        op_b,
+    let lda = if s.trans_rhs { s.k } else { s.n };
+    let ldb = if s.trans_lhs { s.m } else { s.k };
+    Ok(Geometry {
+        trans_a: s.trans_rhs,
+        trans_b: s.trans_lhs,
         m: int("n", s.n)?,
         n: int("m", s.m)?,
         k: int("k", s.k)?,
@@ -70,6 +46,15 @@ fn plan(s: &MatmulShape) -> Result<Plan> {
         stride_b: s.lhs_batch_stride as i64,
         stride_c: (s.m * s.n) as i64,
     })
+}
+
+/// cuBLAS's name for a stored-transposed operand or a plain one.
+fn op(trans: bool) -> cublasOperation_t {
+    if trans {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
 }
 
 /// `out[b] = op(lhs[b])·op(rhs[b])` for every batch entry (`out` contiguous `[batch, m, n]`).
@@ -105,7 +90,7 @@ pub unsafe fn matmul(
             bias: 0,
         };
         // SAFETY: forwarded to the caller.
-        if unsafe { lt_matmul(gpu, s, &p, Epilogue::default(), x) }? {
+        if unsafe { lt_matmul(gpu, s, &p, Epilogue::None, x) }? {
             return Ok(());
         }
     }
@@ -123,8 +108,8 @@ pub unsafe fn matmul(
                         unsafe {
                             cudarc::cublas::result::sgemm_strided_batched(
                                 h,
-                                p.op_a,
-                                p.op_b,
+                                op(p.trans_a),
+                                op(p.trans_b),
                                 p.m,
                                 p.n,
                                 p.k,
@@ -154,8 +139,8 @@ pub unsafe fn matmul(
                         unsafe {
                             cudarc::cublas::result::gemm_strided_batched_ex(
                                 h,
-                                p.op_a,
-                                p.op_b,
+                                op(p.trans_a),
+                                op(p.trans_b),
                                 p.m,
                                 p.n,
                                 p.k,
@@ -187,50 +172,59 @@ pub unsafe fn matmul(
     )
 }
 
-fn geometry(p: &Plan) -> Geometry {
-    Geometry {
-        trans_a: p.op_a == cublasOperation_t::CUBLAS_OP_T,
-        trans_b: p.op_b == cublasOperation_t::CUBLAS_OP_T,
-        m: p.m,
-        n: p.n,
-        k: p.k,
-        lda: p.lda,
-        ldb: p.ldb,
-        ldc: p.ldc,
-        batch: p.batch,
-        stride_a: p.stride_a,
-        stride_b: p.stride_b,
-        stride_c: p.stride_c,
-    }
-}
-
 fn label(s: &MatmulShape, epilogue: &str) -> String {
     let t = |yes| if yes { 'T' } else { 'N' };
     let (a, b) = (t(s.trans_lhs), t(s.trans_rhs));
     format!("gemm{a}{b}{epilogue} {}x{}x{} x{}", s.m, s.n, s.k, s.batch)
 }
 
-/// The product of plan `p` (of `s`) through cuBLASLt; `false` when it has no algorithm for it.
+/// The product `g` (the plan of `s`) through cuBLASLt; `false` when it has no algorithm for it.
 ///
 /// # Safety
-/// As [`matmul`], and the epilogue's bias as [`matmul_bias`] describes.
+/// As [`matmul`], and the epilogue's vector as [`matmul_bias`] and [`matmul_rhs_sums`] describe.
 unsafe fn lt_matmul(
     gpu: &Gpu,
     s: &MatmulShape,
-    p: &Plan,
+    g: &Geometry,
     e: Epilogue,
     x: Operands,
 ) -> Result<bool> {
-    let g = geometry(p);
-    let tag = match (e.bias, e.relu) {
-        _ if e.bias_grad => "+colsums",
-        (true, true) => "+bias+relu",
-        (true, false) => "+bias",
-        (false, true) => "+relu",
-        (false, false) => "",
+    // SAFETY: forwarded to the caller.
+    gpu.with_lt(|lt| unsafe { lt.matmul(gpu, g, e, x, &|| label(s, e.tag())) })
+}
+
+/// The f32 product `s` with an epilogue that reads or writes one vector per batch entry, `stride`
+/// elements apart, at `vector`; `false`, queuing nothing, where it cannot run: another type, an
+/// empty product, a plan that merged per-entry vectors into one product, a vector not 16-byte
+/// aligned, or no cuBLASLt algorithm.
+///
+/// # Safety
+/// As [`matmul`]; `vector` must hold what `s` and `stride` describe, in f32.
+unsafe fn with_vector(
+    gpu: &Gpu,
+    ty: CudaType,
+    (lhs, rhs, out, vector): (u64, u64, u64, u64),
+    s: &MatmulShape,
+    stride: usize,
+    epilogue: impl FnOnce(i64) -> Epilogue,
+) -> Result<bool> {
+    if ty != CudaType::F32 || s.batch == 0 || s.m == 0 || s.n == 0 || s.k == 0 {
+        return Ok(false);
+    }
+    let g = plan(s)?;
+    let stride = if g.batch > 1 { stride } else { 0 };
+    let merged = g.batch as usize != s.batch && stride != 0;
+    if merged || !aligned16(&[vector, (stride * 4) as u64]) {
+        return Ok(false);
+    }
+    let x = Operands {
+        a: rhs,
+        b: lhs,
+        d: out,
+        bias: vector,
     };
     // SAFETY: forwarded to the caller.
-    gpu.with_lt(|lt| unsafe { lt.matmul(gpu, &g, e, x, &|| label(s, tag)) })
+    unsafe { lt_matmul(gpu, s, &g, epilogue(stride as i64), x) }
 }
 
 /// `out[b] = op(lhs[b])·op(rhs[b]) + bias[b]`, then a ReLU when `relu`, in one cuBLASLt call:
@@ -249,35 +243,17 @@ unsafe fn lt_matmul(
 pub unsafe fn matmul_bias(
     gpu: &Gpu,
     ty: CudaType,
-    (lhs, rhs, out, bias): (u64, u64, u64, u64),
+    ptrs: (u64, u64, u64, u64),
     s: &MatmulShape,
     bias_batch_stride: usize,
     relu: bool,
 ) -> Result<bool> {
-    if ty != CudaType::F32 || s.batch == 0 || s.m == 0 || s.n == 0 || s.k == 0 {
-        return Ok(false);
-    }
-    let p = plan(s)?;
-    let stride = if p.batch > 1 { bias_batch_stride } else { 0 };
-    // A plan that merged the batch into one product has one bias for all its rows.
-    let merged = p.batch == 1 && s.batch > 1 && bias_batch_stride != 0;
-    if merged || !aligned16(&[bias, (stride * 4) as u64]) {
-        return Ok(false);
-    }
-    let e = Epilogue {
-        bias: true,
-        bias_stride: stride as i64,
-        relu,
-        bias_grad: false,
-    };
-    let x = Operands {
-        a: rhs,
-        b: lhs,
-        d: out,
-        bias,
-    };
     // SAFETY: forwarded to the caller.
-    unsafe { lt_matmul(gpu, s, &p, e, x) }
+    unsafe {
+        with_vector(gpu, ty, ptrs, s, bias_batch_stride, |stride| {
+            Epilogue::Bias { stride, relu }
+        })
+    }
 }
 
 /// `out[b] = op(lhs[b])·rhs[b]`, and `sums[b]` the sums of `rhs[b]`'s `k` rows (`n` elements at
@@ -295,32 +271,19 @@ pub unsafe fn matmul_bias(
 pub unsafe fn matmul_rhs_sums(
     gpu: &Gpu,
     ty: CudaType,
-    (lhs, rhs, out, sums): (u64, u64, u64, u64),
+    ptrs: (u64, u64, u64, u64),
     s: &MatmulShape,
     sums_batch_stride: usize,
 ) -> Result<bool> {
-    if ty != CudaType::F32 || s.trans_rhs || s.batch == 0 || s.m == 0 || s.n == 0 || s.k == 0 {
+    if s.trans_rhs {
         return Ok(false);
     }
-    let p = plan(s)?;
-    let stride = if p.batch > 1 { sums_batch_stride } else { 0 };
-    if p.batch as usize != s.batch || !aligned16(&[sums, (stride * 4) as u64]) {
-        return Ok(false);
-    }
-    let e = Epilogue {
-        bias: false,
-        bias_stride: stride as i64,
-        relu: false,
-        bias_grad: true,
-    };
-    let x = Operands {
-        a: rhs,
-        b: lhs,
-        d: out,
-        bias: sums,
-    };
     // SAFETY: forwarded to the caller.
-    unsafe { lt_matmul(gpu, s, &p, e, x) }
+    unsafe {
+        with_vector(gpu, ty, ptrs, s, sums_batch_stride, |stride| {
+            Epilogue::SumsOfA { stride }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -360,7 +323,7 @@ mod tests {
         let (da, db) = (up(&gpu, &a), up(&gpu, &b));
         let len = s.batch * s.m * s.n;
         let out = up(&gpu, &vec![f32::NAN; len]);
-        let g = geometry(&plan(&s).unwrap());
+        let g = plan(&s).unwrap();
         let x = Operands {
             a: db.ptr(),
             b: da.ptr(),
@@ -370,9 +333,7 @@ mod tests {
         let ran = gpu
             .with_lt(|lt| {
                 // SAFETY: the buffers hold what `s` describes.
-                unsafe {
-                    lt.matmul_split(&gpu, &g, Epilogue::default(), x, 256, &|| "split".into())
-                }
+                unsafe { lt.matmul_split(&gpu, &g, Epilogue::None, x, 256, &|| "split".into()) }
             })
             .unwrap();
         assert!(ran);

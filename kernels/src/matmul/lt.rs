@@ -7,7 +7,7 @@
 //! and XLA's autotuner do the same). A geometry first met while capturing runs the heuristic's
 //! pick, and is tuned at its next eager call. `COHORT_GEMM_TUNING=0` keeps the heuristic's pick.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::{MaybeUninit, size_of_val};
 
@@ -43,27 +43,48 @@ pub(crate) struct Geometry {
     pub stride_c: i64,
 }
 
-/// What cuBLASLt does besides each product: add a bias per row of D (an output feature of the
-/// row-major product; its address is [`Operands::bias`]) then a ReLU, or (`bias_grad`) write the
-/// sums of A over the contracted dimension to that address instead.
+/// What cuBLASLt does besides each product, with the device address in [`Operands::bias`]:
+/// add a bias per row of D (an output feature of the row-major product), then a ReLU when asked;
+/// or write there the sums of A over the contracted dimension. `stride` is the elements between
+/// the vectors of consecutive batch entries (0: one for all).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct Epilogue {
-    pub bias: bool,
-    /// Elements between the biases of consecutive batch entries (0: one bias for all).
-    pub bias_stride: i64,
-    pub relu: bool,
-    pub bias_grad: bool,
+pub(crate) enum Epilogue {
+    #[default]
+    None,
+    Bias {
+        stride: i64,
+        relu: bool,
+    },
+    SumsOfA {
+        stride: i64,
+    },
 }
 
 impl Epilogue {
     fn kind(&self) -> sys::cublasLtEpilogue_t {
         use sys::cublasLtEpilogue_t::*;
-        match (self.bias, self.relu) {
-            _ if self.bias_grad => CUBLASLT_EPILOGUE_BGRADA,
-            (false, false) => CUBLASLT_EPILOGUE_DEFAULT,
-            (false, true) => CUBLASLT_EPILOGUE_RELU,
-            (true, false) => CUBLASLT_EPILOGUE_BIAS,
-            (true, true) => CUBLASLT_EPILOGUE_RELU_BIAS,
+        match self {
+            Epilogue::None => CUBLASLT_EPILOGUE_DEFAULT,
+            Epilogue::Bias { relu: false, .. } => CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::Bias { relu: true, .. } => CUBLASLT_EPILOGUE_RELU_BIAS,
+            Epilogue::SumsOfA { .. } => CUBLASLT_EPILOGUE_BGRADA,
+        }
+    }
+
+    fn stride(&self) -> i64 {
+        match self {
+            Epilogue::None => 0,
+            Epilogue::Bias { stride, .. } | Epilogue::SumsOfA { stride } => *stride,
+        }
+    }
+
+    /// The suffix of a product's label in profiles and tuning reports.
+    pub(crate) fn tag(&self) -> &'static str {
+        match self {
+            Epilogue::None => "",
+            Epilogue::Bias { relu: false, .. } => "+bias",
+            Epilogue::Bias { relu: true, .. } => "+bias+relu",
+            Epilogue::SumsOfA { .. } => "+colsums",
         }
     }
 }
@@ -104,11 +125,7 @@ fn halves(g: &Geometry, x: Operands, n0: i32) -> (Geometry, Geometry, Operands) 
 /// The cuBLASLt handle of a device and the algorithm chosen per geometry.
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
-    chosen: HashMap<Key, Choice>,
-    /// Geometries cuBLASLt has no algorithm for: they run on cuBLAS.
-    refused: HashSet<Key>,
-    /// Geometries that run as two products, the columns before the given one and the rest.
-    split: HashMap<Key, i32>,
+    entries: HashMap<Key, Entry>,
     report: Vec<GemmTuning>,
     tune: bool,
 }
@@ -118,10 +135,19 @@ unsafe impl Send for Lt {}
 
 impl Drop for Lt {
     fn drop(&mut self) {
-        self.chosen.clear();
+        self.entries.clear();
         // SAFETY: created by cublasLtCreate, destroyed once, after every descriptor made with it.
         let _ = unsafe { lt::destroy_handle(self.handle) };
     }
+}
+
+/// How a geometry runs.
+enum Entry {
+    /// cuBLASLt has no algorithm for it: it runs on cuBLAS.
+    Refused,
+    /// As two products, the columns before the given one and the rest.
+    Split(i32),
+    Run(Choice),
 }
 
 /// The descriptors of one geometry and the algorithm it runs.
@@ -129,9 +155,7 @@ struct Choice {
     desc: Desc,
     algo: sys::cublasLtMatmulAlgo_t,
     workspace: usize,
-    /// Picked by timing (not just the heuristic's first).
-    tuned: bool,
-    /// Its µs per product, where timed.
+    /// Its µs per product where it was picked by timing (else the heuristic's first).
     us: Option<f64>,
 }
 
@@ -228,7 +252,7 @@ impl Desc {
             }
             .map_err(|e| cuda_err("cublasLtMatmulDescSetAttribute", e))?;
         }
-        let kind = e.kind() as u32;
+        let (kind, stride) = (e.kind() as u32, e.stride());
         // SAFETY: the descriptor is live; the epilogue is a cublasLtEpilogue_t (a u32), the
         // bias's batch stride an i64.
         unsafe {
@@ -242,7 +266,7 @@ impl Desc {
                 lt::set_matmul_desc_attribute(
                     d.op,
                     sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
-                    (&e.bias_stride) as *const i64 as *const c_void,
+                    (&stride) as *const i64 as *const c_void,
                     8,
                 )
             })
@@ -414,9 +438,7 @@ impl Lt {
         let tune = std::env::var("COHORT_GEMM_TUNING").map_or(true, |v| v != "0");
         Ok(Lt {
             handle,
-            chosen: HashMap::new(),
-            refused: HashSet::new(),
-            split: HashMap::new(),
+            entries: HashMap::new(),
             report: Vec::new(),
             tune,
         })
@@ -450,33 +472,32 @@ impl Lt {
                 alignment(x.d, g.stride_c, g.batch),
             ],
         };
-        if self.refused.contains(&key) {
-            return Ok(false);
-        }
-        if let Some(&n0) = self.split.get(&key) {
-            // SAFETY: forwarded to the caller; the two halves cover D's columns.
-            return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
-        }
         let capturing = gpu.is_capturing();
-        let settled = self
-            .chosen
-            .get(&key)
-            .is_some_and(|c| c.tuned || !self.tune || capturing);
-        if !settled {
-            match self.choose(gpu, &key, x, capturing, label)? {
-                Some(choice) => self.chosen.insert(key, choice),
+        match self.entries.get(&key) {
+            Some(Entry::Refused) => return Ok(false),
+            Some(&Entry::Split(n0)) => {
+                // SAFETY: forwarded to the caller; the two halves cover D's columns.
+                return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
+            }
+            Some(Entry::Run(c)) if c.us.is_some() || !self.tune || capturing => {}
+            _ => match self.choose(gpu, &key, x, capturing, label)? {
                 None => {
-                    self.refused.insert(key);
+                    self.entries.insert(key, Entry::Refused);
                     return Ok(false);
                 }
-            };
-            // SAFETY: forwarded to the caller.
-            if unsafe { self.split_pays(gpu, &key, x, label) }? {
-                // SAFETY: as above.
-                return unsafe { self.matmul(gpu, g, epilogue, x, label) };
-            }
+                Some(c) => {
+                    self.entries.insert(key, Entry::Run(c));
+                    // SAFETY: forwarded to the caller.
+                    if let Some(n0) = unsafe { self.split_pays(gpu, &key, x, label) }? {
+                        // SAFETY: as above.
+                        return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
+                    }
+                }
+            },
         }
-        let c = &self.chosen[&key];
+        let Some(Entry::Run(c)) = self.entries.get(&key) else {
+            return Ok(false);
+        };
         // SAFETY: forwarded to the caller.
         gpu.timed(label, || unsafe {
             self.run(gpu, &c.desc, &c.algo, c.workspace, x)
@@ -507,10 +528,10 @@ impl Lt {
         }
     }
 
-    /// Whether the just tuned `key` runs faster as two products: one over D's columns up to the
-    /// last multiple of 128 (no tile of it mostly padding), one over the ragged rest. Tried for
-    /// plain products with at least 256 columns and a rest of at most 32; the split is kept if
-    /// the two halves time at least 3 % faster.
+    /// Where the just tuned `key` runs faster as two products, the column that splits them: one
+    /// product over D's columns up to the last multiple of 128 (no tile of it mostly padding), one
+    /// over the ragged rest. Tried for plain products with at least 256 columns and a rest of at
+    /// most 32; the split is kept (as the key's entry) if the two halves time at least 3 % faster.
     ///
     /// # Safety
     /// As [`Lt::matmul`].
@@ -520,15 +541,18 @@ impl Lt {
         key: &Key,
         x: Operands,
         label: &dyn Fn() -> String,
-    ) -> Result<bool> {
+    ) -> Result<Option<i32>> {
         let g = key.g;
         let rest = g.n % 128;
-        let whole = self.chosen.get(key).and_then(|c| c.us);
-        let Some(whole) = whole.filter(|_| key.epilogue == Epilogue::default()) else {
-            return Ok(false);
+        let whole = match self.entries.get(key) {
+            Some(Entry::Run(c)) if key.epilogue == Epilogue::None => c.us,
+            _ => None,
+        };
+        let Some(whole) = whole else {
+            return Ok(None);
         };
         if g.n < 256 || rest == 0 || rest > 32 {
-            return Ok(false);
+            return Ok(None);
         }
         let n0 = g.n - rest;
         let (head, tail, xt) = halves(&g, x, n0);
@@ -548,16 +572,16 @@ impl Lt {
                 format!("{} (columns of {n})", label())
             })?
             else {
-                return Ok(false);
+                return Ok(None);
             };
             us += c.us.unwrap_or(f64::INFINITY);
-            self.chosen.insert(k, c);
+            self.entries.insert(k, Entry::Run(c));
         }
-        let pays = us < 0.97 * whole;
-        if pays {
-            self.split.insert(*key, n0);
+        if us >= 0.97 * whole {
+            return Ok(None);
         }
-        Ok(pays)
+        self.entries.insert(*key, Entry::Split(n0));
+        Ok(Some(n0))
     }
 
     /// The heuristic's pick, or (outside a capture, unless tuning is off) the fastest candidate;
@@ -582,11 +606,10 @@ impl Lt {
                 algo: first.algo,
                 workspace: first.workspaceSize,
                 desc,
-                tuned: false,
                 us: None,
             }));
         }
-        let heuristic = cands[0];
+        // The heuristic's candidates come first, its own pick at 0.
         let cands = desc.with_split_k(self.handle, cands);
         let mut times = Vec::with_capacity(cands.len());
         for c in &cands {
@@ -604,10 +627,7 @@ impl Lt {
         self.report.push(GemmTuning {
             label: label(),
             candidates: cands.len(),
-            heuristic_us: times[cands
-                .iter()
-                .position(|c| c.algo.data == heuristic.algo.data)
-                .unwrap_or(0)],
+            heuristic_us: times[0],
             best_us,
             best_index: best,
         });
@@ -615,7 +635,6 @@ impl Lt {
             algo: cands[best].algo,
             workspace: cands[best].workspaceSize,
             desc,
-            tuned: true,
             us: Some(best_us),
         }))
     }
@@ -642,8 +661,7 @@ impl Lt {
         let end = stream
             .record_event(timed)
             .map_err(|e| cuda_err("recording a timing event", e))?;
-        end.synchronize()
-            .map_err(|e| cuda_err("timing a cuBLASLt algorithm", e))?;
+        // Waits for both events.
         let ms = start
             .elapsed_ms(&end)
             .map_err(|e| cuda_err("reading a timing event", e))?;
