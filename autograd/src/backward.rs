@@ -45,9 +45,9 @@ pub(crate) enum Op {
     Linear {
         x: Tensor,
         w: Tensor,
-        y: Tensor,
+        /// The output, kept for the ReLU's backward (`None`: no ReLU).
+        relu_y: Option<Tensor>,
         bias: Vec<usize>,
-        relu: bool,
     },
     Gelu {
         x: Tensor,
@@ -270,13 +270,11 @@ impl Op {
             Op::Neg => one(need, || Ok(g.neg()?)),
             Op::Relu { y } => one(need, || Ok(g.relu_backward(y)?)),
             Op::BiasRelu { y, bias } => {
-                let per_group = bias.len() == y.rank() && bias.first() == y.shape().first();
-                if need[1] && per_group {
+                if need[1] {
                     let (gx, gb) = g.relu_backward_bias(y, bias)?;
                     two(need, || Ok(gx), || Ok(gb))
                 } else {
-                    let gx = g.relu_backward(y)?;
-                    two(need, || Ok(gx.clone()), || reduce_to(gx.clone(), bias))
+                    one(need, || Ok(g.relu_backward(y)?))
                 }
             }
             Op::Gelu { x } => one(need, || {
@@ -394,17 +392,12 @@ impl Op {
                 let total = g.sum(last, true)?;
                 Ok(g.sub(&y.exp()?.mul(&total)?)?)
             }),
-            Op::Linear {
-                x,
-                w,
-                y,
-                bias,
-                relu,
-            } => {
-                let per_member = bias.len() == y.rank() && bias.first() == y.shape().first();
+            Op::Linear { x, w, relu_y, bias } => {
+                // The bias's shape was checked by the forward: [n], or [G, 1, n] per product.
+                let per_product = bias.len() == 3;
                 // Without a ReLU, the weight's and bias's gradients come from one product, which
                 // runs alongside the input's gradient.
-                if !relu && need[1] && need[2] && per_member && g.rank() == 3 {
+                if relu_y.is_none() && need[1] && need[2] && per_product {
                     let ((gw, gb), gx) = x.linear_grads_beside(g, || {
                         need[0]
                             .then(|| reduce_to(g.matmul_t(w, false, true)?, x.shape()))
@@ -413,17 +406,13 @@ impl Op {
                     return Ok(vec![gx, Some(reduce_to(gw, w.shape())?), Some(gb)]);
                 }
                 // The gradient before the bias (and ReLU), and the bias's.
-                let (gz, gb) = match (relu, need[2]) {
-                    (true, true) if per_member => {
+                let (gz, gb) = match (relu_y, need[2]) {
+                    (Some(y), true) => {
                         let (gz, gb) = g.relu_backward_bias(y, bias)?;
                         (gz, Some(gb))
                     }
-                    (true, need_b) => {
-                        let gz = g.relu_backward(y)?;
-                        let gb = need_b.then(|| reduce_to(gz.clone(), bias)).transpose()?;
-                        (gz, gb)
-                    }
-                    (false, need_b) => (
+                    (Some(y), false) => (g.relu_backward(y)?, None),
+                    (None, need_b) => (
                         g.clone(),
                         need_b.then(|| reduce_to(g.clone(), bias)).transpose()?,
                     ),

@@ -461,9 +461,8 @@ impl Var {
         Var::record("linear", y.clone(), &[self, w, bias], || Op::Linear {
             x: self.value().clone(),
             w: w.value().clone(),
-            y,
+            relu_y: relu.then_some(y),
             bias: bias.shape().to_vec(),
-            relu,
         })
     }
 

@@ -138,6 +138,11 @@ fn elementwise_unary() {
         &[spread(&[3, 4], 13), bias(&[4], 14)],
         |v| v[0].bias_relu(&v[1]),
     );
+    check(
+        "bias_relu of a vector",
+        &[spread(&[4], 21), bias(&[4], 22)],
+        |v| v[0].bias_relu(&v[1]),
+    );
     // Linear in one op: shared or per-member input, a bias per member or shared, with and
     // without its ReLU (a bias spread from 0 keeps the pre-activations away from the kink).
     for relu in [false, true] {

@@ -449,32 +449,32 @@ impl Tensor {
     /// [`bias_relu`](Tensor::bias_relu) or [`add`](Tensor::add).
     ///
     /// # Errors
-    /// As [`matmul`](Tensor::matmul) and [`bias_relu`](Tensor::bias_relu).
+    /// Another bias shape, or as [`matmul`](Tensor::matmul).
     pub fn linear(&self, w: &Tensor, bias: &Tensor, relu: bool) -> Result<Tensor> {
         let (shape, out) = self.matmul_shape(w, false, false)?;
-        let r = out.len();
-        let n = out[r - 1];
-        // Elements between the biases of consecutive products, where the epilogue can take them.
-        let stride = if bias.shape == [n] {
-            Some(0)
-        } else if bias.shape.len() == r
-            && r == 3
-            && bias.shape[0] == out[0]
-            && bias.shape[1] == 1
-            && bias.shape[2] == n
-            && (shape.batch == out[0] || out[0] == 1)
-        {
-            Some(n)
-        } else {
-            None
+        let n = out.last().copied().unwrap_or(0);
+        let groups = match bias_groups(&out, &bias.shape) {
+            Some(g) if bias.rank() == 1 || bias.rank() == 3 => g,
+            _ => {
+                return Err(Error::InvalidArgument {
+                    op: "linear",
+                    reason: format!(
+                        "bias {:?} for an output {out:?}: expected [{n}] or [{}, 1, {n}]",
+                        bias.shape, out[0]
+                    ),
+                });
+            }
         };
-        if let Some(stride) = stride
-            && bias.dtype == self.dtype
-        {
-            let (x, wv, b) = (self.read(), w.read(), bias.read());
-            if let (Storage::Cuda(x), Storage::Cuda(wv), Storage::Cuda(b)) = (&*x, &*wv, &*b)
-                && let Some(y) = cuda::linear(x, wv, b, &shape, stride, relu)?
-            {
+        // One bias for all products, or one per product (the epilogue's stride).
+        let stride = if groups == 1 { 0 } else { n };
+        if self.device().is_cuda() && bias.dtype == self.dtype {
+            let y = Tensor::read_all(&[self, w, bias], |st| match (st[0], st[1], st[2]) {
+                (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => {
+                    cuda::linear(x, w, b, &shape, stride, relu)
+                }
+                _ => Ok(None),
+            })?;
+            if let Some(y) = y {
                 return Ok(Tensor::from_storage(Storage::Cuda(y), out));
             }
         }
@@ -504,12 +504,13 @@ impl Tensor {
         }
         let (shape, out) = self.matmul_shape(g, true, false)?;
         let sums_shape = vec![g.shape[0], 1, g.shape[2]];
-        let side = {
-            let (x, gv) = (self.read(), g.read());
-            match (&*x, &*gv) {
-                (Storage::Cuda(x), Storage::Cuda(gv)) => cuda::linear_grads_on_side(x, gv, &shape)?,
-                _ => None,
-            }
+        let side = if self.device().is_cuda() {
+            Tensor::read_all(&[self, g], |st| match (st[0], st[1]) {
+                (Storage::Cuda(x), Storage::Cuda(gv)) => cuda::linear_grads_on_side(x, gv, &shape),
+                _ => Ok(None),
+            })?
+        } else {
+            None
         };
         // `self` and `g` stay alive (borrowed) until the join.
         let t = main();
@@ -988,26 +989,15 @@ impl Tensor {
         const OP: &str = "bias_relu";
         self.same_dtype(OP, bias)?;
         self.require_float(OP)?;
-        let (s, b) = (&self.shape, &bias.shape);
-        let c = s.last().copied().unwrap_or(0);
-        let r = s.len();
-        let groups = if b.as_slice() == [c] {
-            1
-        } else if r >= 2
-            && b.len() == r
-            && b[0] == s[0]
-            && b[r - 1] == c
-            && b[1..r - 1].iter().all(|&d| d == 1)
-        {
-            s[0]
-        } else {
+        let Some(groups) = bias_groups(&self.shape, &bias.shape) else {
             return Err(self.shape_mismatch(OP, bias));
         };
+        let c = self.shape.last().copied().unwrap_or(0);
         let group = self.elem_count().checked_div(groups).unwrap_or(0);
         self.map2(
             OP,
             bias,
-            s.clone(),
+            self.shape.clone(),
             |x, b| cpu::bias_relu(x, b, c, group),
             |x, b| cuda::bias_relu(x, b, c, group),
         )
@@ -1032,49 +1022,43 @@ impl Tensor {
 
     /// [`relu_backward`](Tensor::relu_backward) with the gradient of the bias of the
     /// [`bias_relu`](Tensor::bias_relu) that made `y`: for `self` and `y` `[G, .., C]` and a bias
-    /// `[G, 1, .., 1, C]`, returns `dx` and `db` (the bias's shape), `db` summing `dx` over the
-    /// middle dimensions. One kernel on CUDA, where the two apart cost two or three.
+    /// `[C]` or `[G, 1, .., 1, C]`, returns `dx` and `db` (the bias's shape), `db` summing `dx`
+    /// over every dimension the bias does not have. One kernel on CUDA, where the two apart cost
+    /// two or three.
     ///
     /// # Errors
-    /// A bias shape other than `[G, 1, .., 1, C]`; shape, dtype or device mismatches.
+    /// Another bias shape; shape, dtype or device mismatches.
     pub fn relu_backward_bias(&self, y: &Tensor, bias_shape: &[usize]) -> Result<(Tensor, Tensor)> {
         const OP: &str = "relu_backward_bias";
         self.same_shape(OP, y)?;
         self.same_dtype(OP, y)?;
         self.same_device(OP, y)?;
-        let s = &self.shape;
-        let r = s.len();
-        let fits = r >= 2
-            && bias_shape.len() == r
-            && bias_shape[0] == s[0]
-            && bias_shape[r - 1] == s[r - 1]
-            && bias_shape[1..r - 1].iter().all(|&d| d == 1);
-        if !fits {
+        let Some(groups) = bias_groups(&self.shape, bias_shape) else {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: format!(
-                    "bias {bias_shape:?} for a gradient {s:?}: expected [G, 1, .., 1, C] with G and C \
-                     the gradient's first and last dimensions"
+                    "bias {bias_shape:?} for a gradient {:?}: expected [C] or [G, 1, .., 1, C] with G \
+                     and C the gradient's first and last dimensions",
+                    self.shape
                 ),
             });
+        };
+        let cols = self.shape.last().copied().unwrap_or(0);
+        if self.device().is_cuda() {
+            let (dx, db) = Tensor::read_all(&[self, y], |st| match (st[0], st[1]) {
+                (Storage::Cuda(g), Storage::Cuda(v)) => {
+                    cuda::relu_backward_bias(g, v, groups, cols)
+                }
+                _ => Err(self.device_mismatch(OP, y)),
+            })?;
+            return Ok((
+                Tensor::from_storage(Storage::Cuda(dx), self.shape.clone()),
+                Tensor::from_storage(Storage::Cuda(db), bias_shape.to_vec()),
+            ));
         }
-        let (groups, cols) = (s[0], s[r - 1]);
-        let (g, v) = (self.read(), y.read());
-        match (&*g, &*v) {
-            (Storage::Cuda(g), Storage::Cuda(v)) => {
-                let (dx, db) = cuda::relu_backward_bias(g, v, groups, cols)?;
-                Ok((
-                    Tensor::from_storage(Storage::Cuda(dx), s.clone()),
-                    Tensor::from_storage(Storage::Cuda(db), bias_shape.to_vec()),
-                ))
-            }
-            _ => {
-                drop((g, v));
-                let dx = self.relu_backward(y)?;
-                let db = dx.sum_to(bias_shape)?;
-                Ok((dx, db))
-            }
-        }
+        let dx = self.relu_backward(y)?;
+        let db = dx.sum_to(bias_shape)?;
+        Ok((dx, db))
     }
 
     /// Softmax cross-entropy of logits `[.., B, C]` against i32 labels, in one pass: each row's
@@ -1464,5 +1448,25 @@ impl Tensor {
             Tensor::sgd_step_(p, g, b, lrs, momentum, dampening, weight_decay, nesterov)?;
         }
         Ok(())
+    }
+}
+
+/// How many bias rows a per-feature bias of shape `bias` holds for a tensor `[G, .., C]` of shape
+/// `shape`: 1 for `[C]` (one for all), `G` for `[G, 1, .., 1, C]` (one per leading index, e.g. per
+/// member); `None` for any other shape.
+fn bias_groups(shape: &[usize], bias: &[usize]) -> Option<usize> {
+    let r = shape.len();
+    let c = shape.last().copied().unwrap_or(0);
+    if bias == [c] {
+        Some(1)
+    } else if r >= 2
+        && bias.len() == r
+        && bias[0] == shape[0]
+        && bias[r - 1] == c
+        && bias[1..r - 1].iter().all(|&d| d == 1)
+    {
+        Some(shape[0])
+    } else {
+        None
     }
 }

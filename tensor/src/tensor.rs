@@ -59,6 +59,24 @@ impl Tensor {
         self.storage.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Runs `f` on the storage of every tensor in `ts`, read under one guard per distinct storage:
+    /// a second read lock on the same storage could deadlock behind a waiting writer.
+    pub(crate) fn read_all<R>(ts: &[&Tensor], f: impl FnOnce(&[&Storage]) -> R) -> R {
+        let mut guards = Vec::with_capacity(ts.len());
+        let mut which = Vec::with_capacity(ts.len());
+        for (i, t) in ts.iter().enumerate() {
+            match ts[..i].iter().position(|u| u.same_storage(t)) {
+                Some(j) => which.push(which[j]),
+                None => {
+                    which.push(guards.len());
+                    guards.push(t.read());
+                }
+            }
+        }
+        let views: Vec<&Storage> = which.iter().map(|&k| &*guards[k]).collect();
+        f(&views)
+    }
+
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Storage> {
         self.storage.write().unwrap_or_else(PoisonError::into_inner)
     }
@@ -92,21 +110,11 @@ impl Tensor {
         on_cuda: impl FnOnce(&CudaStorage, &CudaStorage) -> Result<CudaStorage>,
     ) -> Result<Tensor> {
         self.same_device(op, other)?;
-        let a = self.read();
-        // One guard when both share storage: taking a second read lock could deadlock behind a
-        // waiting writer.
-        let b_guard;
-        let b: &Storage = if self.same_storage(other) {
-            &a
-        } else {
-            b_guard = other.read();
-            &b_guard
-        };
-        let s = match (&*a, b) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(on_cpu(a, b)?),
-            (Storage::Cuda(a), Storage::Cuda(b)) => Storage::Cuda(on_cuda(a, b)?),
-            _ => return Err(self.device_mismatch(op, other)),
-        };
+        let s = Tensor::read_all(&[self, other], |st| match (st[0], st[1]) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => Ok(Storage::Cpu(on_cpu(a, b)?)),
+            (Storage::Cuda(a), Storage::Cuda(b)) => Ok(Storage::Cuda(on_cuda(a, b)?)),
+            _ => Err(self.device_mismatch(op, other)),
+        })?;
         Ok(Tensor::from_storage(s, shape))
     }
 

@@ -188,7 +188,10 @@ fn fused_relu_backward_with_bias_gradient_agrees() {
         let (m, b, n) = (160, 20, 256);
         let y = rand(&[m, b, n], 23, dev)?.relu()?;
         let (dxw, dbw) = rand(&[m, b, n], 24, dev)?.relu_backward_bias(&y, &[m, 1, n])?;
-        Ok(vec![dx, db, dx4, db4, dxw, dbw])
+        // One bias shared by 2,000 rows: the element-wise backward and a split reduction.
+        let y = rand(&[2000, 64], 25, dev)?.relu()?;
+        let (dxs, dbs) = rand(&[2000, 64], 26, dev)?.relu_backward_bias(&y, &[64])?;
+        Ok(vec![dx, db, dx4, db4, dxw, dbw, dxs, dbs])
     });
 }
 

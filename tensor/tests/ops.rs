@@ -156,6 +156,11 @@ fn unary(dev: &Device) -> Result<()> {
             0.0,
         );
         assert!(x.bias_relu(&rand(&[5, 4], 134, dt, dev)?).is_err());
+        // A Linear layer's bias is one row, or one per member: not one per row.
+        let w = rand(&[3, 4, 2], 135, dt, dev)?;
+        let err = x.linear(&w, &rand(&[3, 5, 2], 136, dt, dev)?, false);
+        assert!(err.is_err(), "a [3, 5, 2] bias for a [3, 5, 2] output");
+        assert!(x.linear(&w, &rand(&[3, 1, 2], 137, dt, dev)?, true).is_ok());
         // ... and with the bias's gradient, the sum of that backward over the rows.
         let (dx, db) = g.relu_backward_bias(&x, &[3, 1, 4])?;
         assert_close("relu_backward_bias dx", &dx, &[3, 5, 4], &want, 0.0);

@@ -1,7 +1,8 @@
 //! CUDA element-wise unary float ops (`unary.cu`).
 
 use super::UnaryOp;
-use crate::cuda::{Gpu, KernelSource, Launch, aligned16, kernel_args};
+use crate::cuda::{CudaType, Gpu, KernelSource, Launch, aligned16, kernel_args};
+use crate::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
 use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
@@ -117,6 +118,21 @@ pub unsafe fn relu_backward_bias(
             "relu_backward_bias: {groups} groups of {cols} columns exceed the grid"
         ))
     };
+    // Few groups of many rows would leave one block a long loop: there the element-wise backward
+    // and a split reduction spread the rows over the GPU.
+    let blocks = groups * cols.div_ceil(32);
+    if rows > 1024 && 2 * blocks < gpu.sm_count() as usize {
+        let rows_shape = ReduceShape {
+            outer: groups,
+            dim: rows,
+            inner: cols,
+        };
+        // SAFETY: forwarded to the caller (dx holds groups·rows·cols f32, db groups·cols).
+        return unsafe {
+            relu_backward(gpu, dy, y, dx, groups * rows * cols)?;
+            reduce_cuda::reduce(gpu, ReduceOp::Sum, CudaType::F32, dx, db, rows_shape)
+        };
+    }
     let groups32 = u32::try_from(groups)
         .ok()
         .filter(|&g| g <= 65_535)

@@ -790,8 +790,8 @@ impl SideGrads {
 
 /// `xᵀ · g` and the sums of `g`'s rows per product, queued on the side stream (the compute
 /// stream's next work runs alongside it): one cuBLASLt call where its column-sum epilogue runs
-/// (see [`matmul_cuda::matmul_rhs_sums`]), else (f32) the product and a reduction. `None`,
-/// queuing nothing, for other dtypes. `x` and `g` must stay alive until [`SideGrads::join`].
+/// (see [`matmul_cuda::matmul_rhs_sums`]), else the product and a reduction. `None`, queuing
+/// nothing, for a dtype other than f32. `x` and `g` must stay alive until [`SideGrads::join`].
 ///
 /// # Errors
 /// Different dtypes or devices, out of memory, or a cuBLASLt failure.
@@ -804,7 +804,11 @@ pub fn linear_grads_on_side(
         return Err(mismatch("linear_grads", x.dtype, g.dtype));
     }
     same_device("linear_grads", x, g)?;
-    let t = want("linear_grads", x, &[DType::F32, DType::F16, DType::BF16])?;
+    // The side stream takes kernels and cuBLASLt products, which f16 / bf16 products are not.
+    if x.dtype != DType::F32 {
+        return Ok(None);
+    }
+    let t = CudaType::F32;
     // Allocated before the fork, and kept until the join.
     let gw = x.sibling(shape.batch * shape.m * shape.n, x.dtype)?;
     let gb = x.sibling(shape.batch * shape.n, x.dtype)?;
@@ -815,31 +819,26 @@ pub fn linear_grads_on_side(
         gb.device_ptr(),
     );
     let (gpu, (xp, gp, wp, bp)) = (&x.gpu, ptrs);
-    let done = gpu.on_side(|| {
+    let queued = gpu.on_side(|| {
         // SAFETY: the tensor validated that x and g hold what `shape` describes; gw holds the
         // product, gb n sums per product (g is [batch, k, n]).
         unsafe {
-            if matmul_cuda::matmul_rhs_sums(gpu, t, ptrs, shape, shape.n)? {
-                return Ok(true);
+            if !matmul_cuda::matmul_rhs_sums(gpu, t, ptrs, shape, shape.n)? {
+                matmul_cuda::matmul(gpu, t, xp, gp, wp, shape)?;
+                let rows = ReduceShape {
+                    outer: shape.batch,
+                    dim: shape.k,
+                    inner: shape.n,
+                };
+                reduce_cuda::reduce(gpu, ReduceOp::Sum, t, gp, bp, rows)?;
             }
-            if t != CudaType::F32 {
-                return Ok(false);
-            }
-            matmul_cuda::matmul(gpu, t, xp, gp, wp, shape)?;
-            let rows = ReduceShape {
-                outer: shape.batch,
-                dim: shape.k,
-                inner: shape.n,
-            };
-            reduce_cuda::reduce(gpu, ReduceOp::Sum, t, gp, bp, rows)?;
-            Ok(true)
+            Ok(())
         }
     });
-    match done {
-        Ok(true) => Ok(Some(SideGrads { gw, gb })),
-        Ok(false) => Ok(None),
+    match queued {
+        Ok(()) => Ok(Some(SideGrads { gw, gb })),
         Err(e) => {
-            x.gpu.join_side()?;
+            gpu.join_side()?;
             Err(e.into())
         }
     }
