@@ -1128,7 +1128,8 @@ impl Tensor {
         self.same_device(OP, labels)?;
         let r = self.rank();
         let rows = &self.shape[..r.saturating_sub(1)];
-        if r < 2 || labels.elem_count() == 0 || !rows.ends_with(&labels.shape) {
+        if r < 2 || labels.rank() == 0 || labels.elem_count() == 0 || !rows.ends_with(&labels.shape)
+        {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: format!(

@@ -316,6 +316,10 @@ fn cross_entropy(dev: &Device) -> Result<()> {
         let wrong = Tensor::from_vec(vec![0i32, 1], &[2], dev)?;
         let e = x.cross_entropy_rows(&wrong, 1.0).unwrap_err().to_string();
         assert!(e.contains("[2]") && e.contains("[2, 3, 7]"), "{e}");
+        // A single label is not a label per row.
+        let scalar = Tensor::from_vec(vec![1i32], &[], dev)?;
+        assert!(x.cross_entropy_rows(&scalar, 1.0).is_err());
+        assert!(x.cross_entropy_mean(&scalar).is_err());
     }
     Ok(())
 }
