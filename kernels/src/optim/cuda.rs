@@ -75,19 +75,21 @@ fn pack(
     rate: impl Fn(f64) -> (f32, f32),
     mut launch: impl FnMut(&MtTable, usize, bool) -> Result<()>,
 ) -> Result<()> {
-    let mut tables = Vec::new();
-    pack_tables(params, rate, |t, blocks| tables.push((*t, blocks)))?;
-    let last = tables.len().saturating_sub(1);
-    tables
-        .iter()
-        .enumerate()
-        .try_for_each(|(i, (t, blocks))| launch(t, *blocks, i == last))
+    // A table launches once the next one is packed, so that the last one knows it is.
+    let mut pending: Option<(MtTable, usize)> = None;
+    pack_tables(params, rate, |t, blocks| {
+        match pending.replace((*t, blocks)) {
+            Some((prev, prev_blocks)) => launch(&prev, prev_blocks, false),
+            None => Ok(()),
+        }
+    })?;
+    pending.map_or(Ok(()), |(t, blocks)| launch(&t, blocks, true))
 }
 
 fn pack_tables(
     params: &[ParamBuffers<'_>],
     rate: impl Fn(f64) -> (f32, f32),
-    mut emit: impl FnMut(&MtTable, usize),
+    mut emit: impl FnMut(&MtTable, usize) -> Result<()>,
 ) -> Result<()> {
     let mut t = MtTable::new();
     let mut blocks = 0usize;
@@ -95,11 +97,12 @@ fn pack_tables(
     let mut flush = |t: &mut MtTable, blocks: &mut usize, rates_used: &mut usize| {
         if t.count > 0 {
             t.block_start[t.count as usize] = *blocks as u64;
-            emit(t, *blocks);
+            emit(t, *blocks)?;
         }
         *t = MtTable::new();
         *blocks = 0;
         *rates_used = 0;
+        Ok(())
     };
     for pb in params {
         if pb.len == 0 {
@@ -116,7 +119,7 @@ fn pack_tables(
         let mut m0 = 0;
         while m0 < members {
             if t.count as usize == MT_MAX || rates_used == MT_RATES {
-                flush(&mut t, &mut blocks, &mut rates_used);
+                flush(&mut t, &mut blocks, &mut rates_used)?;
             }
             let take = (members - m0).min(MT_RATES - rates_used);
             let off = (m0 * per * 4) as u64;
@@ -145,8 +148,7 @@ fn pack_tables(
             m0 += take;
         }
     }
-    flush(&mut t, &mut blocks, &mut rates_used);
-    Ok(())
+    flush(&mut t, &mut blocks, &mut rates_used)
 }
 
 fn table_launch(blocks: usize) -> Result<Launch> {
