@@ -245,10 +245,12 @@ pub(crate) fn broadcast_strides(src_shape: &[usize], out_shape: &[usize]) -> Res
 
 /// A cuBLAS handle with its own workspace (as PyTorch gives each handle: without one, cuBLAS
 /// manages a workspace itself on every call).
-struct Blas(blas_sys::cublasHandle_t, #[allow(dead_code)] DeviceBuffer);
+struct Blas(blas_sys::cublasHandle_t, DeviceBuffer);
 
 /// Bytes of the cuBLAS workspace (PyTorch's default on Hopper).
 const BLAS_WORKSPACE: usize = 32 << 20;
+/// Bytes of the cuBLAS workspace of work on the side stream or in a graph (a scratch area each).
+const SIDE_BLAS_WORKSPACE: usize = 4 << 20;
 
 // SAFETY: the handle is only used under the Gpu's mutex, one thread at a time.
 unsafe impl Send for Blas {}
@@ -707,7 +709,7 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: caller guarantees both ranges.
-        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.compute.cu_stream()) }
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream().cu_stream()) }
             .map_err(|e| cuda_err("copying device to device", e))
     }
 
@@ -723,7 +725,7 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
-        let s = self.compute.cu_stream();
+        let s = self.stream().cu_stream();
         // SAFETY: caller guarantees the range and alignment.
         let r = unsafe {
             match elem_bytes {
@@ -866,7 +868,6 @@ impl Gpu {
     /// compute stream's next work runs alongside it until [`Gpu::join_side`]. In a capture this
     /// forks the graph into two branches.
     ///
-    /// `f` may only queue kernels and cuBLASLt products (cuBLAS runs on the compute stream).
     /// Until the join, the memory the side work uses must stay allocated: the caching allocator
     /// would hand freed memory to the compute stream's work while the side stream may still use it.
     ///
@@ -880,10 +881,16 @@ impl Gpu {
         self.side
             .wait(fork)
             .map_err(|e| cuda_err("ordering the side stream", e))?;
+        /// Sends this thread's work back to the compute stream when dropped, even on a panic.
+        struct Side;
+        impl Drop for Side {
+            fn drop(&mut self) {
+                ON_SIDE.set(false);
+            }
+        }
         ON_SIDE.set(true);
-        let out = f();
-        ON_SIDE.set(false);
-        out
+        let _side = Side;
+        f()
     }
 
     /// Makes the compute stream wait for the side stream's work (see [`Gpu::on_side`]); in a
@@ -921,40 +928,51 @@ impl Gpu {
             .unwrap_or_default()
     }
 
-    /// Runs `f` with the device's cuBLAS handle (created on first use, bound to the compute stream).
+    /// Runs `f` with the device's cuBLAS handle (created on first use), bound to the stream this
+    /// thread's work goes to and to a workspace no other stream or graph uses meanwhile.
     pub(crate) fn with_blas<R>(
         &self,
         f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>,
     ) -> Result<R> {
-        let mut guard = lock(&self.blas);
-        if guard.is_none() {
-            // SAFETY: only tries to open the shared library.
-            if !unsafe { blas_sys::is_culib_present() } {
-                return Err(Error::Cuda(
-                    "cuBLAS (libcublas.so.13) was not found: install the CUDA 13 toolkit's cuBLAS \
-                     or put its lib folder on LD_LIBRARY_PATH"
-                        .to_string(),
-                ));
-            }
-            self.bind()?;
-            let workspace = self.alloc(BLAS_WORKSPACE)?;
-            let handle = blas_result::create_handle().map_err(|e| cuda_err("cublasCreate", e))?;
-            let blas = Blas(handle, workspace);
-            // SAFETY: both handles are live; the stream outlives the Gpu's handle.
-            unsafe { blas_result::set_stream(handle, self.compute.cu_stream() as _) }
-                .map_err(|e| cuda_err("cublasSetStream", e))?;
-            // SAFETY: the workspace lives as long as the handle (both in `blas`) and is used only
-            // by work on the compute stream.
-            unsafe {
-                blas_sys::cublasSetWorkspace_v2(handle, blas.1.ptr() as *mut c_void, BLAS_WORKSPACE)
-            }
-            .result()
-            .map_err(|e| cuda_err("cublasSetWorkspace", e))?;
-            *guard = Some(blas);
-        }
         self.bind()?;
-        let handle = guard.as_ref().map(|b| b.0).unwrap_or(std::ptr::null_mut());
-        f(handle)
+        let mut guard = lock(&self.blas);
+        let blas = match &mut *guard {
+            Some(b) => b,
+            empty => {
+                // SAFETY: only tries to open the shared library.
+                if !unsafe { blas_sys::is_culib_present() } {
+                    return Err(Error::Cuda(
+                        "cuBLAS (libcublas.so.13) was not found: install the CUDA 13 toolkit's \
+                         cuBLAS or put its lib folder on LD_LIBRARY_PATH"
+                            .to_string(),
+                    ));
+                }
+                let workspace = self.alloc(BLAS_WORKSPACE)?;
+                let handle =
+                    blas_result::create_handle().map_err(|e| cuda_err("cublasCreate", e))?;
+                empty.insert(Blas(handle, workspace))
+            }
+        };
+        let (handle, own) = (blas.0, blas.1.ptr());
+        // SAFETY: the handle is live; every stream of this Gpu outlives it.
+        unsafe { blas_result::set_stream(handle, self.stream().cu_stream() as _) }
+            .map_err(|e| cuda_err("cublasSetStream", e))?;
+        let set_workspace = |ws: u64, bytes: usize| {
+            // SAFETY: the handle is live; `ws` holds `bytes` bytes for the work queued next.
+            unsafe { blas_sys::cublasSetWorkspace_v2(handle, ws as *mut c_void, bytes) }
+                .result()
+                .map_err(|e| cuda_err("cublasSetWorkspace", e))
+        };
+        if !ON_SIDE.get() && !self.is_capturing() {
+            set_workspace(own, BLAS_WORKSPACE)?;
+            return f(handle);
+        }
+        // The side stream's work, and a graph's (whose replays may run beside other graphs'),
+        // must not share the compute stream's workspace: they take their own scratch area.
+        self.with_scratch(SIDE_BLAS_WORKSPACE, |ws| {
+            set_workspace(ws, SIDE_BLAS_WORKSPACE)?;
+            f(handle)
+        })
     }
 }
 

@@ -804,7 +804,7 @@ pub fn linear_grads_on_side(
         return Err(mismatch("linear_grads", x.dtype, g.dtype));
     }
     same_device("linear_grads", x, g)?;
-    // The side stream takes kernels and cuBLASLt products, which f16 / bf16 products are not.
+    // Half-precision gradients run as before, after `main` on the compute stream.
     if x.dtype != DType::F32 {
         return Ok(None);
     }
