@@ -1,11 +1,12 @@
 //! The per-device context: driver context, streams, cuBLAS handle, NVRTC module cache.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::ThreadId;
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
 use cudarc::driver::{
@@ -302,20 +303,19 @@ impl Drop for DeviceBuffer {
 thread_local! {
     /// This thread's work goes to the side stream (inside [`Gpu::on_side`]).
     static ON_SIDE: Cell<bool> = const { Cell::new(false) };
-    /// Each thread's index-error flag per device (4 words: set, op, index, size). Index kernels write the flag of
-    /// the thread that queued them, so a bad index is reported by that thread's next read-back or synchronize,
-    /// never by another thread's.
-    static FLAGS: RefCell<HashMap<usize, DeviceBuffer>> = RefCell::new(HashMap::new());
 }
 
-/// Zeroes a 4-word flag and waits for it: the memset runs on the legacy stream, which the (non-blocking) compute
-/// stream does not wait for.
-fn clear_flag(ctx: &CudaContext, flag: u64) -> Result<()> {
-    // SAFETY: `flag` addresses 16 bytes of device memory in `ctx`.
-    unsafe { drv::memset_d8_sync(flag, 0, 16) }
-        .map_err(|e| cuda_err("clearing the kernel error flag", e))?;
-    ctx.synchronize()
-        .map_err(|e| cuda_err("clearing the kernel error flag", e))
+/// Zeroes a 4-word flag and waits for it. The memset runs on the legacy stream, which the
+/// (non-blocking) compute stream does not wait for; waiting for that stream alone is allowed while
+/// another stream is being captured.
+fn clear_flag(flag: u64) -> Result<()> {
+    // SAFETY: `flag` addresses 16 bytes of device memory in the bound context; the null stream
+    // is the legacy stream.
+    unsafe {
+        drv::memset_d8_sync(flag, 0, 16)
+            .and_then(|()| drv::stream::synchronize(std::ptr::null_mut()))
+    }
+    .map_err(|e| cuda_err("clearing the kernel error flag", e))
 }
 
 /// Names of the ops that can report an index error through the device flag (`OP_*` in `common.cuh`).
@@ -352,6 +352,11 @@ pub struct Gpu {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
+    /// Each thread's index-error flag (4 words: set, op, index, size). Index kernels write the
+    /// flag of the thread that queued them, so a bad index is reported by that thread's next
+    /// read-back or synchronize, never by another thread's. Owned by the device, not the thread:
+    /// a graph captured by a thread keeps writing its flag after the thread ends.
+    flags: Mutex<HashMap<ThreadId, DeviceBuffer>>,
     /// The side stream's scratch area (see [`Gpu::with_scratch`]).
     side_scratch: Mutex<Option<DeviceBuffer>>,
     /// A CUDA graph is being captured on the compute stream.
@@ -442,6 +447,7 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
+            flags: Mutex::new(HashMap::new()),
             side_scratch: Mutex::new(None),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
@@ -510,8 +516,10 @@ impl Gpu {
 
     /// Reads (and clears) the calling thread's index-error flag; the caller has waited for the compute stream.
     fn check_flag(&self) -> Result<()> {
-        let Some(flag) = FLAGS.with(|f| f.borrow().get(&self.ordinal).map(DeviceBuffer::ptr))
-        else {
+        let flag = lock(&self.flags)
+            .get(&std::thread::current().id())
+            .map(DeviceBuffer::ptr);
+        let Some(flag) = flag else {
             return Ok(()); // this thread never launched an index kernel here
         };
         let mut words = [0i32; 4];
@@ -521,7 +529,7 @@ impl Gpu {
         if words[0] == 0 {
             return Ok(());
         }
-        clear_flag(&self.ctx, flag)?;
+        clear_flag(flag)?;
         Err(Error::IndexOutOfRange {
             op: FLAG_OPS.get(words[1] as usize).copied().unwrap_or("index"),
             index: i64::from(words[2]),
@@ -532,17 +540,17 @@ impl Gpu {
     /// Address of the calling thread's 4-word flag, which index kernels set on an out-of-range index (created
     /// on the thread's first index kernel on this device).
     pub(crate) fn flag_ptr(&self) -> Result<u64> {
-        FLAGS.with(|f| {
-            if let Some(b) = f.borrow().get(&self.ordinal) {
-                return Ok(b.ptr);
-            }
-            self.bind()?;
-            let flag = self.alloc(16)?;
-            clear_flag(&self.ctx, flag.ptr)?;
-            let ptr = flag.ptr;
-            f.borrow_mut().insert(self.ordinal, flag);
-            Ok(ptr)
-        })
+        let mut flags = lock(&self.flags);
+        let thread = std::thread::current().id();
+        if let Some(b) = flags.get(&thread) {
+            return Ok(b.ptr);
+        }
+        self.bind()?;
+        let flag = self.alloc(16)?;
+        clear_flag(flag.ptr)?;
+        let ptr = flag.ptr;
+        flags.insert(thread, flag);
+        Ok(ptr)
     }
 
     /// Allocates `bytes` (at least 1) of device memory owned by the returned buffer.
