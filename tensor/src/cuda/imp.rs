@@ -2,8 +2,9 @@
 //! kernels. Each function mirrors the CPU one of the same name; all of them enqueue on the
 //! device's compute stream and return without waiting (reading back with [`to_host`] waits).
 //!
-//! Index ops (index_select, index_add, gather_last, scatter_add_last, one_hot, max_pool2d_backward)
-//! wait for their kernel so that an out-of-range index fails the op itself, as on the CPU.
+//! Index ops (index_select, index_add, gather_last, scatter_add_last, one_hot, max_pool2d_backward,
+//! cross_entropy) do not wait for their kernel: an out-of-range index is reported by the next
+//! read-back or synchronize of the thread that queued the op (see the crate docs).
 //!
 //! Storage is a block of the device's caching allocator, charged to the thread's current tenant
 //! and given back when the storage drops. The allocator may hand that block to the next op at
@@ -969,7 +970,8 @@ pub fn max_pool2d(s: &CudaStorage, p: &PoolParams) -> Result<(CudaStorage, CudaS
 /// See [`crate::cpu::max_pool2d_backward`].
 ///
 /// # Errors
-/// Not f32, indices not i32, an index outside its plane, out of memory, or a launch failure.
+/// Not f32, indices not i32, out of memory, or a launch failure (an index outside its plane is
+/// reported later, see the module docs).
 pub fn max_pool2d_backward(
     grad_out: &CudaStorage,
     indices: &CudaStorage,
@@ -999,7 +1001,8 @@ pub fn max_pool2d_backward(
 /// See [`crate::cpu::index_select`].
 ///
 /// # Errors
-/// Indices not i32, f64, an index outside `0..dim`, out of memory, or a launch failure.
+/// Indices not i32, f64, out of memory, or a launch failure (an index outside `0..dim` is
+/// reported later, see the module docs).
 pub fn index_select(
     src: &CudaStorage,
     idx: &CudaStorage,
