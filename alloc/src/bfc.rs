@@ -1080,6 +1080,8 @@ impl<S: MemorySource> Inner<S> {
 
     fn trim(&mut self) -> u64 {
         self.c.trims += 1;
+        // Memory given back is a fresh start: the slack learnt from earlier steps goes too.
+        self.grown_slack = 0;
         let before = self.c.reserved;
         if let Some(pt) = &self.pages {
             let mut idle = std::mem::take(&mut self.scratch_pages);

@@ -58,38 +58,30 @@
 //! the default `bfc` backend, host memory on the CPU), keeps it in an `Arc`, and charges each member's blocks to
 //! its tenant.
 //!
-//! ## Measured on the shared traces (`cargo run --release -p cohort-alloc --bin replay -- TRACE`)
+//! ## Measured on the shared traces (`cargo run --release -p cohort-alloc --bin replay -- TRACE --passes 2`)
 //!
 //! Peak reserved over peak live with the replay's defaults (stitched layout on [`SimMemory`], idle-page slack 8,
-//! large blocks from 1 MiB in their own arena, page-aligned), against the growth policy over segments and PyTorch
-//! on the same runs (mlp-grid8's floor is 1.48 %: its 102.5 MiB peak needs 52 pages of 2 MiB):
+//! large blocks from 1 MiB in their own arena, page-aligned), against PyTorch on the same runs (mlp-grid8's floor is
+//! 1.48 %: its 102.5 MiB peak needs 52 pages of 2 MiB), and the page moves of the second pass:
 //!
-//! | trace | stitched (default) | growth (segments) | PyTorch default / expandable |
+//! | trace | stitched | second pass: page moves | PyTorch default / expandable |
 //! | --- | --- | --- | --- |
-//! | transformer-lm | 1.27 % | 18.99 % | 20.1 % / 8.1 % |
-//! | transformer-varlen | 0.72 % | 10.51 % | 11.6 % / 7.5 % |
-//! | mlp-grid8 | 1.48 % | 1.48 % | 3.4 % / 13.2 % |
+//! | transformer-lm | 7.66 % | 0 | 20.1 % / 8.1 % |
+//! | transformer-varlen | 6.70 % | 0 | 11.6 % / 7.5 % |
+//! | mlp-grid8 | 1.48 % | 0 | 3.4 % / 13.2 % |
 //!
-//! Steady state, replaying each trace twice on one allocator (`--passes 2 --steps N`): the segment policy makes no
-//! source call in the second pass. The stitched layout keeps physical memory near the peak of touched pages and
-//! pays with page moves; second pass, by idle-page slack ([`ConfigBuilder::idle_page_slack`], idle pages kept
-//! mapped before moving instead of creating):
-//!
-//! | slack (pages) | transformer-lm (3 steps): overhead, moves / map calls per step | transformer-varlen (10 steps) | mlp-grid8 |
-//! | --- | --- | --- | --- |
-//! | 0 | 0.30 %, 81.3 / 13.3 | 0.17 %, 36.4 / 5.9 | 1.48 %, 0 / 0 |
-//! | 8 (default) | 1.27 %, 68.0 / 11.0 | 0.72 %, 33.0 / 5.6 | 1.48 %, 0 / 0 |
-//! | 32 | 4.16 %, 36.0 / 5.3 | 2.35 %, 23.2 / 3.8 | 1.48 %, 0 / 0 |
-//! | 64 | 7.66 %, 0 / 0 | 4.53 %, 9.6 / 0.9 | 1.48 %, 0 / 0 |
-//!
-//! Moves stop only once the slack covers every page a step touches at some point (about the memory of PyTorch's
-//! expandable segments). The default, 8 pages (16 MiB), is the most that keeps every trace under 1.5 %; a job that
-//! cannot afford a device synchronization per map call that moves pages ([`CudaVmm`] synchronizes before it
-//! unmaps) sets a larger slack. Three placement choices were measured and kept: large blocks in their own arena
-//! (transformer-varlen 1.33 % to 0.38 %), large blocks starting on a page boundary (transformer-lm 1.39 % to
-//! 0.30 %, transformer-varlen 0.38 % to 0.17 %, at slack 0), and moving the highest idle page first rather than the
-//! one idle longest (31 % and 47 % fewer moves on the two transformer traces). Looking past the best fit for
-//! chunks on mapped pages ([`ConfigBuilder::placement_candidates`]) saved a few moves for more memory, so it is off.
+//! The stitched layout keeps physical memory near the peak of touched pages and pays with page moves, each of which
+//! synchronizes the device on a GPU ([`CudaVmm`] synchronizes before it unmaps). So the idle-page slack
+//! ([`ConfigBuilder::idle_page_slack`], idle pages kept mapped before moving instead of creating) is a floor: the
+//! allocator grows it by every page a later block wanted back after a move took it, up to a quarter of the peak in
+//! use, until a repeating step moves no page; [`Bfc::trim`] forgets what it learnt. With the slack fixed at 8 pages
+//! the overheads were 1.27 % and 0.72 % on the transformer traces, at 68 and 33 page moves per step; on the H200,
+//! 34 moves a step held an eager step of 128 fused MLPs at 1.7 ms, which now takes about 0.6 ms and moves no page. Three placement choices were measured
+//! and kept: large blocks in their own arena (transformer-varlen 1.33 % to 0.38 %), large blocks starting on a page
+//! boundary (transformer-lm 1.39 % to 0.30 %, transformer-varlen 0.38 % to 0.17 %, at slack 0), and moving the
+//! highest idle page first rather than the one idle longest (31 % and 47 % fewer moves on the two transformer
+//! traces). Looking past the best fit for chunks on mapped pages ([`ConfigBuilder::placement_candidates`]) saved a
+//! few moves for more memory, so it is off.
 //!
 //! Speed (criterion, `cargo bench -p cohort-alloc`): a cached alloc + free pair costs about 59 ns of CPU time
 //! (segments; 80 ns stitched).

@@ -282,7 +282,8 @@ pub struct ReplayReport {
     pub ns_per_op: f64,
     /// Mean wall time of one alloc or free, nanoseconds.
     pub wall_ns_per_op: f64,
-    /// Stitched policy: the idle-page slack used.
+    /// Stitched policy: the configured idle-page slack (the allocator grows it from the moves it
+    /// had to undo; see [`Config::idle_page_slack`](crate::Config::idle_page_slack)).
     pub idle_page_slack: u64,
     /// Per pass.
     pub passes: Vec<PassReport>,
