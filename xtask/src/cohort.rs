@@ -56,8 +56,9 @@ impl Trainee {
     }
 }
 
-/// Resident data, cut into batches once (as the reference slices a resident tensor).
-fn batches(device: Device) -> Result<Vec<(Tensor, Tensor)>> {
+/// The benchmark's resident data, cut into batches of 256 once (as the reference slices a
+/// resident tensor).
+pub fn batches(device: Device) -> Result<Vec<(Tensor, Tensor)>> {
     let x = Tensor::rand_uniform(&[ROWS, 784], 0.0, 1.0, DType::F32, 0, &device)?;
     let y: Vec<i32> = (0..ROWS).map(|i| ((i * 7919) % 10) as i32).collect();
     let y = Tensor::from_vec(y, &[ROWS], &device)?;

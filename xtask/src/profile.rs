@@ -6,9 +6,9 @@ use anyhow::Result;
 use std::time::{Duration, Instant};
 
 use cohort_autograd::{Tape, loss};
-use cohort_tensor::{DType, Device, Tensor, memory};
+use cohort_tensor::{Device, Tensor, memory};
 
-use crate::cohort::Trainee;
+use crate::cohort::{self, Trainee};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,14 +24,12 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let device = if args.cpu || cohort_tensor::cuda::device_count().unwrap_or(0) == 0 {
+    let device = if args.cpu {
         Device::Cpu
     } else {
-        Device::Cuda(0)
+        Device::best()
     };
-    let x = Tensor::rand_uniform(&[256, 784], 0.0, 1.0, DType::F32, 0, &device)?;
-    let y: Vec<i32> = (0..256).map(|i| i % 10).collect();
-    let y = Tensor::from_vec(y, &[256], &device)?;
+    let (x, y) = cohort::batches(device)?.swap_remove(0);
     for &n in &args.n {
         let mut t = Trainee::new(n, 0, device, cohort_alloc::TenantId::DEFAULT)?;
         for _ in 0..5 {
@@ -41,8 +39,6 @@ pub fn run(args: &Args) -> Result<()> {
         phases(&mut t, &x, &y, device, n, args.steps)?;
         if let Device::Cuda(ordinal) = device {
             tuning(ordinal)?;
-        }
-        if let Device::Cuda(ordinal) = device {
             kernels(&mut t, &x, &y, device, ordinal, args.steps)?;
             graph(&mut t, &x, &y, device, args.steps)?;
         }
