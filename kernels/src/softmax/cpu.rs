@@ -19,11 +19,9 @@ pub fn softmax_last<T: Float>(x: &[T], cols: usize, log: bool) -> Vec<T> {
     out
 }
 
-fn row<T: Float>(src: &[T], dst: &mut [T], log: bool) {
-    let mut max = T::LOWEST;
-    for &v in src {
-        max = max.max(v);
-    }
+/// `dst = exp(src - max)`; returns the row's max and the sum of `dst`.
+fn exp_shifted<T: Float>(src: &[T], dst: &mut [T]) -> (T, T) {
+    let mut max = src.iter().fold(T::LOWEST, |m, &v| m.max(v));
     if max == T::LOWEST {
         // A row of -inf: every entry is equally (un)likely; avoid NaN from inf - inf.
         max = T::ZERO;
@@ -31,7 +29,11 @@ fn row<T: Float>(src: &[T], dst: &mut [T], log: bool) {
     for (d, &v) in dst.iter_mut().zip(src) {
         *d = (v - max).exp();
     }
-    let sum = crate::reduce::cpu::sum_contiguous(dst);
+    (max, crate::reduce::cpu::sum_contiguous(dst))
+}
+
+fn row<T: Float>(src: &[T], dst: &mut [T], log: bool) {
+    let (max, sum) = exp_shifted(src, dst);
     if log {
         let ls = sum.ln();
         for (d, &v) in dst.iter_mut().zip(src) {
@@ -73,24 +75,28 @@ pub fn cross_entropy<T: Float>(
         })
         .collect::<Result<Vec<usize>>>()?;
     let mut grad = vec![T::ZERO; x.len()];
-    let mut loss = vec![T::ZERO; rows];
-    for (((g, l), xr), &h) in grad
-        .chunks_mut(cols)
-        .zip(loss.iter_mut())
-        .zip(x.chunks(cols))
-        .zip(&hot)
-    {
-        let max = xr.iter().fold(T::LOWEST, |m, &v| m.max(v));
-        for (d, &v) in g.iter_mut().zip(xr) {
-            *d = (v - max).exp();
-        }
-        let sum = crate::reduce::cpu::sum_contiguous(g);
-        *l = max + sum.ln() - xr[h];
+    if cols == 0 {
+        return Ok((vec![T::ZERO; rows], grad));
+    }
+    // Each row's loss, its gradient written in place.
+    let f = |((g, xr), &h): ((&mut [T], &[T]), &usize)| {
+        let (max, sum) = exp_shifted(xr, g);
         let inv = T::ONE / sum;
         for d in g.iter_mut() {
             *d = *d * inv * scale;
         }
         g[h] = g[h] - scale;
+        max + sum.ln() - xr[h]
+    };
+    let mut loss = Vec::with_capacity(rows);
+    if x.len() >= PAR_THRESHOLD && rows > 1 {
+        grad.par_chunks_mut(cols)
+            .zip(x.par_chunks(cols))
+            .zip(&hot)
+            .map(f)
+            .collect_into_vec(&mut loss);
+    } else {
+        loss.extend(grad.chunks_mut(cols).zip(x.chunks(cols)).zip(&hot).map(f));
     }
     Ok((loss, grad))
 }
