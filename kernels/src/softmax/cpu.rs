@@ -63,7 +63,8 @@ pub fn cross_entropy<T: Float>(
     let rows = x.len().checked_div(cols).unwrap_or(0);
     let hot = (0..rows)
         .map(|r| {
-            let l = labels[r % labels.len()];
+            // No labels at all reads as label -1: out of range.
+            let l = labels.get(r % labels.len().max(1)).copied().unwrap_or(-1);
             usize::try_from(l)
                 .ok()
                 .filter(|&u| u < cols)
