@@ -212,9 +212,12 @@ unsafe fn with_vector(
         return Ok(false);
     }
     let g = plan(s)?;
+    // A plan that merged the batch into one product cannot take a vector per batch entry.
+    if g.batch as usize != s.batch && stride != 0 {
+        return Ok(false);
+    }
     let stride = if g.batch > 1 { stride } else { 0 };
-    let merged = g.batch as usize != s.batch && stride != 0;
-    if merged || !aligned16(&[vector, (stride * 4) as u64]) {
+    if !aligned16(&[vector, (stride * 4) as u64]) {
         return Ok(false);
     }
     let x = Operands {
