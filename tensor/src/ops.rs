@@ -465,9 +465,17 @@ impl Tensor {
                 });
             }
         };
-        // One bias for all products, or one per product (the epilogue's stride).
-        let stride = if groups == 1 { 0 } else { n };
-        if self.device().is_cuda() && bias.dtype == self.dtype {
+        // One bias for all products, or one per product (the epilogue's stride); not one per
+        // member where the members' products were merged into one (a weight shared by all).
+        let stride = match groups {
+            1 => Some(0),
+            g if g == shape.batch => Some(n),
+            _ => None,
+        };
+        if let Some(stride) = stride
+            && self.device().is_cuda()
+            && bias.dtype == self.dtype
+        {
             let y = Tensor::read_all(&[self, w, bias], |st| match (st[0], st[1], st[2]) {
                 (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => {
                     cuda::linear(x, w, b, &shape, stride, relu)

@@ -127,6 +127,10 @@ fn linear_with_its_bias_and_relu_in_one_call_agrees() {
                 relu,
             )?);
             outs.push(rand(&[3, 64, 96], 35, dev)?.linear(&w, &rand(&[128], 36, dev)?, relu)?);
+            // Members with their own input and bias sharing one weight (one merged product).
+            let shared_w = rand(&[96, 128], 39, dev)?;
+            let x3 = rand(&[3, 64, 96], 40, dev)?;
+            outs.push(x3.linear(&shared_w, &rand(&[3, 1, 128], 41, dev)?, relu)?);
             // Ten columns per member: biases 40 bytes apart, the product and bias then run apart.
             let w10 = rand(&[3, 96, 10], 37, dev)?;
             outs.push(x.linear(&w10, &rand(&[3, 1, 10], 38, dev)?, relu)?);
