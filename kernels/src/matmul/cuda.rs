@@ -1,6 +1,7 @@
 //! CUDA matrix products: f32 through cuBLASLt on tuned algorithms (fp32, no TF32; see
-//! [`lt`](super::lt)), with cuBLAS SGEMM for a geometry cuBLASLt refuses; f16 / bf16 through
-//! cuBLAS GemmEx with fp32 accumulation. Batches run as one strided-batched call.
+//! [`lt`](super::lt)); f16 / bf16, and an f32 geometry cuBLASLt refuses, through cuBLAS GemmEx
+//! with fp32 accumulation. Batches run as one strided-batched call (a single product as a batch
+//! of one).
 //!
 //! cuBLAS is column-major: the row-major `out = op(lhs)·op(rhs)` is computed as the column-major
 //! `outᵀ = op(rhs)ᵀ·op(lhs)ᵀ`, which needs no copy.
@@ -100,73 +101,42 @@ pub unsafe fn matmul(
         || label(s, ""),
         || {
             gpu.with_blas(|h| {
-                match ty {
-                    CudaType::F32 => {
-                        // A single product runs as a batch of one.
-                        // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
-                        // the call (host pointer mode).
-                        unsafe {
-                            cudarc::cublas::result::sgemm_strided_batched(
-                                h,
-                                op(p.trans_a),
-                                op(p.trans_b),
-                                p.m,
-                                p.n,
-                                p.k,
-                                &alpha,
-                                rhs as *const f32,
-                                p.lda,
-                                p.stride_a,
-                                lhs as *const f32,
-                                p.ldb,
-                                p.stride_b,
-                                &beta,
-                                out as *mut f32,
-                                p.ldc,
-                                p.stride_c,
-                                p.batch,
-                            )
-                        }
-                        .map_err(|e| cuda_err("cublasSgemm", e))
-                    }
-                    CudaType::F16 | CudaType::BF16 => {
-                        let dt = if ty == CudaType::F16 {
-                            cudaDataType::CUDA_R_16F
-                        } else {
-                            cudaDataType::CUDA_R_16BF
-                        };
-                        // SAFETY: as above.
-                        unsafe {
-                            cudarc::cublas::result::gemm_strided_batched_ex(
-                                h,
-                                op(p.trans_a),
-                                op(p.trans_b),
-                                p.m,
-                                p.n,
-                                p.k,
-                                (&alpha) as *const f32 as *const c_void,
-                                rhs as *const c_void,
-                                dt,
-                                p.lda,
-                                p.stride_a,
-                                lhs as *const c_void,
-                                dt,
-                                p.ldb,
-                                p.stride_b,
-                                (&beta) as *const f32 as *const c_void,
-                                out as *mut c_void,
-                                dt,
-                                p.ldc,
-                                p.stride_c,
-                                p.batch,
-                                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                            )
-                        }
-                        .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
-                    }
-                    other => Err(unsupported("matmul", other)),
+                let dt = match ty {
+                    CudaType::F32 => cudaDataType::CUDA_R_32F,
+                    CudaType::F16 => cudaDataType::CUDA_R_16F,
+                    CudaType::BF16 => cudaDataType::CUDA_R_16BF,
+                    other => return Err(unsupported("matmul", other)),
+                };
+                // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
+                // the call (host pointer mode). fp32 accumulation, no TF32.
+                unsafe {
+                    cudarc::cublas::result::gemm_strided_batched_ex(
+                        h,
+                        op(p.trans_a),
+                        op(p.trans_b),
+                        p.m,
+                        p.n,
+                        p.k,
+                        (&alpha) as *const f32 as *const c_void,
+                        rhs as *const c_void,
+                        dt,
+                        p.lda,
+                        p.stride_a,
+                        lhs as *const c_void,
+                        dt,
+                        p.ldb,
+                        p.stride_b,
+                        (&beta) as *const f32 as *const c_void,
+                        out as *mut c_void,
+                        dt,
+                        p.ldc,
+                        p.stride_c,
+                        p.batch,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
                 }
+                .map_err(|e| cuda_err("cublasGemmStridedBatchedEx", e))
             })
         },
     )
