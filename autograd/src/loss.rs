@@ -32,14 +32,7 @@ fn check_labels(op: &'static str, logits: &[usize], labels: &Tensor) -> Result<(
 /// # Errors
 /// When the labels' shape or dtype does not fit the logits, or a tensor op fails.
 pub fn cross_entropy(logits: &Var, labels: &Tensor) -> Result<Var> {
-    let s = logits.shape();
-    if s.len() < 2 {
-        return Err(Error::Shape {
-            op: "cross_entropy",
-            reason: format!("logits {s:?} need [.., B, C]"),
-        });
-    }
-    check_labels("cross_entropy", s, labels)?;
+    // The tensor op checks the logits' rank and the labels' dtype and shape.
     let (loss, grad) = logits.value().cross_entropy_mean(labels)?;
     if !logits.requires_grad() {
         return Ok(Var::constant(loss));
