@@ -1462,9 +1462,11 @@ impl Cohort {
 
     /// One step of every runnable unit, the steps running concurrently (on the CPU: separate models on separate
     /// cores, as JAX's asynchronous dispatch overlaps them), then each step's bookkeeping in the sequential order.
+    /// Every unit's step counts as started: a halt after N steps lets the others finish theirs, each step's time
+    /// includes waiting for the slowest, and all units charge their step's memory at once.
     fn step_units_concurrently(&mut self) -> Result<()> {
         let ready: Vec<Option<(u64, Position)>> = (0..self.units.len())
-            .map(|ui| (self.runnable(ui) && !self.halted).then(|| self.before_step(ui)))
+            .map(|ui| self.runnable(ui).then(|| self.before_step(ui)))
             .collect();
         let mut results: Vec<_> = self
             .units

@@ -112,13 +112,16 @@ fn rate(
     Ok(done as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Runs the loop and fused schedules for every N in `ns` (the loop stops at 64, as the reference does).
+/// Separate models the loop schedules go up to, as the reference's loop does.
+const MAX_LOOP_MODELS: usize = 64;
+
+/// Runs the loop and fused schedules for every N in `ns` (the loop stops at [`MAX_LOOP_MODELS`]).
 pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>> {
     let data = batches(device)?;
     let mut rows = Vec::new();
     for (k, &n) in ns.iter().enumerate() {
         for schedule in ["loop", "fused"] {
-            if schedule == "loop" && n > 64 {
+            if schedule == "loop" && n > MAX_LOOP_MODELS {
                 continue;
             }
             let tag = format!("{schedule}-{n}-{k}");
@@ -172,7 +175,7 @@ pub fn graph_schedules(
     }
     let mut rows = Vec::new();
     for (schedule, models, members) in [("loop-graph", n, 1), ("fused-graph", 1, n)] {
-        if models > 64 {
+        if models > MAX_LOOP_MODELS {
             continue;
         }
         rows.push(match graph_rate(device, models, members, budget, data) {
