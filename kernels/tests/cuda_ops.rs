@@ -893,15 +893,24 @@ fn fused_optimizer_steps_match_the_cpu() {
                 lrs,
             })
             .collect();
-        for _ in 0..2 {
-            // SAFETY: every buffer holds `len` f32.
+        // SGD's second step runs as a captured step would: its rates halved by a device state.
+        let state = up(&g, &[optim_cuda::StepState::before(2, 0.5)]);
+        for k in 0..2 {
+            let scale = if use_adam || k == 0 { 1.0 } else { 0.5 };
+            // SAFETY: every buffer holds `len` f32; the state is a StepState.
             unsafe {
                 if use_adam {
                     optim_cuda::adam_step(&g, &bufs, &adam).unwrap();
-                } else {
+                } else if k == 0 {
                     optim_cuda::sgd_step(&g, &bufs, &sgd).unwrap();
+                } else {
+                    optim_cuda::sgd_step_scaled(&g, &bufs, &sgd, state.ptr()).unwrap();
                 }
             }
+            let lrs: Vec<Vec<f64>> = lrs
+                .iter()
+                .map(|l| l.iter().map(|r| r * scale).collect())
+                .collect();
             for (i, (p, gr, m, v)) in host.iter_mut().enumerate() {
                 if use_adam {
                     optim_cpu::adam_step(
@@ -1102,9 +1111,9 @@ fn products_with_the_sums_of_their_rhs_match_the_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn counted_adam_steps_advance_their_device_counter() {
+fn counted_adam_steps_advance_their_device_state_and_follow_its_scale() {
     let g = gpu();
-    // 300 members need two launch tables: only the last launch may advance the counter.
+    // 300 members need two launch tables: only the last launch may advance the step.
     let (members, per) = (300, 12);
     let lrs: Vec<f64> = (0..members).map(|i| 1e-3 * (1.0 + i as f64)).collect();
     let n = members * per;
@@ -1113,7 +1122,9 @@ fn counted_adam_steps_advance_their_device_counter() {
     let mut m = rand_vec(n, 3, -0.1, 0.1);
     let mut v = rand_vec(n, 4, 0.0, 0.1);
     let (dp, dg, dm, dv) = (up(&g, &p), up(&g, &gr), up(&g, &m), up(&g, &v));
-    let counter = up(&g, &[2u32, 0]);
+    // Scaled rates: the schedule's factor relative to the captured rates, set by the host.
+    let scale = 0.25f32;
+    let state = up(&g, &[optim_cuda::StepState::before(3, scale)]);
     let bufs = [optim_cuda::ParamBuffers {
         param: dp.ptr(),
         grad: dg.ptr(),
@@ -1127,28 +1138,29 @@ fn counted_adam_steps_advance_their_device_counter() {
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-        step: 0, // ignored: the counter decides
+        weight_decay: 1e-2,
+        decoupled: true,
+        step: 0, // ignored: the device state decides
     };
+    let scaled: Vec<f64> = lrs.iter().map(|l| l * f64::from(scale)).collect();
     for step in [3, 4] {
-        // SAFETY: every buffer holds n f32; the counter two u32.
-        unsafe { optim_cuda::adam_step_counted(&g, &bufs, &h, counter.ptr()).unwrap() };
+        // SAFETY: every buffer holds n f32; the state is a StepState.
+        unsafe { optim_cuda::adam_step_counted(&g, &bufs, &h, state.ptr()).unwrap() };
         optim_cpu::adam_step(
             &mut p,
             &gr,
             &mut m,
             &mut v,
             &AdamParams {
-                lrs: &lrs,
+                lrs: &scaled,
                 step,
                 ..h
             },
         );
     }
     assert_eq!(
-        down::<u32>(&g, &counter, 2),
-        vec![4, 0],
+        down::<optim_cuda::StepState>(&g, &state, 1),
+        vec![optim_cuda::StepState::before(5, scale)],
         "two steps after step 2"
     );
     assert_close("counted adam", &down::<f32>(&g, &dp, n), &p, 1e-5);

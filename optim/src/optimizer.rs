@@ -315,8 +315,15 @@ impl Optimizer {
 
     /// The learning rate(s) the next update will use (schedule applied).
     pub fn current_lrs(&self) -> Vec<f64> {
-        let f = self.schedule.factor(self.step);
+        let f = self.rate_factor();
         self.member_lrs.iter().map(|l| l * f).collect()
+    }
+
+    /// The schedule's factor on the base rates for the next update. A step captured in a CUDA
+    /// graph keeps the rates of its capture; replays scale them by this factor over the one at
+    /// capture ([`CudaGraph::set_optimizer_step`](cohort_tensor::cuda::CudaGraph)).
+    pub fn rate_factor(&self) -> f64 {
+        self.schedule.factor(self.step)
     }
 
     /// Clears the gradients of all parameters.
@@ -329,7 +336,7 @@ impl Optimizer {
     /// # Errors
     /// When a tensor op fails (device, dtype).
     pub fn step(&mut self) -> Result<()> {
-        let f = self.schedule.factor(self.step);
+        let f = self.rate_factor();
         self.lrs_now.clear();
         self.lrs_now.extend(self.member_lrs.iter().map(|l| l * f));
         let t = self.step + 1;

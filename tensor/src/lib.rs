@@ -41,7 +41,7 @@ pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use ops::broadcast_shape;
-pub use tensor::Tensor;
+pub use tensor::{HostRead, Tensor};
 
 pub use cohort_kernels::binary::BinaryOp;
 pub use cohort_kernels::reduce::ReduceOp;

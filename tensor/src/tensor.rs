@@ -400,6 +400,19 @@ impl Tensor {
         }
     }
 
+    /// Starts copying the elements to the host behind the work queued so far and returns at once
+    /// (on a GPU; on the CPU they are copied now). [`HostRead::wait`] gives them. A training loop
+    /// reads each step's loss this way and keeps the GPU busy instead of waiting for every step.
+    ///
+    /// # Errors
+    /// Device errors (a read-back inside a graph capture is one).
+    pub fn read_later(&self) -> Result<HostRead> {
+        Ok(HostRead(match &*self.read() {
+            Storage::Cpu(s) => Pending::Ready(s.clone()),
+            Storage::Cuda(s) => Pending::Cuda(cuda::to_host_later(s)?),
+        }))
+    }
+
     /// The single element of a one-element tensor (any shape).
     ///
     /// # Errors
@@ -818,5 +831,43 @@ impl Tensor {
             |d, s| cpu::binary_assign(op, d, &ds, s, &ss),
             |d, s| cuda::binary_assign(op, d, &ds, s, &ss),
         )
+    }
+}
+
+/// A tensor's elements on their way to the host ([`Tensor::read_later`]).
+#[derive(Debug)]
+pub struct HostRead(Pending);
+
+#[derive(Debug)]
+enum Pending {
+    Ready(CpuStorage),
+    Cuda(cuda::PendingHost),
+}
+
+impl HostRead {
+    /// Whether the elements have arrived (without waiting).
+    pub fn is_ready(&self) -> bool {
+        match &self.0 {
+            Pending::Ready(_) => true,
+            Pending::Cuda(p) => p.is_done(),
+        }
+    }
+
+    /// The elements, waiting for them if they have not arrived.
+    ///
+    /// # Errors
+    /// [`Error::DTypeMismatch`] when `T` is not the tensor's dtype; a queued kernel failed.
+    pub fn wait<T: Element>(self) -> Result<Vec<T>> {
+        let s = match self.0 {
+            Pending::Ready(s) => s,
+            Pending::Cuda(p) => p.wait()?,
+        };
+        T::slice(&s)
+            .map(<[T]>::to_vec)
+            .ok_or_else(|| Error::DTypeMismatch {
+                op: "read_later",
+                lhs: s.dtype(),
+                rhs: T::DTYPE,
+            })
     }
 }

@@ -360,3 +360,32 @@ fn asking_for_a_gpu_without_one_is_an_error() {
     let msg = err.to_string();
     assert!(msg.contains("cuda"), "{msg}");
 }
+
+/// Reads queued behind later work arrive with the values of their moment: the host goes on
+/// queueing (here, overwriting the tensor) while earlier reads are in flight.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn reads_later_keep_the_values_of_their_moment() {
+    let t = rand(&[4096], 61, &GPU).unwrap();
+    let want = t.to_vec::<f32>().unwrap();
+    let mut reads = Vec::new();
+    for k in 0..8 {
+        reads.push(t.read_later().unwrap());
+        t.add_assign_(&Tensor::full(&[4096], 1.0, DType::F32, &GPU).unwrap())
+            .unwrap();
+        assert_eq!(reads.len(), k + 1);
+    }
+    for (k, r) in reads.into_iter().enumerate() {
+        let got = r.wait::<f32>().unwrap();
+        for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - (b + k as f32)).abs() <= 1e-5 * (1.0 + b.abs()),
+                "read {k} element {j}: {a} vs {}",
+                b + k as f32
+            );
+        }
+    }
+    // The wrong element type is an error, not a reinterpretation.
+    let e = t.read_later().unwrap().wait::<i32>().unwrap_err();
+    assert!(e.to_string().contains("read_later"), "{e}");
+}

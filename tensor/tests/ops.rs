@@ -1041,7 +1041,20 @@ fn creation(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+fn reads_later(dev: &Device) -> Result<()> {
+    let x = rand(&[5, 7], 71, DType::F32, dev)?;
+    let pending = x.read_later()?;
+    let y = Tensor::from_vec(vec![3i32, -1, 4], &[3], dev)?;
+    let labels = y.read_later()?;
+    assert_eq!(pending.wait::<f32>()?, x.to_vec::<f32>()?);
+    assert_eq!(labels.wait::<i32>()?, vec![3, -1, 4]);
+    let e = x.read_later()?.wait::<i32>().unwrap_err();
+    assert!(e.to_string().contains("read_later"), "{e}");
+    Ok(())
+}
+
 device_tests!(
+    reads_later,
     binary,
     unary,
     reductions,

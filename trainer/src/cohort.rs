@@ -8,7 +8,7 @@
 //! the new units (this is how a fused group splits in halves on OOM, how a paused member leaves its group, and how
 //! a member moves to the CPU).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +19,7 @@ use cohort_alloc::TenantLimits;
 use cohort_autograd::{BuildOptions, LayerSpec, Model, ModelSpec, Tape, loss};
 use cohort_data::Position;
 use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
-use cohort_tensor::{DType, Device, Tensor};
+use cohort_tensor::{DType, Device, HostRead, Tensor};
 use safetensors::tensor::Dtype;
 
 use crate::checkpoint::{Checkpoint, CheckpointDir, FORMAT, Manifest, TensorData};
@@ -30,6 +30,7 @@ use crate::config::{
 use crate::control::ControlFile;
 use crate::error::{Error, Result};
 use crate::feed::{DataSet, Feed};
+use crate::graph::{Graphs, StepGraph};
 use crate::memory::{Tenant, device_total_bytes};
 use crate::metrics::{MetricRecord, MetricsWriter};
 use crate::progress::{MemberStatus, Progress};
@@ -112,6 +113,24 @@ struct Unit {
     act_bytes_per_example: u64,
     /// Training-mode forward passes: the position in every dropout layer's mask sequence (part of exact resume).
     forwards: u64,
+    /// Whether its steps replay a CUDA graph.
+    graphs: Graphs,
+    /// Per-member losses of steps queued on the device, oldest first, not yet read back.
+    losses: VecDeque<HostRead>,
+}
+
+/// Steps whose losses may still be on their way back: the host queues the next step meanwhile, but
+/// never runs further ahead of the device than this.
+const LOSSES_IN_FLIGHT: usize = 2;
+
+/// What a unit step leaves for the bookkeeping.
+struct StepOutcome {
+    /// The per-member losses, on their way to the host.
+    losses: HostRead,
+    /// Bytes the unit's tenant held at the height of the step.
+    in_step: u64,
+    /// Something worth an event (a capture, or why none).
+    note: Option<String>,
 }
 
 /// One member's parameters and optimizer state, without the member dimension.
@@ -833,6 +852,12 @@ impl Cohort {
         tenant.charge_persistent(per_member * m as u64)?;
         let prefetch = self.config.data[&first.data].prefetch * batch;
         let feed = Feed::open(data, pos, prefetch)?;
+        // A replay would draw a dropout layer's captured mask again.
+        let dropout = first
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerConfig::Dropout { .. }));
+        let graphs = Graphs::new(device.is_cuda() && self.config.run.cuda_graphs && !dropout);
         Ok(Unit {
             act_bytes_per_example: activation_bytes(&first.layers, &feed.data().shape) * m as u64,
             members,
@@ -843,6 +868,8 @@ impl Cohort {
             tenant,
             batch,
             forwards,
+            graphs,
+            losses: VecDeque::new(),
         })
     }
 
@@ -864,6 +891,7 @@ impl Cohort {
     /// Splits unit `ui`: the members in `first` go into a new unit, the rest into another; both continue where the
     /// unit stood (same data position, batch, device, parameters and optimizer state).
     fn split_unit(&mut self, ui: usize, first: &[usize], device: Device) -> Result<()> {
+        self.take_losses(ui, true)?;
         let u = &self.units[ui];
         let pos = u.feed.position();
         let batch = u.batch;
@@ -988,19 +1016,57 @@ impl Cohort {
         Ok(correct.into_iter().map(|c| c / n_total as f64).collect())
     }
 
-    /// One optimizer step of every member of unit `ui`; per-member losses.
-    /// One optimizer step of every member of unit `u`: per-member losses, and the bytes the unit's tenant held at
-    /// the height of the step (activations and gradients alive).
-    fn unit_step(u: &mut Unit) -> Result<(Vec<f32>, u64)> {
+    /// One optimizer step of every member of unit `u`: replayed from its CUDA graph where it has one
+    /// for this batch size (captured here once a full batch has run eagerly), eager otherwise.
+    fn unit_step(u: &mut Unit) -> Result<StepOutcome> {
         let batch = u.feed.next_batch(u.batch)?;
         let n = batch.n;
         let per: usize = u.feed.data().shape.iter().product();
+        let device = u.device;
+        let x = u
+            .tenant
+            .scope(|| Tensor::from_vec(batch.x, &[n, per], &device))?;
+        let y = u
+            .tenant
+            .scope(|| Tensor::from_vec(batch.y, &[n], &device))?;
+        let mut note = None;
+        if u.graphs.should_capture(n, u.batch, &u.opt) {
+            let (model, opt) = (&u.model, &mut u.opt);
+            let captured = u
+                .tenant
+                .scope(|| StepGraph::capture(model, opt, &device, x.copy()?, y.copy()?));
+            u.graphs = match captured {
+                Ok(g) => {
+                    note = Some(format!(
+                        "training step captured as a CUDA graph (batch {n}, {} of graph memory): \
+                         one launch per step from here",
+                        crate::report::bytes(g.pool_bytes())
+                    ));
+                    Graphs::Ready(Box::new(g))
+                }
+                Err(e) => {
+                    note = Some(format!(
+                        "the training step could not be captured as a CUDA graph, so it runs \
+                         eagerly: {e}"
+                    ));
+                    Graphs::Off
+                }
+            };
+        }
+        if let Some(g) = u.graphs.replayable(n) {
+            let losses = u.tenant.scope(|| -> Result<HostRead> {
+                Ok(g.replay(&mut u.opt, &x, &y)?.read_later()?)
+            })?;
+            u.forwards += 1;
+            return Ok(StepOutcome {
+                losses,
+                in_step: u.tenant.usage().0,
+                note,
+            });
+        }
         let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
-        let (model, opt, device, tenant, forwards) =
-            (&u.model, &mut u.opt, u.device, &u.tenant, &mut u.forwards);
-        tenant.scope(|| -> Result<(Vec<f32>, u64)> {
-            let x = Tensor::from_vec(batch.x, &[n, per], &device)?;
-            let y = Tensor::from_vec(batch.y, &[n], &device)?;
+        let (model, opt, tenant, forwards) = (&u.model, &mut u.opt, &u.tenant, &mut u.forwards);
+        let (losses, in_step) = tenant.scope(|| -> Result<(HostRead, u64)> {
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
             *forwards += 1;
@@ -1012,8 +1078,39 @@ impl Cohort {
             let in_step = tenant.usage().0;
             opt.zero_grad();
             result?;
-            Ok((l.value().to_device(&Device::Cpu)?.to_vec::<f32>()?, in_step))
+            Ok((l.value().read_later()?, in_step))
+        })?;
+        u.graphs.ran_eagerly(n, u.batch);
+        Ok(StepOutcome {
+            losses,
+            in_step,
+            note,
         })
+    }
+
+    /// Reads back unit `ui`'s queued losses into its members' counters: all of them when `all`,
+    /// otherwise those that have arrived and any beyond [`LOSSES_IN_FLIGHT`]. Returns the seconds
+    /// spent waiting (device time of steps already counted as taken).
+    fn take_losses(&mut self, ui: usize, all: bool) -> Result<f64> {
+        let t0 = Instant::now();
+        let u = &mut self.units[ui];
+        while let Some(front) = u.losses.front() {
+            if !(all || front.is_ready() || u.losses.len() > LOSSES_IN_FLIGHT) {
+                break;
+            }
+            let Some(read) = u.losses.pop_front() else {
+                break;
+            };
+            let losses = read.wait::<f32>()?;
+            for (j, &i) in u.members.iter().enumerate() {
+                let loss = f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
+                let c = &mut self.members[i].c;
+                c.loss_sum += loss;
+                c.loss_n += 1;
+                c.last_loss = loss;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64())
     }
 
     fn elapsed(&self) -> f64 {
@@ -1192,30 +1289,51 @@ impl Cohort {
         Ok(())
     }
 
-    /// After a step of unit `ui`: logs, epoch ends (evaluation), checkpoints, completion.
-    fn after_step(&mut self, ui: usize, losses: &[f32], in_step: u64, dt: f64) -> Result<()> {
+    /// Whether member `i`, after `step` steps, has finished its training.
+    fn complete(&self, i: usize, step: u64) -> bool {
+        let m = &self.members[i];
+        m.epochs_done >= u64::from(m.cfg.epochs) || m.cfg.max_steps.is_some_and(|s| step >= s)
+    }
+
+    /// After a step of unit `ui`: its losses, logs, epoch ends (evaluation), checkpoints, completion.
+    fn after_step(&mut self, ui: usize, step: StepOutcome, dt: f64) -> Result<()> {
+        self.units[ui].losses.push_back(step.losses);
         let u = &self.units[ui];
         let d = u.feed.data().clone();
         let epochs_now = d.epochs_done(&u.feed.position());
+        let members = u.members.clone();
+        // A step that logs, evaluates, checkpoints or completes a member needs every loss so far.
+        let epoch_ended = members
+            .iter()
+            .any(|&i| epochs_now > self.members[i].epochs_done);
+        let needs_losses = epoch_ended
+            || members.iter().any(|&i| {
+                let m = &self.members[i];
+                let next = m.step + 1;
+                next % self.config.run.log_every == 0
+                    || matches!(m.cfg.checkpoint.every, CheckpointEvery::Steps(n) if next % n == 0)
+                    || m.cfg.max_steps.is_some_and(|s| next >= s)
+            });
+        let dt = dt + self.take_losses(ui, needs_losses)?;
+        if let Some(note) = step.note {
+            for &i in &members {
+                self.event(i, note.clone())?;
+            }
+        }
+        let u = &self.units[ui];
         let lrs = u.opt.current_lrs();
         let (_, peak) = u.tenant.usage();
-        let mem = in_step;
+        let mem = step.in_step;
         let m_count = u.members.len() as u64;
-        let members = u.members.clone();
-        let mut epoch_ended = false;
-        for (j, &i) in members.iter().enumerate() {
+        for &i in &members {
             let m = &mut self.members[i];
             m.step += 1;
-            m.c.loss_sum += f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
-            m.c.loss_n += 1;
-            m.c.last_loss = f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
             m.c.train_time += dt;
             m.c.steps_timed += 1;
             m.mem_now = mem / m_count;
             m.c.peak_mem = m.c.peak_mem.max(peak / m_count);
             if epochs_now > m.epochs_done {
                 m.epochs_done = epochs_now;
-                epoch_ended = true;
             }
         }
         let accs = if epoch_ended {
@@ -1229,9 +1347,8 @@ impl Cohort {
             if let Some(a) = acc {
                 self.members[i].c.test_accuracy = Some(a);
             }
+            let complete = self.complete(i, self.members[i].step);
             let m = &self.members[i];
-            let complete = m.epochs_done >= u64::from(m.cfg.epochs)
-                || m.cfg.max_steps.is_some_and(|s| m.step >= s);
             if m.step % self.config.run.log_every == 0 || acc.is_some() || complete {
                 self.log(i, lr, acc)?;
             }
@@ -1270,6 +1387,8 @@ impl Cohort {
         if done.is_empty() {
             return Ok(false);
         }
+        self.take_losses(ui, true)?;
+        let u = &self.units[ui];
         let accs = Cohort::evaluate(u)?;
         let members = u.members.clone();
         for (j, &i) in members.iter().enumerate() {
@@ -1499,13 +1618,13 @@ impl Cohort {
     fn finish_step(
         &mut self,
         ui: usize,
-        r: Result<(Vec<f32>, u64)>,
+        r: Result<StepOutcome>,
         dt: f64,
         (epochs_before, pos): (u64, Position),
         until_epoch_end: bool,
     ) -> Result<bool> {
         match r {
-            Ok((losses, in_step)) => self.after_step(ui, &losses, in_step, dt)?,
+            Ok(step) => self.after_step(ui, step, dt)?,
             Err(e) => {
                 let Some(oom) = oom_of(&e) else {
                     return Err(e);

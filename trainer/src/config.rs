@@ -139,6 +139,8 @@ pub struct RunConfig {
     pub log_every: u64,
     /// Run a small-batch warm-up step per member before timing starts.
     pub warmup: bool,
+    /// On a GPU, capture each unit's training step as a CUDA graph and replay it.
+    pub cuda_graphs: bool,
 }
 
 /// `[memory]`: the allocator of the device.
@@ -880,6 +882,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     let dir = PathBuf::from(s.str("dir", "a directory path")?.unwrap_or("runs"));
     let log_every = s.u64("log_every", false, 1)?.unwrap_or(20);
     let warmup = s.bool("warmup")?.unwrap_or(true);
+    let cuda_graphs = s.bool("cuda_graphs")?.unwrap_or(true);
     s.finish()?;
     Ok(RunConfig {
         name,
@@ -892,6 +895,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
         dir,
         log_every,
         warmup,
+        cuda_graphs,
     })
 }
 

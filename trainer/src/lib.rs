@@ -8,6 +8,7 @@
 //! - [`config`]: the TOML config, grid expansion, errors naming file, key and what is accepted.
 //! - [`cohort`]: members, units of `M` fused members, schedules, OOM recovery, control, resume.
 //! - [`feed`]: data sets loaded once and per-member batch feeds with a saved position.
+//! - `graph`: a unit's training step captured as a CUDA graph and replayed.
 //! - [`memory`]: member budgets as allocator tenants (host accounting on the CPU).
 //! - [`checkpoint`]: safetensors + JSON manifest, atomic writes, rotation, corrupt-checkpoint fallback.
 //! - [`tensorboard`], [`metrics`], [`progress`], [`report`], [`plot`]: what a run writes and shows.
@@ -35,6 +36,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod feed;
+mod graph;
 pub mod memory;
 pub mod metrics;
 pub mod plot;

@@ -370,6 +370,84 @@ fn fused_matches_separate(device: &str) {
     }
 }
 
+/// Steps replayed from CUDA graphs train as eager steps do: a fused Adam group under a cosine schedule with
+/// warm-up and an SGD member with momentum under a step schedule, with an epoch's short last batch (eager between
+/// replays) and checkpoints, end with the parameters and logged losses of the same run with graphs off.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replays_train_as_eager_steps_on_cuda() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members = mlp(
+        "adam",
+        "batch = 48
+optimizer = { adamw = { lr = [1e-2, 3e-3], weight_decay = 0.01 } }
+         lr_schedule = { cosine = { warmup = 3, min_lr = 1e-4 } }
+checkpoint = { every = \"5 steps\" }
+seed = 5",
+    ) + &mlp(
+        "sgd",
+        "batch = 48
+optimizer = { sgd = { lr = 0.05, momentum = 0.9 } }
+         lr_schedule = { step = { every = 7, gamma = 0.5 } }
+seed = 6",
+    );
+    let run = |name: &str, graphs: bool| {
+        let c = config_on(
+            "cuda:0",
+            tmp.path(),
+            name,
+            &format!(
+                "epochs = 2
+log_every = 1
+cuda_graphs = {graphs}"
+            ),
+            &members,
+        );
+        train(c, quiet()).unwrap()
+    };
+    let replayed = run("graphs", true);
+    let eager = run("eager", false);
+    for m in ["adam-lr0.01", "adam-lr3e-3", "sgd"] {
+        let captured = |run: &Path| {
+            records(run, m)
+                .iter()
+                .filter_map(|r| r.event.clone())
+                .filter(|e| e.contains("captured as a CUDA graph"))
+                .count()
+        };
+        assert_eq!(captured(&replayed.run_dir), 1, "{m}: one capture");
+        assert_eq!(captured(&eager.run_dir), 0, "{m}: graphs off");
+        let a = final_tensors(&replayed.run_dir, m);
+        let b = final_tensors(&eager.run_dir, m);
+        for (k, va) in &a {
+            let fa: &[f32] = bytemuck::cast_slice(va);
+            let fb: &[f32] = bytemuck::cast_slice(&b[k]);
+            let worst = fa
+                .iter()
+                .zip(fb)
+                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
+        }
+        let losses = |run: &Path| -> Vec<(u64, f64)> {
+            records(run, m)
+                .iter()
+                .filter(|r| r.event.is_none())
+                .map(|r| (r.step, r.loss))
+                .collect()
+        };
+        let (la, lb) = (losses(&replayed.run_dir), losses(&eager.run_dir));
+        assert_eq!(la.len(), lb.len(), "{m}: a record per step");
+        for ((sa, a), (sb, b)) in la.iter().zip(&lb) {
+            assert_eq!(sa, sb);
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{m} step {sa}: loss {a} vs {b}"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn oom_recovery_on_cuda_leaves_the_neighbour_untouched() {

@@ -161,6 +161,18 @@ fn schedules_parse() {
 }
 
 #[test]
+fn cuda_graphs_default_on_and_take_a_boolean() {
+    assert!(parse(MEMBER).unwrap().run.cuda_graphs);
+    let off = parse(&format!("[run]\ncuda_graphs = false\n{MEMBER}")).unwrap();
+    assert!(!off.run.cuda_graphs);
+    let e = parse(&format!("[run]\ncuda_graphs = \"yes\"\n{MEMBER}")).unwrap_err();
+    assert!(
+        e.contains("cuda_graphs") && e.contains("true or false"),
+        "{e}"
+    );
+}
+
+#[test]
 fn two_members_with_one_directory_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let text = format!(

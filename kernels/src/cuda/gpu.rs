@@ -363,6 +363,8 @@ pub struct Gpu {
     capturing: AtomicBool,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
     captured_host: Mutex<Vec<PinnedBuffer>>,
+    /// Pinned buffers of finished [`HostCopy`]s, reused: pinning memory costs more than a step.
+    host_copy_buffers: Mutex<Vec<PinnedBuffer>>,
     /// Scratch areas of ops captured meanwhile: each graph owns its own, so graphs may replay concurrently.
     captured_scratch: Mutex<Vec<DeviceBuffer>>,
     /// Those of ops captured on the side stream, whose nodes run alongside the compute stream's.
@@ -451,6 +453,7 @@ impl Gpu {
             side_scratch: Mutex::new(None),
             capturing: AtomicBool::new(false),
             captured_host: Mutex::new(Vec::new()),
+            host_copy_buffers: Mutex::new(Vec::new()),
             captured_scratch: Mutex::new(Vec::new()),
             captured_side_scratch: Mutex::new(Vec::new()),
             lanes: Mutex::new(Lanes::default()),
@@ -702,6 +705,54 @@ impl Gpu {
             .synchronize()
             .map_err(|e| cuda_err("waiting for the compute stream", e))?;
         self.check_flag()
+    }
+
+    /// Queues a copy of `bytes` bytes at `src` to the host behind the compute stream's work so far,
+    /// without waiting for it: the host goes on queueing work and reads the bytes once the copy is
+    /// done ([`HostCopy::wait`]). An index error flagged meanwhile is reported by the next
+    /// [`Gpu::dtoh`] or [`Gpu::synchronize`].
+    ///
+    /// # Safety
+    /// `src` must address at least `bytes` bytes of this device's memory, not freed before the
+    /// copy runs (the caching allocator keeps stream order, so freeing a tensor after this is fine).
+    ///
+    /// # Errors
+    /// During a capture; the driver rejects the copy or its event; no pinned memory.
+    pub unsafe fn dtoh_later(self: &Arc<Self>, src: u64, bytes: usize) -> Result<HostCopy> {
+        self.refuse_in_capture("reading a tensor back to the host")?;
+        self.bind()?;
+        let reused = {
+            let mut free = lock(&self.host_copy_buffers);
+            free.iter()
+                .position(|b| b.bytes >= bytes)
+                .map(|i| free.swap_remove(i))
+        };
+        let mut buf = match reused {
+            Some(b) => b,
+            None => self.alloc_pinned(bytes.max(64))?,
+        };
+        if bytes > 0 {
+            // SAFETY: caller guarantees src; the pinned buffer outlives the copy (HostCopy keeps
+            // it until the copy's event is done).
+            unsafe {
+                drv::memcpy_dtoh_async(
+                    &mut buf.as_mut_slice()[..bytes],
+                    src,
+                    self.compute.cu_stream(),
+                )
+            }
+            .map_err(|e| cuda_err("copying device to host", e))?;
+        }
+        let event = self
+            .compute
+            .record_event(None)
+            .map_err(|e| cuda_err("recording an event", e))?;
+        Ok(HostCopy {
+            buf: Some(buf),
+            bytes,
+            event,
+            gpu: self.clone(),
+        })
     }
 
     /// Copies `bytes` bytes from `src` to `dst` on the device.
@@ -1031,6 +1082,57 @@ impl Drop for PinnedBuffer {
     }
 }
 
+/// Device bytes on their way to the host ([`Gpu::dtoh_later`]).
+pub struct HostCopy {
+    buf: Option<PinnedBuffer>,
+    bytes: usize,
+    event: CudaEvent,
+    gpu: Arc<Gpu>,
+}
+
+impl fmt::Debug for HostCopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "HostCopy({} bytes, done: {})",
+            self.bytes,
+            self.is_done()
+        )
+    }
+}
+
+impl HostCopy {
+    /// Whether the bytes have arrived (without waiting).
+    pub fn is_done(&self) -> bool {
+        self.event.is_complete()
+    }
+
+    /// The bytes, once the copy (and the work queued before it) is done.
+    ///
+    /// # Errors
+    /// A queued kernel or the copy failed.
+    pub fn wait(&self) -> Result<&[u8]> {
+        self.event
+            .synchronize()
+            .map_err(|e| cuda_err("waiting for a copy to the host", e))?;
+        Ok(self
+            .buf
+            .as_ref()
+            .map_or(&[][..], |b| &b.as_slice()[..self.bytes]))
+    }
+}
+
+impl Drop for HostCopy {
+    fn drop(&mut self) {
+        // A copy still running writes the buffer: only a finished one goes back for reuse.
+        if let Some(buf) = self.buf.take()
+            && self.event.synchronize().is_ok()
+        {
+            lock(&self.gpu.host_copy_buffers).push(buf);
+        }
+    }
+}
+
 /// The end of copies queued on the copy stream: the compute stream waits on it before using
 /// their data ([`CopyEvent::wait_on_compute`]); the host waits on it before reusing their pinned
 /// source ([`CopyEvent::synchronize`]).
@@ -1087,6 +1189,11 @@ pub struct GpuGraph {
     _scratch: Vec<DeviceBuffer>,
     gpu: Arc<Gpu>,
 }
+
+// SAFETY: the graph and its instantiation are driver objects of the device's context, usable from
+// any thread; `launch` binds the context first, and `&self` methods never run concurrently with
+// drop. A unit that owns a graph may move to another thread between steps.
+unsafe impl Send for GpuGraph {}
 
 impl fmt::Debug for GpuGraph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

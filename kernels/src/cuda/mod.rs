@@ -20,7 +20,8 @@ mod profile;
 pub use absent::{Gpu, device_count, driver_present};
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, PinnedBuffer, device_count, driver_present,
+    CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, HostCopy, PinnedBuffer, device_count,
+    driver_present,
 };
 
 #[cfg(feature = "cuda")]

@@ -49,6 +49,34 @@ impl MtTable {
     }
 }
 
+/// A captured optimizer step's state in device memory (`StepState` in `optim.cu`): the last
+/// finished step, finished blocks of the running step (0 between steps), and the factor every
+/// learning rate is scaled by.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StepState {
+    /// The last finished step (the next one runs as `last + 1`).
+    pub last: u32,
+    /// Blocks of the running step that finished; 0 between steps.
+    pub blocks: u32,
+    /// Factor on every learning rate.
+    pub scale: f32,
+    /// Padding to 16 bytes.
+    pub pad: u32,
+}
+
+impl StepState {
+    /// The state before step `next` (1-based), with rates scaled by `scale`.
+    pub fn before(next: u64, scale: f32) -> StepState {
+        StepState {
+            last: u32::try_from(next.saturating_sub(1)).unwrap_or(u32::MAX),
+            blocks: 0,
+            scale,
+            pad: 0,
+        }
+    }
+}
+
 /// The device buffers of one parameter: f32 `param` and `grad`, and the optimizer state
 /// (`state1`: SGD's momentum buffer or Adam's m; `state2`: Adam's v), all `len` long.
 #[derive(Clone, Copy, Debug)]
@@ -177,6 +205,34 @@ fn table_launch(blocks: usize) -> Result<Launch> {
 /// # Errors
 /// Rates that do not split a parameter evenly, a missing momentum buffer, or a launch failure.
 pub unsafe fn sgd_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { sgd(gpu, params, h, 0) }
+}
+
+/// [`sgd_step`] for a step that is captured into a CUDA graph: the rates are scaled by the
+/// [`StepState`] at `state`, which the host sets before each replay.
+///
+/// # Safety
+/// As [`sgd_step`]; `state` must address a [`StepState`] on this device that lives as long as the
+/// captured work.
+///
+/// # Errors
+/// As [`sgd_step`].
+pub unsafe fn sgd_step_scaled(
+    gpu: &Gpu,
+    params: &[ParamBuffers<'_>],
+    h: &SgdParams<'_>,
+    state: u64,
+) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { sgd(gpu, params, h, state) }
+}
+
+/// SGD with its rates scaled by the [`StepState`] at `state` (none when 0).
+///
+/// # Safety
+/// As [`sgd_step_scaled`] (the state only when not 0).
+unsafe fn sgd(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>, state: u64) -> Result<()> {
     let use_buf: u32 = u32::from(h.momentum != 0.0);
     if use_buf == 1 && params.iter().any(|p| p.state1 == 0 && p.len > 0) {
         return Err(Error::Cuda(
@@ -189,11 +245,12 @@ pub unsafe fn sgd_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>
     let nesterov = u32::from(h.nesterov);
     pack(
         params,
-        |lr| (lr as f32, 1.0),
+        |lr| (lr as f32, 0.0),
         |t, blocks, _| {
             let table = *t;
-            let mut args = kernel_args![table, wd, mom, damp, nesterov, use_buf];
-            // SAFETY: matches `sgd_f32(MtTable, float, float, float, u32, u32)`; buffers per the caller.
+            let mut args = kernel_args![table, wd, mom, damp, nesterov, use_buf, state];
+            // SAFETY: matches `sgd_f32(MtTable, float, float, float, u32, u32, StepState*)`;
+            // buffers per the caller.
             unsafe { gpu.launch(&SRC, "sgd_f32", table_launch(blocks)?, &mut args) }
         },
     )
@@ -214,13 +271,12 @@ pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'
 }
 
 /// [`adam_step`] for a step that is captured into a CUDA graph: the step runs as step
-/// `counter[0] + 1` and then advances `counter[0]` by one (`counter` addresses two `u32`; the
-/// second, zero between steps, counts finished blocks). So each replay of the graph applies the
-/// next step's bias correction; set `counter[0]` to the step before the first replay's (e.g.
-/// `h.step - 1`) and `counter[1]` to 0 after the capture.
+/// `state.last + 1`, with its rates scaled by `state.scale`, and then advances `state.last` by one.
+/// So each replay of the graph applies the next step's bias correction; the host sets the state
+/// before a replay where it knows better (eager steps in between, a learning-rate schedule).
 ///
 /// # Safety
-/// As [`adam_step`]; `counter` must address two `u32` on this device that live as long as the
+/// As [`adam_step`]; `state` must address a [`StepState`] on this device that lives as long as the
 /// captured work.
 ///
 /// # Errors
@@ -229,22 +285,22 @@ pub unsafe fn adam_step_counted(
     gpu: &Gpu,
     params: &[ParamBuffers<'_>],
     h: &AdamParams<'_>,
-    counter: u64,
+    state: u64,
 ) -> Result<()> {
     // SAFETY: forwarded.
-    unsafe { adam(gpu, params, h, Some(counter)) }
+    unsafe { adam(gpu, params, h, Some(state)) }
 }
 
-/// Adam with the bias corrections of `h.step` computed here, or of the step in `counter` computed
+/// Adam with the bias corrections of `h.step` computed here, or of the step in `state` computed
 /// on the device.
 ///
 /// # Safety
-/// As [`adam_step_counted`] (the counter only when given).
+/// As [`adam_step_counted`] (the state only when given).
 unsafe fn adam(
     gpu: &Gpu,
     params: &[ParamBuffers<'_>],
     h: &AdamParams<'_>,
-    counter: Option<u64>,
+    state: Option<u64>,
 ) -> Result<()> {
     if params
         .iter()
@@ -254,50 +310,46 @@ unsafe fn adam(
             "adam_step: every parameter needs both moment buffers".into(),
         ));
     }
-    // The counted kernel divides by its own corrections: the rates then hold the plain lr.
     let step = h.step.max(1) as i32;
-    let (bc1, bc2) = match counter {
-        None => (1.0 - h.beta1.powi(step), 1.0 - h.beta2.powi(step)),
-        Some(_) => (1.0, 1.0),
-    };
+    let (bc1, bc2) = (1.0 - h.beta1.powi(step), 1.0 - h.beta2.powi(step));
     let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
     let (one_b1, one_b2) = ((1.0 - h.beta1) as f32, (1.0 - h.beta2) as f32);
     let eps = h.eps as f32;
-    let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+    let (inv_bc1, inv_sqrt_bc2) = ((1.0 / bc1) as f32, (1.0 / bc2.sqrt()) as f32);
     let l2 = if h.decoupled {
         0.0
     } else {
         h.weight_decay as f32
     };
-    let (wd, decoupled) = (h.weight_decay, h.decoupled);
+    let decay = if h.decoupled { h.weight_decay } else { 0.0 };
     pack(
         params,
-        |lr| {
-            (
-                (lr / bc1) as f32,
-                if decoupled {
-                    (1.0 - lr * wd) as f32
-                } else {
-                    1.0
-                },
-            )
-        },
+        |lr| (lr as f32, (lr * decay) as f32),
         |t, blocks, last| {
             let table = *t;
             let cfg = table_launch(blocks)?;
-            match counter {
+            match state {
                 None => {
-                    let mut args =
-                        kernel_args![table, b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2];
-                    // SAFETY: matches `adam_f32(MtTable, float x7)`; buffers per the caller.
+                    let mut args = kernel_args![
+                        table,
+                        b1,
+                        b2,
+                        one_b1,
+                        one_b2,
+                        eps,
+                        inv_sqrt_bc2,
+                        inv_bc1,
+                        l2
+                    ];
+                    // SAFETY: matches `adam_f32(MtTable, float x8)`; buffers per the caller.
                     unsafe { gpu.launch(&SRC, "adam_f32", cfg, &mut args) }
                 }
-                Some(counter) => {
+                Some(state) => {
                     let advance = u32::from(last);
                     let mut args =
-                        kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, counter, advance];
-                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, u32*, u32)`; buffers
-                    // per the caller.
+                        kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, state, advance];
+                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, StepState*, u32)`;
+                    // buffers per the caller.
                     unsafe { gpu.launch(&SRC, "adam_f32_counted", cfg, &mut args) }
                 }
             }

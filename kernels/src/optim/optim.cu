@@ -18,7 +18,17 @@ struct MtTable {
     u32 pad;
     u64 block_start[MT_MAX + 1];
     MtEntry e[MT_MAX];
-    float rates[2 * MT_RATES];  // per member: (lr or step size, decoupled shrink factor)
+    float rates[2 * MT_RATES];  // per member: (lr, lr·wd for AdamW's decoupled decay else 0)
+};
+
+// A captured step's state in device memory (set by the host before each replay): the last finished
+// step, a count of finished blocks (0 between steps), and the factor the rates are scaled by (the
+// learning-rate schedule's factor relative to the one at capture).
+struct StepState {
+    u32 last;
+    u32 blocks;
+    float scale;
+    u32 pad;
 };
 
 __device__ __forceinline__ int mt_entry(const MtTable& t, u64 b) {
@@ -27,8 +37,11 @@ __device__ __forceinline__ int mt_entry(const MtTable& t, u64 b) {
     return k;
 }
 
-// SGD, PyTorch semantics with a zero-initialised buffer (see cpu.rs).
-extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u32 nesterov, u32 use_buf) {
+// SGD, PyTorch semantics with a zero-initialised buffer (see cpu.rs); `state` (null outside a
+// captured step) scales the rates.
+extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u32 nesterov, u32 use_buf,
+                                   const StepState* state) {
+    const float scale = state ? state->scale : 1.0f;
     const int k = mt_entry(t, blockIdx.x);
     const MtEntry e = t.e[k];
     float* p = (float*)e.p;
@@ -37,7 +50,7 @@ extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u
     const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
     const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
     for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const float lr = t.rates[2 * (e.rate0 + i / e.per_member)];
+        const float lr = t.rates[2 * (e.rate0 + i / e.per_member)] * scale;
         const float pv = p[i];
         float gv = g[i] + wd * pv;
         if (use_buf) {
@@ -51,7 +64,7 @@ extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u
 
 // One Adam / AdamW element: l2 = wd for Adam (0 for AdamW, whose decay is the shrink factor).
 struct AdamConsts {
-    float b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1;
+    float b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, scale;
 };
 __device__ __forceinline__ void adam_one(const AdamConsts& c, float step_size, float shrink, float& p, float g,
                                          float& m, float& v) {
@@ -61,7 +74,8 @@ __device__ __forceinline__ void adam_one(const AdamConsts& c, float step_size, f
     p = p * shrink - step_size * m / (sqrtf(v) * c.inv_sqrt_bc2 + c.eps);
 }
 
-// This block's chunk of its entry; rates[2r] times c.inv_bc1 is the step size of member r. Four elements per load
+// This block's chunk of its entry; member r steps by rates[2r]·scale·inv_bc1 and shrinks by
+// 1 - rates[2r+1]·scale (AdamW). Four elements per load
 // where every member's range and every buffer is 16-byte aligned (a float4 then never straddles two members).
 __device__ void adam_chunk(const MtTable& t, const AdamConsts& c) {
     const int k = mt_entry(t, blockIdx.x);
@@ -75,7 +89,8 @@ __device__ void adam_chunk(const MtTable& t, const AdamConsts& c) {
     if (e.per_member % 4 == 0 && ((e.p | e.g | e.a | e.b) & 15) == 0) {
         for (u64 i = start + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
             const u32 r = e.rate0 + (u32)(i / e.per_member);
-            const float step_size = t.rates[2 * r] * c.inv_bc1, shrink = t.rates[2 * r + 1];
+            const float step_size = t.rates[2 * r] * c.scale * c.inv_bc1;
+            const float shrink = 1.0f - t.rates[2 * r + 1] * c.scale;
             float4 pv = *(float4*)(p + i), mv = *(float4*)(m + i), vv = *(float4*)(v + i);
             const float4 gv = *(const float4*)(g + i);
             adam_one(c, step_size, shrink, pv.x, gv.x, mv.x, vv.x);
@@ -89,34 +104,35 @@ __device__ void adam_chunk(const MtTable& t, const AdamConsts& c) {
     } else {
         for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
             const u32 r = e.rate0 + (u32)(i / e.per_member);
-            adam_one(c, t.rates[2 * r] * c.inv_bc1, t.rates[2 * r + 1], p[i], g[i], m[i], v[i]);
+            adam_one(c, t.rates[2 * r] * c.scale * c.inv_bc1, 1.0f - t.rates[2 * r + 1] * c.scale, p[i], g[i], m[i],
+                     v[i]);
         }
     }
 }
 
-// Adam / AdamW: rates hold (lr / bias_correction1, 1 - lr·wd when decoupled else 1); l2 = wd for Adam.
+// Adam / AdamW; l2 = wd for Adam.
 extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1, float one_b2, float eps,
-                                    float inv_sqrt_bc2, float l2) {
-    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, 1.0f});
+                                    float inv_sqrt_bc2, float inv_bc1, float l2) {
+    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, 1.0f});
 }
 
-// Graph-capturable Adam: the last finished step lives in device memory (`counter[0]`), so every
-// replay of a captured step applies the right bias correction. The last block of the step's last
-// launch (`advance`) moves the count on, counting finished blocks in `counter[1]`: no separate
-// kernel on the step's critical path. rates[2r] holds the plain learning rate here.
+// Graph-capturable Adam: the step and the rates' scale live in device memory (`state`), so every
+// replay of a captured step applies the right bias correction and schedule. The last block of the
+// step's last launch (`advance`) moves the step on, counting finished blocks in `state->blocks`:
+// no separate kernel on the step's critical path.
 extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float one_b1, float one_b2,
-                                            float eps, float l2, u32* counter, u32 advance) {
-    const float step = (float)(counter[0] + 1u);
+                                            float eps, float l2, StepState* state, u32 advance) {
+    const float step = (float)(state->last + 1u);
     const float inv_bc1 = 1.0f / (1.0f - powf(b1, step));
     const float inv_sqrt_bc2 = rsqrtf(1.0f - powf(b2, step));
-    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1});
+    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, state->scale});
     if (!advance) return;
-    __syncthreads();  // every thread of this block has read counter[0]
+    __syncthreads();  // every thread of this block has read state->last
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(&counter[1], 1u) == gridDim.x - 1) {
-            counter[1] = 0;
-            counter[0] += 1;
+        if (atomicAdd(&state->blocks, 1u) == gridDim.x - 1) {
+            state->blocks = 0;
+            state->last += 1;
         }
     }
 }

@@ -91,6 +91,36 @@ pub fn to_host(src: &CudaStorage) -> Result<CpuStorage> {
     Err(unavailable("to_host", src.ordinal))
 }
 
+/// Device memory on its way to the host. This build has no CUDA support, so no value of it can
+/// exist.
+#[derive(Debug)]
+pub struct PendingHost {
+    never: std::convert::Infallible,
+}
+
+impl PendingHost {
+    /// Never called: no value exists in this build.
+    pub fn is_done(&self) -> bool {
+        match self.never {}
+    }
+
+    /// Never called: no value exists in this build.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn wait(&self) -> Result<CpuStorage> {
+        match self.never {}
+    }
+}
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn to_host_later(src: &CudaStorage) -> Result<PendingHost> {
+    Err(unavailable("to_host_later", src.ordinal))
+}
+
 /// See [`crate::cpu::cast`].
 pub fn cast(s: &CudaStorage, dtype: DType) -> Result<CudaStorage> {
     let _ = dtype;
@@ -423,6 +453,25 @@ impl CudaGraph {
     /// # Errors
     /// Never.
     pub fn replay(&self) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Never called: no graph exists in this build.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn set_optimizer_step(&self, next: u64, lr_scale: f32) -> Result<()> {
+        let _ = (next, lr_scale);
+        match self.never {}
+    }
+
+    /// Never called: no graph exists in this build.
+    pub fn has_optimizer_step(&self) -> bool {
+        match self.never {}
+    }
+
+    /// Never called: no graph exists in this build.
+    pub fn pool_stats(&self) -> cohort_alloc::MemoryReport {
         match self.never {}
     }
 }

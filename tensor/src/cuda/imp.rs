@@ -313,6 +313,51 @@ pub fn to_host(src: &CudaStorage) -> Result<CpuStorage> {
     })
 }
 
+/// Device memory on its way to the host ([`to_host_later`]).
+#[derive(Debug)]
+pub struct PendingHost {
+    copy: cohort_kernels::cuda::HostCopy,
+    dtype: DType,
+}
+
+impl PendingHost {
+    /// Whether the copy is done (without waiting).
+    pub fn is_done(&self) -> bool {
+        self.copy.is_done()
+    }
+
+    /// The elements, once the copy is done.
+    ///
+    /// # Errors
+    /// A queued kernel or the copy failed.
+    pub fn wait(&self) -> Result<CpuStorage> {
+        let b = self.copy.wait()?;
+        Ok(match self.dtype {
+            DType::F32 => CpuStorage::F32(bytemuck::pod_collect_to_vec(b)),
+            DType::F16 => CpuStorage::F16(bytemuck::pod_collect_to_vec(b)),
+            DType::BF16 => CpuStorage::BF16(bytemuck::pod_collect_to_vec(b)),
+            DType::I32 => CpuStorage::I32(bytemuck::pod_collect_to_vec(b)),
+            DType::U8 => CpuStorage::U8(b.to_vec()),
+            DType::F64 => CpuStorage::F64(bytemuck::pod_collect_to_vec(b)),
+        })
+    }
+}
+
+/// Queues a copy of device memory to the host behind the work queued so far, without waiting.
+///
+/// # Errors
+/// During a capture; the driver rejects the copy.
+pub fn to_host_later(src: &CudaStorage) -> Result<PendingHost> {
+    let bytes = src.len * src.dtype.size_in_bytes();
+    // SAFETY: the storage holds `bytes` bytes; a block freed after this is reused in stream order,
+    // after the copy.
+    let copy = unsafe { src.gpu.dtoh_later(src.device_ptr(), bytes)? };
+    Ok(PendingHost {
+        copy,
+        dtype: src.dtype,
+    })
+}
+
 /// A point in the device's compute stream, timed when the GPU reaches it.
 #[derive(Debug)]
 pub struct StreamMark(cudarc::driver::CudaEvent);
@@ -1268,8 +1313,26 @@ pub fn sgd_step(
         len: param.len,
         lrs: h.lrs,
     };
-    // SAFETY: every buffer was checked to hold len f32 on this device.
-    unsafe { optim_cuda::sgd_step(&param.gpu, &[pb], h)? };
+    sgd_launch(&param.gpu, &[pb], h)
+}
+
+/// Launches SGD over checked buffers; during a graph capture, with a device factor on the rates
+/// that the host sets before each replay (see [`capture`]).
+fn sgd_launch(
+    gpu: &Arc<Gpu>,
+    bufs: &[optim_cuda::ParamBuffers<'_>],
+    h: &SgdParams<'_>,
+) -> Result<()> {
+    if gpu.is_capturing() {
+        // SGD's update does not depend on the step number: the state only scales the rates.
+        let state = capture::step_state(gpu, 1)?;
+        // SAFETY: every buffer was checked to hold len f32 on this device; the state lives as
+        // long as the graph.
+        unsafe { optim_cuda::sgd_step_scaled(gpu, bufs, h, state)? };
+    } else {
+        // SAFETY: every buffer was checked to hold len f32 on this device.
+        unsafe { optim_cuda::sgd_step(gpu, bufs, h)? };
+    }
     Ok(())
 }
 
@@ -1296,18 +1359,18 @@ pub fn adam_step(
     adam_launch(&param.gpu, &[pb], h)
 }
 
-/// Launches Adam over checked buffers; during a graph capture, with the step number in device
-/// memory so that every replay advances it (see [`capture`]).
+/// Launches Adam over checked buffers; during a graph capture, with the step number and a factor
+/// on the rates in device memory: every replay advances the step (see [`capture`]).
 fn adam_launch(
     gpu: &Arc<Gpu>,
     bufs: &[optim_cuda::ParamBuffers<'_>],
     h: &AdamParams<'_>,
 ) -> Result<()> {
     if gpu.is_capturing() {
-        let counter = capture::step_counter(gpu, h.step)?;
-        // SAFETY: every buffer was checked to hold len f32 on this device; the counter is a
-        // u32 block of the graph's pool, alive as long as the graph.
-        unsafe { optim_cuda::adam_step_counted(gpu, bufs, h, counter)? };
+        let state = capture::step_state(gpu, h.step)?;
+        // SAFETY: every buffer was checked to hold len f32 on this device; the state lives as
+        // long as the graph.
+        unsafe { optim_cuda::adam_step_counted(gpu, bufs, h, state)? };
     } else {
         // SAFETY: every buffer was checked to hold len f32 on this device.
         unsafe { optim_cuda::adam_step(gpu, bufs, h)? };
@@ -1395,9 +1458,7 @@ pub fn sgd_step_many(
             lrs,
         });
     }
-    // SAFETY: every buffer was checked to hold len f32 on this device.
-    unsafe { optim_cuda::sgd_step(&gpu, &bufs, h)? };
-    Ok(())
+    sgd_launch(&gpu, &bufs, h)
 }
 
 /// The device's caching allocator, with `trim` made safe for queued work: returning regions to the

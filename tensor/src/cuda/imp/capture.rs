@@ -6,14 +6,16 @@
 //! owns or that were live (parameters, optimizer state, static inputs) when it was captured.
 //!
 //! What a replay repeats: every kernel, cuBLAS call and host-to-device copy of the captured step,
-//! with the same addresses and the same scalar arguments (so learning rates are those at
-//! capture). Adam's step number is the exception: it lives on the device and advances by one per
-//! replay, so bias correction follows the real step.
+//! with the same addresses and the same scalar arguments. The optimizer's step is the exception:
+//! its number and a factor on its learning rates live on the device. The number advances by one
+//! per replay, so Adam's bias correction follows the real step, and
+//! [`CudaGraph::set_optimizer_step`] sets both before a replay (a schedule, eager steps between).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cohort_kernels::cuda::{DeviceBuffer, GpuGraph};
+use cohort_kernels::optim::cuda::StepState;
 
 use super::*;
 
@@ -23,9 +25,8 @@ struct Active {
     pool: Arc<dyn DeviceAllocator>,
     /// Blocks of other allocators freed during the capture, returned when the graph drops.
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
-    /// Adam step counters (the last step and a block count, two u32 each) with the step they stood
-    /// for at capture.
-    counters: Vec<(DeviceBuffer, u64)>,
+    /// Optimizer step states ([`StepState`]) with the step they stood for at capture.
+    states: Vec<(DeviceBuffer, u64)>,
 }
 
 static CAPTURING: AtomicBool = AtomicBool::new(false);
@@ -70,19 +71,19 @@ pub(super) fn defer_free(
     }
 }
 
-/// A device step counter for a captured Adam step that stood for step `step`.
-pub(super) fn step_counter(gpu: &Arc<Gpu>, step: u64) -> Result<u64> {
+/// The device [`StepState`] of a captured optimizer step that stood for step `step`.
+pub(super) fn step_state(gpu: &Arc<Gpu>, step: u64) -> Result<u64> {
     let mut guard = active();
     let a = guard
         .as_mut()
         .filter(|a| a.ordinal == gpu.ordinal())
-        .ok_or_else(|| capture_error("a step counter outside a graph capture"))?;
+        .ok_or_else(|| capture_error("an optimizer step state outside a graph capture"))?;
     // Its own allocation, not a pool block: the pool hands the blocks of the step's temporaries
     // out again within the same capture, and a kernel writing such a block on every replay would
     // overwrite the count.
-    let counter = gpu.alloc(8)?;
-    let ptr = counter.ptr();
-    a.counters.push((counter, step));
+    let state = gpu.alloc(std::mem::size_of::<StepState>())?;
+    let ptr = state.ptr();
+    a.states.push((state, step));
     Ok(ptr)
 }
 
@@ -94,7 +95,7 @@ pub struct CudaGraph {
     gpu: Arc<Gpu>,
     pool: Arc<dyn DeviceAllocator>,
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
-    counters: Vec<DeviceBuffer>,
+    states: Vec<DeviceBuffer>,
 }
 
 impl fmt::Debug for CudaGraph {
@@ -113,6 +114,29 @@ impl CudaGraph {
             Some(g) => Ok(g.launch()?),
             None => Err(capture_error("replay of a dropped CUDA graph")),
         }
+    }
+
+    /// Sets the captured optimizer steps' state for the next replay: it runs as step `next`
+    /// (1-based, as [`Optimizer::steps`](../../cohort_optim) + 1) with every learning rate
+    /// multiplied by `lr_scale` (the rates captured are those of the captured step). Queued on the
+    /// compute stream, so it applies from the next replay on; replays after it advance the step.
+    ///
+    /// # Errors
+    /// The driver rejects the copy.
+    pub fn set_optimizer_step(&self, next: u64, lr_scale: f32) -> Result<()> {
+        let words = [StepState::before(next, lr_scale)];
+        for state in &self.states {
+            // SAFETY: the buffer holds one StepState; the copy is ordered before later replays.
+            unsafe { self.gpu.htod(state.ptr(), bytemuck::cast_slice(&words)) }?;
+        }
+        Ok(())
+    }
+
+    /// Whether the graph holds an optimizer step (whose state [`set_optimizer_step`] sets).
+    ///
+    /// [`set_optimizer_step`]: CudaGraph::set_optimizer_step
+    pub fn has_optimizer_step(&self) -> bool {
+        !self.states.is_empty()
     }
 
     /// Statistics of the graph's private pool (the memory its replays use beyond the tensors
@@ -152,7 +176,7 @@ impl Drop for CudaGraph {
         for (alloc, block) in self.deferred.drain(..) {
             alloc.free(block);
         }
-        self.counters.clear();
+        self.states.clear();
     }
 }
 
@@ -193,7 +217,7 @@ pub fn capture<R, E: From<Error>>(
             ordinal,
             pool: pool.clone(),
             deferred: Vec::new(),
-            counters: Vec::new(),
+            states: Vec::new(),
         });
     }
     CAPTURING.store(true, Ordering::Release);
@@ -217,7 +241,7 @@ pub fn capture<R, E: From<Error>>(
         gpu: gpu.clone(),
         pool,
         deferred: state.deferred,
-        counters: Vec::new(),
+        states: Vec::new(),
     };
     // On failure `built` drops here: the deferred blocks go back (nothing captured ever runs).
     let out = match out {
@@ -228,24 +252,94 @@ pub fn capture<R, E: From<Error>>(
         }
     };
     built.graph = Some(graph?);
-    for (counter, step) in state.counters {
-        let before = u32::try_from(step.saturating_sub(1)).unwrap_or(u32::MAX);
-        let words: [u32; 2] = [before, 0];
-        // SAFETY: the counter holds two 4-byte elements.
-        unsafe { gpu.htod(counter.ptr(), bytemuck::cast_slice(&words)) }.map_err(Error::from)?;
-        built.counters.push(counter);
+    for (buf, step) in state.states {
+        let words = [StepState::before(step, 1.0)];
+        // SAFETY: the buffer holds one StepState.
+        unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(&words)) }.map_err(Error::from)?;
+        built.states.push(buf);
     }
     Ok((built, out))
 }
 
-/// A Bfc over plain `cuMemAlloc` segments, used by one graph only.
+/// A Bfc used by one graph only, over regions of the device's shared allocator charged to the
+/// capturing thread's tenant: a graph's memory counts against its member's budget and the
+/// device's pool limit, and goes back to the shared cache when the graph drops.
 fn private_pool(ordinal: usize) -> Result<cohort_alloc::DeviceBfc> {
     let config = cohort_alloc::Config::builder()
         .device(cohort_alloc::DeviceSelector::Cuda(ordinal))
         .build()?;
-    let source: Box<dyn cohort_alloc::MemorySource> =
-        Box::new(cohort_alloc::CudaMemory::new(ordinal)?);
+    let shared = crate::memory::allocator(&Device::Cuda(ordinal))?;
+    let source: Box<dyn cohort_alloc::MemorySource> = Box::new(SharedRegions {
+        ordinal,
+        tenant: crate::memory::current_tenant(),
+        shared,
+        held: Vec::new(),
+    });
     Ok(cohort_alloc::Bfc::new(source, config)?)
+}
+
+/// Regions of the shared allocator, as a private pool's memory source.
+#[derive(Debug)]
+struct SharedRegions {
+    ordinal: usize,
+    tenant: TenantId,
+    shared: Arc<dyn DeviceAllocator>,
+    held: Vec<Block>,
+}
+
+impl cohort_alloc::MemorySource for SharedRegions {
+    fn name(&self) -> String {
+        format!("cuda:{} graph pool", self.ordinal)
+    }
+    fn capacity(&self) -> u64 {
+        self.shared.stats().limit
+    }
+    fn device_free(&self) -> u64 {
+        self.shared.stats().device_free
+    }
+    fn reserve(
+        &mut self,
+        bytes: u64,
+    ) -> std::result::Result<cohort_alloc::Region, cohort_alloc::SourceError> {
+        let size = usize::try_from(bytes)
+            .map_err(|_| cohort_alloc::SourceError::OutOfMemory { requested: bytes })?;
+        let block = self
+            .shared
+            .alloc(size, self.tenant)
+            .map_err(|_| cohort_alloc::SourceError::OutOfMemory { requested: bytes })?;
+        let region = cohort_alloc::Region {
+            base: block.ptr,
+            size: bytes,
+        };
+        self.held.push(block);
+        Ok(region)
+    }
+    fn release(
+        &mut self,
+        region: cohort_alloc::Region,
+    ) -> std::result::Result<(), cohort_alloc::SourceError> {
+        let at = self
+            .held
+            .iter()
+            .position(|b| b.ptr == region.base)
+            .ok_or_else(|| {
+                cohort_alloc::SourceError::Failed(cohort_alloc::Error::Source {
+                    source_name: self.name(),
+                    call: "release",
+                    detail: format!("no region at {:#x} was reserved here", region.base),
+                })
+            })?;
+        self.shared.free(self.held.swap_remove(at));
+        Ok(())
+    }
+}
+
+impl Drop for SharedRegions {
+    fn drop(&mut self) {
+        for block in self.held.drain(..) {
+            self.shared.free(block);
+        }
+    }
 }
 
 fn capture_error(reason: &str) -> Error {
@@ -286,12 +380,114 @@ mod tests {
     /// One training-like step: a gradient from the input (host constants, an index op and
     /// temporaries inside), then Adam on `p`.
     fn step(p: &Tensor, m: &Tensor, v: &Tensor, x: &Tensor, t: u64) -> Result<()> {
+        step_at(p, m, v, x, t, 1e-2)
+    }
+
+    fn step_at(p: &Tensor, m: &Tensor, v: &Tensor, x: &Tensor, t: u64, lr: f64) -> Result<()> {
         let dev = p.device();
         let scale = Tensor::from_vec(vec![0.5f32, 2.0], &[2], &dev)?;
         let pick = Tensor::from_vec(vec![1i32], &[1], &dev)?;
         let s = scale.reshape(&[1, 2])?.gather_last(&pick)?; // [1] = 2.0
         let g = x.mul(p)?.add(&x.square()?)?.mul(&s)?;
-        Tensor::adam_step_(p, &g, m, v, &[1e-2], 0.9, 0.999, 1e-8, 0.0, false, t)
+        Tensor::adam_step_(p, &g, m, v, &[lr], 0.9, 0.999, 1e-8, 0.0, false, t)
+    }
+
+    /// Replays whose optimizer step is set from the host (a schedule's factor, eager steps in
+    /// between) match eager steps at those rates and step numbers.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn replays_follow_the_optimizer_step_set_before_them() {
+        let _turn = exclusive();
+        let dev = Device::Cuda(0);
+        let inputs: Vec<Tensor> = (0..7).map(|k| input(400 + k, &dev)).collect();
+        // Per step from the second on: the rate's factor, and whether the step runs eagerly.
+        let plan = [
+            (1.0, false),
+            (0.5, false),
+            (0.25, true),
+            (0.125, false),
+            (2.0, false),
+        ];
+        let fresh = || {
+            let zeros = || Tensor::zeros(&[N], DType::F32, &dev).unwrap();
+            (input(7, &dev), zeros(), zeros())
+        };
+        let (p, m, v) = fresh();
+        step_at(&p, &m, &v, &inputs[0], 1, 1e-2).unwrap();
+        for (k, &(scale, _)) in plan.iter().enumerate() {
+            step_at(&p, &m, &v, &inputs[k + 1], k as u64 + 2, 1e-2 * scale).unwrap();
+        }
+        let eager = p.to_vec::<f32>().unwrap();
+
+        let (p, m, v) = fresh();
+        step_at(&p, &m, &v, &inputs[0], 1, 1e-2).unwrap();
+        let x = inputs[1].copy().unwrap();
+        let (graph, ()) = capture(&dev, || step_at(&p, &m, &v, &x, 2, 1e-2)).unwrap();
+        assert!(graph.has_optimizer_step());
+        for (k, &(scale, eagerly)) in plan.iter().enumerate() {
+            let t = k as u64 + 2;
+            if eagerly {
+                step_at(&p, &m, &v, &inputs[k + 1], t, 1e-2 * scale).unwrap();
+            } else {
+                x.assign_(&inputs[k + 1]).unwrap();
+                graph.set_optimizer_step(t, scale as f32).unwrap();
+                graph.replay().unwrap();
+            }
+        }
+        let replayed = p.to_vec::<f32>().unwrap();
+        let worst = eager
+            .iter()
+            .zip(&replayed)
+            .map(|(a, b)| (a - b).abs() / (1.0 + a.abs()))
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "relative difference {worst:e}");
+    }
+
+    /// A graph's private pool is taken from the shared allocator under the capturing tenant:
+    /// it counts against that tenant's budget and goes back when the graph drops.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_graphs_memory_is_charged_to_the_capturing_tenant() {
+        let _turn = exclusive();
+        let dev = Device::Cuda(0);
+        let alloc = crate::memory::allocator(&dev).unwrap();
+        let tenant = alloc
+            .add_tenant("graph-pool-test", TenantLimits::default())
+            .unwrap();
+        let in_use = || alloc.tenant_stats(tenant).map_or(0, |r| r.in_use);
+        let a = crate::memory::with_tenant(tenant, || input(3, &dev));
+        let before = in_use();
+        let (graph, out) =
+            crate::memory::with_tenant(tenant, || capture(&dev, || a.mul(&a)?.add(&a)?.exp()))
+                .unwrap();
+        let pool = graph.pool_stats().counters.reserved;
+        assert!(pool > 0);
+        assert_eq!(
+            in_use(),
+            before + pool,
+            "the pool's regions are the tenant's"
+        );
+        graph.replay().unwrap();
+        assert_eq!(out.to_vec::<f32>().unwrap().len(), N);
+        drop(out);
+        drop(graph);
+        assert_eq!(in_use(), before, "the regions go back with the graph");
+
+        // A budget too small for the graph: the capture fails with the allocator's error and the
+        // device stays usable.
+        let small = alloc
+            .add_tenant("graph-pool-small", TenantLimits::limit(1 << 20))
+            .unwrap();
+        let big = input(4, &dev).reshape(&[64, 64]).unwrap();
+        let r = crate::memory::with_tenant(small, || {
+            capture(&dev, || {
+                let wide = big.broadcast_to(&[512, 64, 64])?;
+                wide.add_scalar(1.0)
+            })
+        });
+        let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("memory"), "{e}");
+        assert_eq!(a.add_scalar(1.0).unwrap().to_vec::<f32>().unwrap().len(), N);
     }
 
     #[test]

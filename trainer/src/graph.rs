@@ -1,0 +1,151 @@
+//! A unit's training step captured as a CUDA graph and replayed: one launch per step instead of a
+//! step's dozens of kernels and cuBLAS calls, so a small model's step costs GPU time, not host time.
+//!
+//! When: on a GPU, once a full batch of the unit's size has run eagerly (Adam's moments exist and
+//! cuBLASLt has tuned the step's products), for as long as the batch size stays. An epoch's short
+//! last batch runs eagerly between replays; a new batch size (control file, OOM) warms up and
+//! captures again; a split or a move builds a new unit, which starts eager. Models with dropout stay
+//! eager: a replay would draw the captured mask again.
+//!
+//! What keeps a replay equal to an eager step: the batch is copied into the graph's static inputs;
+//! the optimizer's step number and the schedule's factor over the one at capture are set on the
+//! device before each replay, and the host optimizer's count advances with it. The graph's memory
+//! comes from the shared allocator under the unit's tenant, so it counts against the member's budget.
+
+use cohort_autograd::{Model, Tape, loss};
+use cohort_optim::Optimizer;
+use cohort_tensor::cuda::CudaGraph;
+use cohort_tensor::{Device, Tensor};
+
+use crate::error::Result;
+
+/// A captured step with the tensors its replays read and write.
+pub(crate) struct StepGraph {
+    graph: CudaGraph,
+    x: Tensor,
+    y: Tensor,
+    /// Per-member loss, written by every replay.
+    loss: Tensor,
+    batch: usize,
+    /// The schedule's factor at capture: the captured rates are the base rates times this.
+    factor: f64,
+}
+
+impl std::fmt::Debug for StepGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StepGraph(batch {})", self.batch)
+    }
+}
+
+/// Whether a unit's steps are captured, and how far.
+#[derive(Debug)]
+pub(crate) enum Graphs {
+    /// Every step runs eagerly (the CPU, dropout, `cuda_graphs = false`, a failed capture).
+    Off,
+    /// Eager steps; the next full batch of `warm` examples (one ran eagerly) is captured.
+    Warming { warm: Option<usize> },
+    /// Full batches replay this graph.
+    Ready(Box<StepGraph>),
+}
+
+impl Graphs {
+    /// The state of a new unit.
+    pub(crate) fn new(enabled: bool) -> Graphs {
+        if enabled {
+            Graphs::Warming { warm: None }
+        } else {
+            Graphs::Off
+        }
+    }
+
+    /// Before a step of `n` examples in a unit of batch size `batch`: drops a graph of another
+    /// batch size; whether this step should be captured.
+    pub(crate) fn should_capture(&mut self, n: usize, batch: usize, opt: &Optimizer) -> bool {
+        if matches!(self, Graphs::Ready(g) if g.batch != batch) {
+            *self = Graphs::Warming { warm: None };
+        }
+        // A factor of 0 (the first step of some warm-ups) cannot be scaled from: wait a step.
+        n == batch
+            && matches!(self, Graphs::Warming { warm: Some(w) } if *w == n)
+            && opt.rate_factor() > 0.0
+    }
+
+    /// The graph to replay for a step of `n` examples, if there is one.
+    pub(crate) fn replayable(&self, n: usize) -> Option<&StepGraph> {
+        match self {
+            Graphs::Ready(g) if g.batch == n => Some(g.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// After an eager step of `n` examples in a unit of batch size `batch`.
+    pub(crate) fn ran_eagerly(&mut self, n: usize, batch: usize) {
+        if let Graphs::Warming { warm } = self
+            && n == batch
+        {
+            *warm = Some(n);
+        }
+    }
+}
+
+impl StepGraph {
+    /// Captures one training step of `model` and `opt` on `(x, y)`, which become the graph's
+    /// static inputs. Nothing runs: the caller replays it for this batch too. Run in the unit's
+    /// tenant scope, so that the graph's memory is charged to it.
+    ///
+    /// # Errors
+    /// Anything that cannot be captured (the error says what); the optimizer is as before.
+    pub(crate) fn capture(
+        model: &Model,
+        opt: &mut Optimizer,
+        device: &Device,
+        x: Tensor,
+        y: Tensor,
+    ) -> Result<StepGraph> {
+        let steps = opt.steps();
+        let factor = opt.rate_factor();
+        let batch = y.shape().first().copied().unwrap_or(0);
+        let captured = cohort_tensor::cuda::capture(device, || -> Result<Tensor> {
+            let tape = Tape::new();
+            let logits = model.forward(&tape, &x)?;
+            let l = loss::cross_entropy(&logits, &y)?;
+            tape.backward(&l)?;
+            opt.step()?;
+            opt.zero_grad();
+            Ok(l.value().clone())
+        });
+        // The capture ran nothing: the host's count stays, and a failed capture's gradients go.
+        opt.set_steps(steps);
+        opt.zero_grad();
+        let (graph, loss) = captured?;
+        Ok(StepGraph {
+            graph,
+            x,
+            y,
+            loss,
+            batch,
+            factor,
+        })
+    }
+
+    /// Copies the batch into the static inputs and queues one replay, as the optimizer's next
+    /// step; returns the per-member loss (the graph's own tensor, rewritten by the next replay).
+    ///
+    /// # Errors
+    /// Device errors.
+    pub(crate) fn replay(&self, opt: &mut Optimizer, x: &Tensor, y: &Tensor) -> Result<&Tensor> {
+        self.x.assign_(x)?;
+        self.y.assign_(y)?;
+        let next = opt.steps() + 1;
+        let scale = (opt.rate_factor() / self.factor) as f32;
+        self.graph.set_optimizer_step(next, scale)?;
+        self.graph.replay()?;
+        opt.set_steps(next);
+        Ok(&self.loss)
+    }
+
+    /// Bytes of the graph's private pool (charged to the unit's tenant).
+    pub(crate) fn pool_bytes(&self) -> u64 {
+        self.graph.pool_stats().counters.reserved
+    }
+}
