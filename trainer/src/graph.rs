@@ -149,3 +149,56 @@ impl StepGraph {
         self.graph.pool_stats().counters.reserved
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_optim::{OptimConfig, Schedule};
+
+    fn adam(schedule: Schedule) -> Optimizer {
+        Optimizer::new(OptimConfig::adam(1e-3), &[])
+            .unwrap()
+            .with_schedule(schedule)
+    }
+
+    #[test]
+    fn a_step_is_captured_only_after_a_full_batch_ran_eagerly() {
+        let opt = adam(Schedule::Constant);
+        let mut off = Graphs::new(false);
+        off.ran_eagerly(32, 32);
+        assert!(!off.should_capture(32, 32, &opt), "graphs off stay off");
+
+        let mut g = Graphs::new(true);
+        assert!(!g.should_capture(32, 32, &opt), "nothing ran eagerly yet");
+        g.ran_eagerly(20, 32);
+        assert!(
+            !g.should_capture(32, 32, &opt),
+            "a short batch does not warm"
+        );
+        g.ran_eagerly(32, 32);
+        assert!(
+            !g.should_capture(20, 32, &opt),
+            "a short batch is never captured"
+        );
+        assert!(g.should_capture(32, 32, &opt));
+        assert!(g.replayable(32).is_none());
+        // The unit's batch changed (OOM, control file): the new size warms up first.
+        assert!(!g.should_capture(16, 16, &opt));
+        g.ran_eagerly(16, 16);
+        assert!(g.should_capture(16, 16, &opt));
+    }
+
+    #[test]
+    fn a_schedule_at_zero_waits_for_a_step_it_can_scale_from() {
+        let mut opt = adam(Schedule::Step {
+            every: 1,
+            gamma: 0.0,
+        });
+        let mut g = Graphs::new(true);
+        g.ran_eagerly(8, 8);
+        assert!(g.should_capture(8, 8, &opt), "factor 1 at step 0");
+        opt.set_steps(1);
+        assert_eq!(opt.rate_factor(), 0.0);
+        assert!(!g.should_capture(8, 8, &opt));
+    }
+}
