@@ -57,6 +57,22 @@ fn final_tensors(run: &Path, member: &str) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// Member `m`'s last checkpoints in runs `a` and `b` hold the same tensors within a relative 1e-4.
+fn assert_same_tensors(a: &Path, b: &Path, m: &str) {
+    let (a, b) = (final_tensors(a, m), final_tensors(b, m));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (k, va) in &a {
+        let fa: &[f32] = bytemuck::cast_slice(va);
+        let fb: &[f32] = bytemuck::cast_slice(&b[k]);
+        let worst = fa
+            .iter()
+            .zip(fb)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
+    }
+}
+
 #[test]
 fn lockstep_members_each_take_their_steps_and_learn() {
     let tmp = tempfile::tempdir().unwrap();
@@ -354,19 +370,7 @@ fn fused_matches_separate(device: &str) {
         s.members
     );
     for m in ["m-lr0.01", "m-lr3e-3", "m-lr1e-3"] {
-        let a = final_tensors(&fused.run_dir, m);
-        let b = final_tensors(&single.run_dir, m);
-        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-        for (k, va) in &a {
-            let fa: &[f32] = bytemuck::cast_slice(va);
-            let fb: &[f32] = bytemuck::cast_slice(&b[k]);
-            let worst = fa
-                .iter()
-                .zip(fb)
-                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
-        }
+        assert_same_tensors(&fused.run_dir, &single.run_dir, m);
     }
 }
 
@@ -417,18 +421,7 @@ cuda_graphs = {graphs}"
         };
         assert_eq!(captured(&replayed.run_dir), 1, "{m}: one capture");
         assert_eq!(captured(&eager.run_dir), 0, "{m}: graphs off");
-        let a = final_tensors(&replayed.run_dir, m);
-        let b = final_tensors(&eager.run_dir, m);
-        for (k, va) in &a {
-            let fa: &[f32] = bytemuck::cast_slice(va);
-            let fb: &[f32] = bytemuck::cast_slice(&b[k]);
-            let worst = fa
-                .iter()
-                .zip(fb)
-                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
-        }
+        assert_same_tensors(&replayed.run_dir, &eager.run_dir, m);
         let losses = |run: &Path| -> Vec<(u64, f64)> {
             records(run, m)
                 .iter()
@@ -584,18 +577,7 @@ fn a_fused_members_checkpoint_resumes_unfused() {
             .all(|m| m.fused_with.is_empty() && m.steps == 32)
     );
     for m in ["m-lr0.01", "m-lr3e-3"] {
-        let a = final_tensors(&full.run_dir, m);
-        let b = final_tensors(&halted.run_dir, m);
-        for (k, va) in &a {
-            let fa: &[f32] = bytemuck::cast_slice(va);
-            let fb: &[f32] = bytemuck::cast_slice(&b[k]);
-            let worst = fa
-                .iter()
-                .zip(fb)
-                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
-        }
+        assert_same_tensors(&full.run_dir, &halted.run_dir, m);
     }
 }
 
