@@ -79,6 +79,8 @@ struct Inner<S> {
     page_limit: u64,
     /// Stitched layout: idle pages kept beyond the configured slack, learnt from moves that were undone.
     grown_slack: u64,
+    /// The call in progress may not synchronize the device ([`Bfc::alloc_without_sync`]).
+    no_sync: bool,
     tenants: Vec<Tenant>,
     unmet_total: u64,
     c: Counters,
@@ -109,6 +111,7 @@ impl<S: MemorySource> Bfc<S> {
             pages: None,
             page_limit: 0,
             grown_slack: 0,
+            no_sync: false,
             tenants: vec![Tenant::new("default".into(), TenantLimits::unlimited())],
             unmet_total: 0,
             c: Counters::default(),
@@ -192,6 +195,26 @@ impl<S: MemorySource> Bfc<S> {
             g.first_use = Some(caller);
         }
         g.alloc(bytes as u64, tenant)
+    }
+
+    /// As [`alloc`](Self::alloc), but never synchronizes the device: pages are created, never moved
+    /// from idle blocks (a move unmaps them, which waits for the device), and an out-of-memory is
+    /// reported without the trim and retry. For callers that may not synchronize, such as a CUDA
+    /// graph's private pool growing during its capture.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc).
+    #[track_caller]
+    pub fn alloc_without_sync(&self, bytes: usize, tenant: TenantId) -> Result<Block> {
+        let caller = Location::caller();
+        let mut g = self.lock();
+        if g.first_use.is_none() {
+            g.first_use = Some(caller);
+        }
+        g.no_sync = true;
+        let r = g.alloc(bytes as u64, tenant);
+        g.no_sync = false;
+        r
     }
 
     /// Gives a block back. A block from another allocator is reported through `tracing` and otherwise ignored
@@ -560,6 +583,9 @@ impl<S: MemorySource> Inner<S> {
         let idx = match self.place(rounded, tenant) {
             Ok(i) => i,
             Err(PlaceError::Fatal(e)) => return Err(e),
+            Err(PlaceError::Oom(cause)) if self.no_sync => {
+                return Err(self.oom(bytes, rounded, tenant, cause));
+            }
             Err(PlaceError::Oom(_)) => {
                 self.trim();
                 match self.place(rounded, tenant) {
@@ -934,14 +960,16 @@ impl<S: MemorySource> Inner<S> {
         self.grown_slack = (self.grown_slack + regret).min(self.c.peak_in_use / pt.size / 4);
         let slack = self.config.idle_page_slack.max(self.grown_slack);
         let idle_avail = pt.idle - idle_in;
-        let mut create = if idle_avail > slack {
+        let mut create = if self.no_sync {
+            need
+        } else if idle_avail > slack {
             need.saturating_sub(idle_avail - slack)
         } else {
             need
         };
         create = create.min(page_limit.saturating_sub(pt.mapped));
         let moves = need - create;
-        if moves > idle_avail {
+        if moves > idle_avail || (self.no_sync && moves > 0) {
             return Err(PlaceError::Oom(OomCause::DeviceFull));
         }
         pt.acquire(a, b);

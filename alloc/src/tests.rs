@@ -448,6 +448,49 @@ fn direct_backend_calls_the_source_every_time() {
     );
 }
 
+/// A CUDA graph's pool grows during its capture, when the device may not be synchronized: an allocation
+/// without sync creates pages instead of moving idle ones, and an OOM does not trim (both synchronize).
+#[test]
+fn allocations_without_sync_never_move_pages_or_trim() {
+    let page = 2 * MIB;
+    let config = Config::builder()
+        .limit_bytes(6 * page)
+        .large_block(u64::MAX)
+        .idle_page_slack(0)
+        .build()
+        .unwrap();
+    let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+    let a = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    bfc.free(a);
+    // Page 0 is idle; a plain allocation would move it. Without sync, both pages are created.
+    let d = bfc
+        .alloc_without_sync((4 * MIB) as usize, TenantId::DEFAULT)
+        .unwrap();
+    bfc.check_invariants().unwrap();
+    let s = bfc.stats();
+    assert_eq!((s.counters.page_moves, s.counters.page_creates), (0, 4));
+    assert_eq!(s.pages_mapped, 4);
+    // Two pages are left under the limit and one is idle: 6 MiB more would need a move, which it may not make,
+    // and the OOM comes without the trim a plain allocation makes first.
+    let e = bfc
+        .alloc_without_sync((6 * MIB) as usize, TenantId::DEFAULT)
+        .unwrap_err();
+    assert_eq!(e.out_of_memory().unwrap().cause, OomCause::DeviceFull);
+    let s = bfc.stats();
+    assert_eq!((s.counters.trims, s.counters.page_moves), (0, 0));
+    let c = bfc.alloc((6 * MIB) as usize, TenantId::DEFAULT).unwrap();
+    assert_eq!(
+        bfc.stats().counters.page_moves,
+        1,
+        "a plain allocation may move"
+    );
+    bfc.check_invariants().unwrap();
+    for x in [b, c, d] {
+        bfc.free(x);
+    }
+}
+
 #[test]
 fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
     let page = 2 * MIB;

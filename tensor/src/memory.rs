@@ -57,6 +57,14 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// # Errors
     /// An unknown tenant or limits that cannot be met.
     fn set_tenant_limits(&self, id: TenantId, limits: TenantLimits) -> cohort_alloc::Result<()>;
+    /// As [`alloc`](DeviceAllocator::alloc), but never synchronizes the device (no page moves, no
+    /// trim on out-of-memory): what a CUDA graph capture may call.
+    ///
+    /// # Errors
+    /// As [`alloc`](DeviceAllocator::alloc).
+    fn alloc_without_sync(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
+        self.alloc(bytes, tenant)
+    }
     /// Returns unused regions to the device; gives the bytes released.
     fn trim(&self) -> u64;
     /// Device-wide and per-tenant statistics.
@@ -71,6 +79,10 @@ impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
     #[track_caller]
     fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
         Bfc::alloc(self, bytes, tenant)
+    }
+    #[track_caller]
+    fn alloc_without_sync(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
+        Bfc::alloc_without_sync(self, bytes, tenant)
     }
     fn free(&self, block: Block) {
         Bfc::free(self, block);

@@ -348,6 +348,16 @@ fn comparison_table(ours: &[Value], theirs: &Value, gpu: bool) {
             their_peak.unwrap_or_else(|| "-".into()),
         );
     }
+    // A schedule that failed (a capture refused, replays that diverged) says why under the table.
+    for r in ours {
+        if let Some(e) = r["error"].as_str() {
+            println!(
+                "{} n={}: failed: {e}",
+                r["schedule"].as_str().unwrap_or(""),
+                r["n"]
+            );
+        }
+    }
 }
 
 /// Runs the reference script of the device (PyTorch cohort on a GPU, JAX on the CPU) and returns its figures

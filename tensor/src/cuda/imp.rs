@@ -1478,6 +1478,9 @@ impl DeviceAllocator for GpuAllocator {
     fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
         self.bfc.alloc(bytes, tenant)
     }
+    fn alloc_without_sync(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
+        self.bfc.alloc_without_sync(bytes, tenant)
+    }
     fn free(&self, block: Block) {
         self.bfc.free(block);
     }

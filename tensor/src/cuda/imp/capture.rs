@@ -303,9 +303,10 @@ impl cohort_alloc::MemorySource for SharedRegions {
     ) -> std::result::Result<cohort_alloc::Region, cohort_alloc::SourceError> {
         let size = usize::try_from(bytes)
             .map_err(|_| cohort_alloc::SourceError::OutOfMemory { requested: bytes })?;
+        // It grows while the capture runs, when a synchronization would break the capture.
         let block = self
             .shared
-            .alloc(size, self.tenant)
+            .alloc_without_sync(size, self.tenant)
             .map_err(|_| cohort_alloc::SourceError::OutOfMemory { requested: bytes })?;
         let region = cohort_alloc::Region {
             base: block.ptr,
