@@ -11,6 +11,7 @@
 //! the optimizer's step number and the schedule's factor over the one at capture are set on the
 //! device before each replay, and the host optimizer's count advances with it. The graph's memory
 //! comes from the shared allocator under the unit's tenant, so it counts against the member's budget.
+//! Cohorts in other threads of the process may share the GPU: their work waits while a step is captured.
 
 use cohort_autograd::{Model, Tape, loss};
 use cohort_optim::Optimizer;

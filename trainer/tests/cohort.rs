@@ -19,15 +19,6 @@ prefetch = 2
 seed = 3
 "#;
 
-/// The GPU tests take turns: a run captures its steps as CUDA graphs, and a capture records whatever any thread
-/// queues on the device meanwhile.
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
-    GPU.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 fn config(dir: &Path, name: &str, run: &str, members: &str) -> Config {
     config_on("cpu", dir, name, run, members)
 }
@@ -335,7 +326,6 @@ fn fused_members_match_separate_training() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_members_match_separate_training_on_cuda() {
-    let _turn = gpu_turn();
     fused_matches_separate("cuda:0");
 }
 
@@ -390,7 +380,6 @@ fn fused_matches_separate(device: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replays_train_as_eager_steps_on_cuda() {
-    let _turn = gpu_turn();
     let tmp = tempfile::tempdir().unwrap();
     let members = mlp(
         "adam",
@@ -455,7 +444,6 @@ cuda_graphs = {graphs}"
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn oom_recovery_on_cuda_leaves_the_neighbour_untouched() {
-    let _turn = gpu_turn();
     let tmp = tempfile::tempdir().unwrap();
     let hog = "[[member]]\nname = \"hog\"\nmodel = { layers = [{ linear = 4096, act = \"relu\" }, { linear = 4 }] }\n\
                data = \"blobs\"\nbatch = 512\nmemory = { limit = \"6MiB\" }\noom = { shrink = 0.15, min_batch = 8 }\n";

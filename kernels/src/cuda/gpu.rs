@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::ThreadId;
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
@@ -359,8 +359,12 @@ pub struct Gpu {
     flags: Mutex<HashMap<ThreadId, DeviceBuffer>>,
     /// The side stream's scratch area (see [`Gpu::with_scratch`]).
     side_scratch: Mutex<Option<DeviceBuffer>>,
-    /// A CUDA graph is being captured on the compute stream.
+    /// A CUDA graph is being captured on the compute stream (by `turns.owner`).
     capturing: AtomicBool,
+    /// Whose work the device takes: every thread's, or only the capturing thread's while a capture
+    /// runs (a capture records whatever is queued on the compute stream, by any thread).
+    turns: Mutex<Turns>,
+    turn_changed: Condvar,
     /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
     captured_host: Mutex<Vec<PinnedBuffer>>,
     /// Pinned buffers of finished [`HostCopy`]s, reused: pinning memory costs more than a step.
@@ -452,6 +456,8 @@ impl Gpu {
             flags: Mutex::new(HashMap::new()),
             side_scratch: Mutex::new(None),
             capturing: AtomicBool::new(false),
+            turns: Mutex::new(Turns::default()),
+            turn_changed: Condvar::new(),
             captured_host: Mutex::new(Vec::new()),
             host_copy_buffers: Mutex::new(Vec::new()),
             captured_scratch: Mutex::new(Vec::new()),
@@ -507,6 +513,7 @@ impl Gpu {
     /// A kernel failed, or an index kernel met an out-of-range index.
     pub fn synchronize(&self) -> Result<()> {
         self.refuse_in_capture("synchronize")?;
+        let _turn = self.turn();
         self.bind()?;
         self.copy
             .synchronize()
@@ -630,6 +637,7 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
+        let _turn = self.turn();
         self.bind()?;
         if self.is_capturing() {
             // A graph replays the copy long after `src` is gone: copy from pinned bytes it keeps.
@@ -660,6 +668,7 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
+        let _turn = self.turn();
         self.bind()?;
         self.copy_after_compute()?;
         // SAFETY: caller guarantees dst; see `htod` for the source.
@@ -695,6 +704,7 @@ impl Gpu {
     /// A queued kernel failed or flagged a bad index, or the copy failed.
     pub unsafe fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         self.refuse_in_capture("reading a tensor back to the host")?;
+        let _turn = self.turn();
         self.bind()?;
         if !dst.is_empty() {
             // SAFETY: caller guarantees src.
@@ -720,6 +730,7 @@ impl Gpu {
     /// During a capture; the driver rejects the copy or its event; no pinned memory.
     pub unsafe fn dtoh_later(self: &Arc<Self>, src: u64, bytes: usize) -> Result<HostCopy> {
         self.refuse_in_capture("reading a tensor back to the host")?;
+        let _turn = self.turn();
         self.bind()?;
         let reused = {
             let mut free = lock(&self.host_copy_buffers);
@@ -766,6 +777,7 @@ impl Gpu {
         if bytes == 0 {
             return Ok(());
         }
+        let _turn = self.turn();
         self.bind()?;
         // SAFETY: caller guarantees both ranges.
         unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream().cu_stream()) }
@@ -783,6 +795,7 @@ impl Gpu {
         if count == 0 {
             return Ok(());
         }
+        let _turn = self.turn();
         self.bind()?;
         let s = self.stream().cu_stream();
         // SAFETY: caller guarantees the range and alignment.
@@ -871,6 +884,7 @@ impl Gpu {
         args: &mut [*mut c_void],
     ) -> Result<()> {
         let f = self.function(src, name)?;
+        let _turn = self.turn();
         self.bind()?;
         self.timed(
             || name.to_string(),
@@ -909,6 +923,7 @@ impl Gpu {
     /// # Errors
     /// A timing event failed.
     pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
+        let _turn = self.turn();
         self.bind()?;
         self.profile.as_ref().map_or(Ok(Vec::new()), Profile::drain)
     }
@@ -933,6 +948,7 @@ impl Gpu {
     /// # Errors
     /// `f`'s error, or the driver refusing an event.
     pub fn on_side<A>(&self, f: impl FnOnce() -> Result<A>) -> Result<A> {
+        let _turn = self.turn();
         self.bind()?;
         let fork = &self.fork_join.0;
         fork.record(&self.compute)
@@ -958,6 +974,7 @@ impl Gpu {
     /// # Errors
     /// The driver refusing an event.
     pub fn join_side(&self) -> Result<()> {
+        let _turn = self.turn();
         self.bind()?;
         let join = &self.fork_join.1;
         join.record(&self.side)
@@ -969,6 +986,7 @@ impl Gpu {
 
     /// Runs `f` with the device's cuBLASLt state (created on first use).
     pub(crate) fn with_lt<R>(&self, f: impl FnOnce(&mut Lt) -> Result<R>) -> Result<R> {
+        let _turn = self.turn();
         self.bind()?;
         let mut guard = lock(&self.lt);
         let lt = match &mut *guard {
@@ -993,6 +1011,7 @@ impl Gpu {
         &self,
         f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>,
     ) -> Result<R> {
+        let _turn = self.turn();
         self.bind()?;
         let mut guard = lock(&self.blas);
         let blas = match &mut *guard {
@@ -1149,6 +1168,7 @@ impl CopyEvent {
     /// # Errors
     /// The driver rejects the wait.
     pub fn wait_on_compute(&self) -> Result<()> {
+        let _turn = self.gpu.turn();
         self.gpu.bind()?;
         self.gpu
             .compute
@@ -1207,6 +1227,7 @@ impl GpuGraph {
     /// # Errors
     /// The driver rejects the launch.
     pub fn launch(&self) -> Result<()> {
+        let _turn = self.gpu.turn();
         self.gpu.bind()?;
         self.graph
             .launch()
@@ -1234,6 +1255,7 @@ impl Gpu {
             // One stream: the compute stream itself, no events to order it.
             return graphs.iter().try_for_each(|g| g.launch());
         }
+        let _turn = self.turn();
         self.bind()?;
         let mut guard = lock(&self.lanes);
         let l = &mut *guard;
@@ -1312,6 +1334,7 @@ impl Gpu {
         parts: &[(u64, usize, usize)],
     ) -> Result<CopyEvent> {
         self.refuse_in_capture("a copy-stream upload")?;
+        let _turn = self.turn();
         self.bind()?;
         self.copy_after_compute()?;
         for &(dst, offset, bytes) in parts {
@@ -1346,6 +1369,7 @@ impl Gpu {
     /// # Errors
     /// The driver rejects the event.
     pub fn mark(&self) -> Result<CudaEvent> {
+        let _turn = self.turn();
         self.bind()?;
         self.compute
             .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -1355,6 +1379,36 @@ impl Gpu {
     /// Whether a CUDA graph is being captured on the compute stream.
     pub fn is_capturing(&self) -> bool {
         self.capturing.load(Ordering::Acquire)
+            && lock(&self.turns).owner == Some(std::thread::current().id())
+    }
+
+    /// This thread's turn to queue work: waits while another thread captures a graph here, and
+    /// keeps a capture from beginning until the returned guard drops.
+    pub(crate) fn turn(&self) -> Turn<'_> {
+        let me = std::thread::current().id();
+        let mut t = lock(&self.turns);
+        loop {
+            match t.owner {
+                Some(owner) if owner == me => {
+                    return Turn {
+                        gpu: self,
+                        counted: false,
+                    };
+                }
+                Some(_) => {
+                    t = self
+                        .turn_changed
+                        .wait(t)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                None => break,
+            }
+        }
+        t.active += 1;
+        Turn {
+            gpu: self,
+            counted: true,
+        }
     }
 
     fn refuse_in_capture(&self, what: &str) -> Result<()> {
@@ -1369,27 +1423,47 @@ impl Gpu {
     }
 
     /// Starts capturing the compute stream's work into a graph (relaxed mode: allocations may
-    /// grow a memory pool meanwhile). Work queued from now on is recorded, not run, until
-    /// [`Gpu::end_capture`]. Only one capture per device at a time; no other thread may queue
-    /// work on this device meanwhile.
+    /// grow a memory pool meanwhile). Work this thread queues from now on is recorded, not run,
+    /// until [`Gpu::end_capture`]. It waits for other threads' work in progress; their later work
+    /// waits for the capture to end. One capture per device at a time.
     ///
     /// # Errors
-    /// A capture is already running, or the driver refuses.
+    /// This thread is capturing already, or the driver refuses.
     pub fn begin_capture(&self) -> Result<()> {
-        if self.capturing.swap(true, Ordering::AcqRel) {
-            return Err(Error::Cuda(format!(
-                "cuda:{} is already capturing a CUDA graph: finish that capture first",
-                self.ordinal
-            )));
+        let me = std::thread::current().id();
+        {
+            let mut t = lock(&self.turns);
+            if t.owner == Some(me) {
+                return Err(Error::Cuda(format!(
+                    "cuda:{} is already capturing a CUDA graph: finish that capture first",
+                    self.ordinal
+                )));
+            }
+            while t.owner.is_some() || t.active > 0 {
+                t = self
+                    .turn_changed
+                    .wait(t)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            t.owner = Some(me);
         }
+        self.capturing.store(true, Ordering::Release);
+        self.bind()?;
         let r = self
             .compute
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(|e| cuda_err("cuStreamBeginCapture", e));
         if r.is_err() {
-            self.capturing.store(false, Ordering::Release);
+            self.release_turns();
         }
         r
+    }
+
+    /// Ends a capture's hold on the device: other threads may queue work again.
+    fn release_turns(&self) {
+        self.capturing.store(false, Ordering::Release);
+        lock(&self.turns).owner = None;
+        self.turn_changed.notify_all();
     }
 
     /// Ends the capture begun by [`Gpu::begin_capture`] and instantiates the graph.
@@ -1407,7 +1481,7 @@ impl Gpu {
         let mut scratch = std::mem::take(&mut *lock(&self.captured_scratch));
         scratch.append(&mut lock(&self.captured_side_scratch));
         let r = self.compute.end_capture(sys::CUgraphInstantiate_flags(0));
-        self.capturing.store(false, Ordering::Release);
+        self.release_turns();
         match r {
             Ok(Some(graph)) => Ok(GpuGraph {
                 graph,
@@ -1422,6 +1496,30 @@ impl Gpu {
                 "ending the CUDA graph capture (an op in the step cannot be captured)",
                 e,
             )),
+        }
+    }
+}
+
+/// Who may queue work on a device ([`Gpu::turn`]).
+#[derive(Debug, Default)]
+struct Turns {
+    /// The thread capturing a graph, if one is.
+    owner: Option<ThreadId>,
+    /// Other threads' calls queueing work now.
+    active: usize,
+}
+
+/// A thread's turn to queue work on a device; ends on drop.
+pub(crate) struct Turn<'a> {
+    gpu: &'a Gpu,
+    counted: bool,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            lock(&self.gpu.turns).active -= 1;
+            self.gpu.turn_changed.notify_all();
         }
     }
 }

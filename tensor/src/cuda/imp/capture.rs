@@ -22,6 +22,8 @@ use super::*;
 /// The capture in progress (at most one per process).
 struct Active {
     ordinal: usize,
+    /// The capturing thread: other threads' storage never comes from the graph's pool.
+    thread: std::thread::ThreadId,
     pool: Arc<dyn DeviceAllocator>,
     /// Blocks of other allocators freed during the capture, returned when the graph drops.
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
@@ -30,6 +32,8 @@ struct Active {
 }
 
 static CAPTURING: AtomicBool = AtomicBool::new(false);
+/// Held for the whole of a capture: one at a time per process.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 static ACTIVE: Mutex<Option<Active>> = Mutex::new(None);
 
 fn active() -> MutexGuard<'static, Option<Active>> {
@@ -40,19 +44,24 @@ fn same_allocator(a: &Arc<dyn DeviceAllocator>, b: &Arc<dyn DeviceAllocator>) ->
     std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
-/// The pool new storage on `ordinal` must come from, while a capture runs there.
+/// Whether `a` is this thread's capture on `ordinal`.
+fn mine(a: &Active, ordinal: usize) -> bool {
+    a.ordinal == ordinal && a.thread == std::thread::current().id()
+}
+
+/// The pool new storage on `ordinal` must come from, while this thread captures there.
 pub(super) fn pool(ordinal: usize) -> Option<Arc<dyn DeviceAllocator>> {
     if !CAPTURING.load(Ordering::Acquire) {
         return None;
     }
     active()
         .as_ref()
-        .filter(|a| a.ordinal == ordinal)
+        .filter(|a| mine(a, ordinal))
         .map(|a| a.pool.clone())
 }
 
-/// Keeps `block` (of `alloc`) for the capture on `ordinal` if one runs and the block is not the
-/// pool's own; gives it back otherwise, to be freed now.
+/// Keeps `block` (of `alloc`) for this thread's capture on `ordinal` if one runs and the block is
+/// not the pool's own; gives it back otherwise, to be freed now.
 pub(super) fn defer_free(
     ordinal: usize,
     alloc: &Arc<dyn DeviceAllocator>,
@@ -63,7 +72,7 @@ pub(super) fn defer_free(
     }
     let mut guard = active();
     match guard.as_mut() {
-        Some(a) if a.ordinal == ordinal && !same_allocator(&a.pool, alloc) => {
+        Some(a) if mine(a, ordinal) && !same_allocator(&a.pool, alloc) => {
             a.deferred.push((alloc.clone(), block));
             None
         }
@@ -76,7 +85,7 @@ pub(super) fn step_state(gpu: &Arc<Gpu>, step: u64) -> Result<u64> {
     let mut guard = active();
     let a = guard
         .as_mut()
-        .filter(|a| a.ordinal == gpu.ordinal())
+        .filter(|a| mine(a, gpu.ordinal()))
         .ok_or_else(|| capture_error("an optimizer step state outside a graph capture"))?;
     // Its own allocation, not a pool block: the pool hands the blocks of the step's temporaries
     // out again within the same capture, and a kernel writing such a block on every replay would
@@ -183,11 +192,11 @@ impl Drop for CudaGraph {
 /// Captures the device work `f` queues on `device` into a [`CudaGraph`] and returns it with
 /// `f`'s result. Nothing runs during the capture: `f` must not read tensors back to the host or
 /// synchronize (that is an error), and should have run once eagerly before, so that lazily
-/// created state (optimizer moments, kernel modules, scratch space) exists. No other thread may
-/// use the device while `f` runs.
+/// created state (optimizer moments, kernel modules, scratch space) exists. Other threads' work on
+/// the device waits while `f` runs (a capture would record it), and captures take turns.
 ///
 /// # Errors
-/// A CPU device, a capture already running, `f`'s own error, or work the driver cannot capture.
+/// A CPU device, a capture inside a capture, `f`'s own error, or work the driver cannot capture.
 pub fn capture<R, E: From<Error>>(
     device: &Device,
     f: impl FnOnce() -> std::result::Result<R, E>,
@@ -200,6 +209,11 @@ pub fn capture<R, E: From<Error>>(
         .into());
     };
     let gpu = gpu(ordinal)?;
+    let me = std::thread::current().id();
+    if active().as_ref().is_some_and(|a| a.thread == me) {
+        return Err(capture_error("a CUDA graph capture inside another capture").into());
+    }
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     // Work queued before the capture (and its index checks) completes outside the graph.
     gpu.synchronize().map_err(Error::from)?;
     let pool: Arc<dyn DeviceAllocator> = Arc::new(GpuAllocator {
@@ -208,13 +222,9 @@ pub fn capture<R, E: From<Error>>(
     });
     {
         let mut guard = active();
-        if guard.is_some() {
-            return Err(
-                capture_error("a CUDA graph capture is already running in this process").into(),
-            );
-        }
         *guard = Some(Active {
             ordinal,
+            thread: std::thread::current().id(),
             pool: pool.clone(),
             deferred: Vec::new(),
             states: Vec::new(),
@@ -656,6 +666,38 @@ mod tests {
         drop(graph);
         drop(kept);
         dev.synchronize().unwrap();
+    }
+
+    /// Another thread's work while a graph is captured waits for the capture instead of being
+    /// recorded into it (or refused): both threads' results are right.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn other_threads_wait_while_a_graph_is_captured() {
+        let _turn = exclusive();
+        let dev = Device::Cuda(0);
+        let stop = AtomicBool::new(false);
+        let a = input(21, &dev);
+        let b = input(22, &dev);
+        let want_a: Vec<f32> = a.to_vec::<f32>().unwrap().iter().map(|v| v + 1.0).collect();
+        let want_b: Vec<f32> = b.to_vec::<f32>().unwrap().iter().map(|v| v * 2.0).collect();
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| -> Result<usize> {
+                let mut rounds = 0;
+                while !stop.load(Ordering::Acquire) || rounds == 0 {
+                    assert_eq!(a.add_scalar(1.0)?.to_vec::<f32>()?, want_a);
+                    rounds += 1;
+                }
+                Ok(rounds)
+            });
+            for _ in 0..20 {
+                let (graph, out) = capture(&dev, || b.mul_scalar(2.0)).unwrap();
+                graph.replay().unwrap();
+                assert_eq!(out.to_vec::<f32>().unwrap(), want_b);
+            }
+            stop.store(true, Ordering::Release);
+            let rounds = worker.join().unwrap().unwrap();
+            assert!(rounds > 0);
+        });
     }
 
     #[test]
