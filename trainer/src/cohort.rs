@@ -851,7 +851,7 @@ impl Cohort {
             model.member_param_count() as u64 * 4 * (2 + optimizer_slots(&first.optimizer));
         tenant.charge_persistent(per_member * m as u64)?;
         let prefetch = self.config.data[&first.data].prefetch * batch;
-        let feed = Feed::open(data, pos, prefetch)?;
+        let feed = Feed::open(data, pos, prefetch)?.with_device_prefetch(&device)?;
         // A replay would draw a dropout layer's captured mask again.
         let dropout = first
             .layers
@@ -1019,16 +1019,10 @@ impl Cohort {
     /// One optimizer step of every member of unit `u`: replayed from its CUDA graph where it has one
     /// for this batch size (captured here once a full batch has run eagerly), eager otherwise.
     fn unit_step(u: &mut Unit) -> Result<StepOutcome> {
-        let batch = u.feed.next_batch(u.batch)?;
-        let n = batch.n;
-        let per: usize = u.feed.data().shape.iter().product();
         let device = u.device;
-        let x = u
-            .tenant
-            .scope(|| Tensor::from_vec(batch.x, &[n, per], &device))?;
-        let y = u
-            .tenant
-            .scope(|| Tensor::from_vec(batch.y, &[n], &device))?;
+        let (feed, batch) = (&mut u.feed, u.batch);
+        let (x, y) = u.tenant.scope(|| feed.next_tensors(batch, &device))?;
+        let n = y.shape().first().copied().unwrap_or(0);
         let mut note = None;
         if u.graphs.should_capture(n, u.batch, &u.opt) {
             let (model, opt) = (&u.model, &mut u.opt);

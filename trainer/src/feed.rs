@@ -7,11 +7,18 @@
 //! shrinks after an OOM, or changes through the control file, continues from the very next example. The feed's
 //! [`Position`] (epoch, examples taken) goes into checkpoints, so a resumed member sees exactly the batches it would
 //! have seen.
+//!
+//! On a GPU the feed prefetches to the device: taking a batch starts the next one's copy on the copy stream
+//! (through pinned staging buffers), so that it overlaps the step that uses this one. The prefetched batch is not
+//! consumed until it is taken: the feed's position, saved in checkpoints and restored after an OOM, stays the one
+//! of the next batch to be used.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cohort_data::{Array, Dataset, Iter, Position, Split};
+use cohort_tensor::cuda::{CopyReady, Uploader};
+use cohort_tensor::{Device, Tensor};
 
 use crate::config::{DataConfig, DataSource};
 use crate::error::{Error, Result};
@@ -206,6 +213,21 @@ pub struct Feed {
     data: Arc<DataSet>,
     iter: Iter<(Array, Array)>,
     prefetch: usize,
+    /// Device prefetch: the uploader, and the next batch on its way to the device.
+    uploader: Option<Uploader>,
+    staged: Option<Staged>,
+}
+
+/// A batch whose copy to the device was started before it is taken.
+#[derive(Debug)]
+struct Staged {
+    x: Tensor,
+    y: Tensor,
+    ready: CopyReady,
+    /// The batch size it was read for.
+    size: usize,
+    /// The position before it.
+    from: Position,
 }
 
 /// A batch on the host.
@@ -239,7 +261,21 @@ impl Feed {
             data,
             iter,
             prefetch,
+            uploader: None,
+            staged: None,
         })
+    }
+
+    /// With prefetch to `device` when it is a GPU (see the module docs); unchanged on the CPU.
+    ///
+    /// # Errors
+    /// No such GPU.
+    pub fn with_device_prefetch(mut self, device: &Device) -> Result<Feed> {
+        if device.is_cuda() {
+            // Two copies in flight at most (the one being taken, the next), and one slot to fill.
+            self.uploader = Some(Uploader::new(device, 3)?);
+        }
+        Ok(self)
     }
 
     /// The data set.
@@ -247,8 +283,15 @@ impl Feed {
         &self.data
     }
 
-    /// Where the next example comes from.
+    /// Where the next example to be used comes from (a prefetched batch is not used yet).
     pub fn position(&self) -> Position {
+        match &self.staged {
+            Some(s) => s.from,
+            None => self.read_position(),
+        }
+    }
+
+    fn read_position(&self) -> Position {
         let p = self.iter.pos();
         Position::new(p.epoch, p.index)
     }
@@ -258,8 +301,68 @@ impl Feed {
     /// # Errors
     /// As [`Feed::open`].
     pub fn seek(&mut self, pos: &Position) -> Result<()> {
+        let uploader = self.uploader.take();
         *self = Feed::open(self.data.clone(), pos, self.prefetch)?;
+        self.uploader = uploader;
         Ok(())
+    }
+
+    /// The next batch of up to `b` examples as tensors on `device`: features `[n, prod(shape)]` and labels `[n]`.
+    /// With device prefetch it is the batch staged by the previous call (read again if the size asked for
+    /// changed), and the following batch starts its copy now; the compute stream waits for this one's copy.
+    /// Call it in the tenant scope that should hold the batches.
+    ///
+    /// # Errors
+    /// A pipeline error, or the device's (out of memory, a failed copy).
+    pub fn next_tensors(&mut self, b: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        if self.uploader.is_none() {
+            let batch = self.next_batch(b)?;
+            let per: usize = self.data.shape.iter().product();
+            let x = Tensor::from_vec(batch.x, &[batch.n, per], device)?;
+            return Ok((x, Tensor::from_vec(batch.y, &[batch.n], device)?));
+        }
+        let now = match self.staged.take() {
+            Some(s) if s.size == b => s,
+            other => {
+                if let Some(s) = other {
+                    self.seek(&s.from)?;
+                }
+                self.stage(b)?
+            }
+        };
+        self.staged = Some(self.stage(b)?);
+        now.ready.wait_on_compute()?;
+        Ok((now.x, now.y))
+    }
+
+    /// Reads the next batch and starts its copy to the device.
+    fn stage(&mut self, b: usize) -> Result<Staged> {
+        let from = self.read_position();
+        let batch = self.next_batch(b)?;
+        let per: usize = self.data.shape.iter().product();
+        let x = Tensor::from_vec(batch.x, &[batch.n, per], &Device::Cpu)?;
+        let y = Tensor::from_vec(batch.y, &[batch.n], &Device::Cpu)?;
+        let internal = |reason: &str| -> Error {
+            cohort_tensor::Error::InvalidArgument {
+                op: "device prefetch",
+                reason: reason.into(),
+            }
+            .into()
+        };
+        let uploader = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| internal("no uploader to stage a batch with"))?;
+        let (uploaded, ready) = uploader.upload(&[&x, &y])?;
+        let [x, y] = <[Tensor; 2]>::try_from(uploaded)
+            .map_err(|_| internal("the uploader returned another number of tensors"))?;
+        Ok(Staged {
+            x,
+            y,
+            ready,
+            size: b,
+            from,
+        })
     }
 
     /// The next batch of up to `b` examples; it ends early at the end of an epoch (the last batch is partial).

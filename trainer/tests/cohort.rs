@@ -260,8 +260,9 @@ fn a_member_that_cannot_fit_stops_alone() {
     assert_eq!(ok.steps, 8);
 }
 
-fn resume_config(dir: &Path, name: &str) -> Config {
-    config(
+fn resume_config(device: &str, dir: &Path, name: &str) -> Config {
+    config_on(
+        device,
         dir,
         name,
         "epochs = 2",
@@ -277,10 +278,23 @@ fn resume_config(dir: &Path, name: &str) -> Config {
 
 #[test]
 fn an_interrupted_and_resumed_run_ends_bit_identical() {
+    interrupted_and_resumed("cpu");
+}
+
+/// On a GPU the batches are prefetched to the device and the steps replay CUDA graphs: a resumed run still sees
+/// exactly the batches the uninterrupted one saw (its products may pick other tuned algorithms, so the comparison
+/// allows a relative 1e-4).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_interrupted_and_resumed_run_on_cuda_ends_where_the_uninterrupted_one_does() {
+    interrupted_and_resumed("cuda:0");
+}
+
+fn interrupted_and_resumed(device: &str) {
     let tmp = tempfile::tempdir().unwrap();
-    let full = train(resume_config(tmp.path(), "full"), quiet()).unwrap();
+    let full = train(resume_config(device, tmp.path(), "full"), quiet()).unwrap();
     let halted = train(
-        resume_config(tmp.path(), "halted"),
+        resume_config(device, tmp.path(), "halted"),
         RunOptions {
             halt_after_steps: Some(25),
             ..quiet()
@@ -292,13 +306,17 @@ fn an_interrupted_and_resumed_run_ends_bit_identical() {
     let resumed = resume(&halted.run_dir, quiet()).unwrap();
     let s = resumed.summary.unwrap();
     for m in ["g-lr0.01", "g-lr3e-3", "s"] {
-        let a = final_tensors(&full.run_dir, m);
-        let b = final_tensors(&resumed.run_dir, m);
-        assert!(!a.is_empty());
-        assert_eq!(
-            a, b,
-            "member {m}: parameters and optimizer state bit-identical"
-        );
+        if device == "cpu" {
+            let a = final_tensors(&full.run_dir, m);
+            let b = final_tensors(&resumed.run_dir, m);
+            assert!(!a.is_empty());
+            assert_eq!(
+                a, b,
+                "member {m}: parameters and optimizer state bit-identical"
+            );
+        } else {
+            assert_same_tensors(&full.run_dir, &resumed.run_dir, m);
+        }
     }
     let steps: BTreeMap<&str, u64> = s
         .members
