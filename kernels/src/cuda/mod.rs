@@ -58,7 +58,7 @@ pub struct GemmTuning {
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 10] {
+fn all_sources() -> [&'static KernelSource; 11] {
     [
         &crate::binary::cuda::SRC,
         &crate::unary::cuda::SRC,
@@ -70,6 +70,7 @@ fn all_sources() -> [&'static KernelSource; 10] {
         &crate::conv::cuda::SRC,
         &crate::pool::cuda::SRC,
         &crate::optim::cuda::SRC,
+        &crate::matmul::thin::SRC,
     ]
 }
 

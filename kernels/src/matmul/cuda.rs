@@ -262,13 +262,101 @@ pub unsafe fn matmul_rhs_sums(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul::cpu;
+    use crate::matmul::{cpu, thin};
 
     fn up(gpu: &Gpu, v: &[f32]) -> crate::cuda::DeviceBuffer {
         let buf = gpu.alloc(v.len() * 4).unwrap();
         // SAFETY: the buffer holds exactly these bytes.
         unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
         buf
+    }
+
+    /// The thread-per-output kernel against the CPU on a head's products: its forward with a
+    /// bias, its input gradient (10 contracted terms, batched), and a shared transposed lhs with a
+    /// bias per batch entry and a ReLU.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_thread_per_output_matches_the_cpu() {
+        let gpu = Gpu::get(0).unwrap();
+        let shape = |batch, m, n, k, lhs_batch_stride, rhs_batch_stride, trans_lhs, trans_rhs| {
+            MatmulShape {
+                batch,
+                m,
+                n,
+                k,
+                lhs_batch_stride,
+                rhs_batch_stride,
+                trans_lhs,
+                trans_rhs,
+            }
+        };
+        for (s, bias_stride, relu) in [
+            (shape(1, 256, 10, 128, 0, 0, false, false), Some(0), false),
+            (shape(3, 256, 128, 10, 2560, 1280, false, true), None, false),
+            (
+                shape(2, 64, 16, 24, 0, 24 * 16, true, false),
+                Some(16),
+                true,
+            ),
+        ] {
+            let a: Vec<f32> = (0..s.k * s.m + s.lhs_batch_stride * s.batch)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let b: Vec<f32> = (0..s.k * s.n + s.rhs_batch_stride * s.batch)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+                .collect();
+            let bias: Vec<f32> = (0..s.n * s.batch).map(|i| i as f32 / 10.0 - 1.0).collect();
+            let (da, db, dbias) = (up(&gpu, &a), up(&gpu, &b), up(&gpu, &bias));
+            let len = s.batch * s.m * s.n;
+            let out = up(&gpu, &vec![f32::NAN; len]);
+            let g = plan(&s).unwrap();
+            let e = match bias_stride {
+                Some(stride) => Epilogue::Bias {
+                    stride: stride as i64,
+                    relu,
+                },
+                None => Epilogue::None,
+            };
+            assert!(thin::eligible(&g, &e), "{s:?}");
+            assert_eq!(
+                g.batch as usize, s.batch,
+                "one bias per batch entry needs the batch kept"
+            );
+            let x = Operands {
+                a: db.ptr(),
+                b: da.ptr(),
+                d: out.ptr(),
+                bias: if bias_stride.is_some() {
+                    dbias.ptr()
+                } else {
+                    0
+                },
+            };
+            // SAFETY: the buffers hold what `s` describes.
+            unsafe { thin::run(&gpu, &g, &e, x).unwrap() };
+            let mut got = vec![0f32; len];
+            // SAFETY: `out` holds len f32.
+            unsafe {
+                gpu.dtoh(out.ptr(), bytemuck::cast_slice_mut(&mut got))
+                    .unwrap()
+            };
+            let mut want = cpu::matmul(&a, &b, &s);
+            if let Some(stride) = bias_stride {
+                for (i, w) in want.iter_mut().enumerate() {
+                    let (entry, col) = (i / (s.m * s.n), i % s.n);
+                    *w += bias[entry * stride + col];
+                    if relu {
+                        *w = w.max(0.0);
+                    }
+                }
+            }
+            for (i, (x, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (x - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{s:?} element {i}: {x} vs {w}"
+                );
+            }
+        }
     }
 
     #[test]

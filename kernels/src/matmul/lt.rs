@@ -6,6 +6,8 @@
 //! operands, timed with events, and the fastest is kept for that geometry (PyTorch's TunableOp
 //! and XLA's autotuner do the same). A geometry first met while capturing runs the heuristic's
 //! pick, and is tuned at its next eager call. `COHORT_GEMM_TUNING=0` keeps the heuristic's pick.
+//! Two more candidates are timed where they apply: the product split in two at a ragged last
+//! tile of columns, and for thin products a thread per output element ([`super::thin`]).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -14,6 +16,7 @@ use std::mem::{MaybeUninit, size_of_val};
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::sys::CUevent_flags;
 
+use super::thin;
 use crate::cuda::{GemmTuning, Gpu, cuda_err};
 use crate::{Error, Result};
 
@@ -147,6 +150,8 @@ enum Entry {
     Refused,
     /// As two products, the columns before the given one and the rest.
     Split(i32),
+    /// A thread per output element ([`thin`]).
+    Thin,
     Run(Choice),
 }
 
@@ -479,6 +484,11 @@ impl Lt {
                 // SAFETY: forwarded to the caller; the two halves cover D's columns.
                 return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
             }
+            Some(Entry::Thin) => {
+                // SAFETY: forwarded to the caller.
+                gpu.timed(label, || unsafe { thin::run(gpu, g, &epilogue, x) })?;
+                return Ok(true);
+            }
             Some(Entry::Run(c)) if c.us.is_some() || !self.tune || capturing => {}
             _ => match self.choose(gpu, &key, x, capturing, label)? {
                 None => {
@@ -486,7 +496,17 @@ impl Lt {
                     return Ok(false);
                 }
                 Some(c) => {
+                    let tuned = c.us;
                     self.entries.insert(key, Entry::Run(c));
+                    if let Some(best) = tuned
+                        // SAFETY: forwarded to the caller.
+                        && unsafe { self.thin_pays(gpu, &key, x, best) }?
+                    {
+                        self.entries.insert(key, Entry::Thin);
+                        // SAFETY: as above.
+                        gpu.timed(label, || unsafe { thin::run(gpu, g, &epilogue, x) })?;
+                        return Ok(true);
+                    }
                     // SAFETY: forwarded to the caller.
                     if let Some(n0) = unsafe { self.split_pays(gpu, &key, x, label) }? {
                         // SAFETY: as above.
@@ -639,6 +659,28 @@ impl Lt {
         }))
     }
 
+    /// Whether a thread per output element ([`thin`]) runs the just tuned `key` at least 3 %
+    /// faster than its fastest cuBLASLt algorithm (`best` µs); the tuning report says so if it does.
+    ///
+    /// # Safety
+    /// As [`Lt::matmul`].
+    unsafe fn thin_pays(&mut self, gpu: &Gpu, key: &Key, x: Operands, best: f64) -> Result<bool> {
+        if !thin::eligible(&key.g, &key.epilogue) {
+            return Ok(false);
+        }
+        // SAFETY: forwarded to the caller.
+        let us = time_runs(gpu, || unsafe { thin::run(gpu, &key.g, &key.epilogue, x) })?;
+        if us >= 0.97 * best {
+            return Ok(false);
+        }
+        if let Some(r) = self.report.last_mut() {
+            r.best_index = r.candidates;
+            r.candidates += 1;
+            r.best_us = us;
+        }
+        Ok(true)
+    }
+
     /// Mean µs of `c` over RUNS runs after one untimed run (waits for the device).
     unsafe fn time(
         &self,
@@ -648,24 +690,9 @@ impl Lt {
         x: Operands,
     ) -> Result<f64> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.run(gpu, desc, &c.algo, c.workspaceSize, x)? };
-        let stream = gpu.stream();
-        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let start = stream
-            .record_event(timed)
-            .map_err(|e| cuda_err("recording a timing event", e))?;
-        for _ in 0..RUNS {
-            // SAFETY: as above.
-            unsafe { self.run(gpu, desc, &c.algo, c.workspaceSize, x)? };
-        }
-        let end = stream
-            .record_event(timed)
-            .map_err(|e| cuda_err("recording a timing event", e))?;
-        // Waits for both events.
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| cuda_err("reading a timing event", e))?;
-        Ok(f64::from(ms) * 1e3 / RUNS as f64)
+        time_runs(gpu, || unsafe {
+            self.run(gpu, desc, &c.algo, c.workspaceSize, x)
+        })
     }
 
     /// Queues one product with `algo` and a workspace of `workspace` bytes.
@@ -717,4 +744,25 @@ impl Lt {
             .map_err(|e| cuda_err("cublasLtMatmul", e))
         })
     }
+}
+
+/// Mean µs of `run` over RUNS runs after one untimed run (waits for the device).
+fn time_runs(gpu: &Gpu, run: impl Fn() -> Result<()>) -> Result<f64> {
+    run()?;
+    let stream = gpu.stream();
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let start = stream
+        .record_event(timed)
+        .map_err(|e| cuda_err("recording a timing event", e))?;
+    for _ in 0..RUNS {
+        run()?;
+    }
+    let end = stream
+        .record_event(timed)
+        .map_err(|e| cuda_err("recording a timing event", e))?;
+    // Waits for both events.
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(|e| cuda_err("reading a timing event", e))?;
+    Ok(f64::from(ms) * 1e3 / RUNS as f64)
 }

@@ -5,6 +5,8 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod lt;
+#[cfg(feature = "cuda")]
+pub(crate) mod thin;
 
 /// The geometry of a (batched) matrix product `out[b] = op(lhs[b]) · op(rhs[b])`.
 ///
