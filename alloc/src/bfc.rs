@@ -189,12 +189,7 @@ impl<S: MemorySource> Bfc<S> {
     /// or a source failure.
     #[track_caller]
     pub fn alloc(&self, bytes: usize, tenant: TenantId) -> Result<Block> {
-        let caller = Location::caller();
-        let mut g = self.lock();
-        if g.first_use.is_none() {
-            g.first_use = Some(caller);
-        }
-        g.alloc(bytes as u64, tenant)
+        self.alloc_at(bytes, tenant, Location::caller(), false)
     }
 
     /// As [`alloc`](Self::alloc), but never synchronizes the device: pages are created, never moved
@@ -206,12 +201,21 @@ impl<S: MemorySource> Bfc<S> {
     /// As [`alloc`](Self::alloc).
     #[track_caller]
     pub fn alloc_without_sync(&self, bytes: usize, tenant: TenantId) -> Result<Block> {
-        let caller = Location::caller();
+        self.alloc_at(bytes, tenant, Location::caller(), true)
+    }
+
+    fn alloc_at(
+        &self,
+        bytes: usize,
+        tenant: TenantId,
+        caller: &'static Location<'static>,
+        no_sync: bool,
+    ) -> Result<Block> {
         let mut g = self.lock();
         if g.first_use.is_none() {
             g.first_use = Some(caller);
         }
-        g.no_sync = true;
+        g.no_sync = no_sync;
         let r = g.alloc(bytes as u64, tenant);
         g.no_sync = false;
         r

@@ -448,18 +448,23 @@ fn direct_backend_calls_the_source_every_time() {
     );
 }
 
-/// A CUDA graph's pool grows during its capture, when the device may not be synchronized: an allocation
-/// without sync creates pages instead of moving idle ones, and an OOM does not trim (both synchronize).
-#[test]
-fn allocations_without_sync_never_move_pages_or_trim() {
-    let page = 2 * MIB;
+/// A stitched allocator of `pages` 2 MiB pages with one arena (no large-block alignment, so that blocks share
+/// pages) and no idle-page slack.
+fn one_arena_stitched(pages: u64) -> Bfc<SimMemory> {
     let config = Config::builder()
-        .limit_bytes(6 * page)
+        .limit_bytes(pages * 2 * MIB)
         .large_block(u64::MAX)
         .idle_page_slack(0)
         .build()
         .unwrap();
-    let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+    Bfc::new(SimMemory::stitched(1 << 30), config).unwrap()
+}
+
+/// A CUDA graph's pool grows during its capture, when the device may not be synchronized: an allocation
+/// without sync creates pages instead of moving idle ones, and an OOM does not trim (both synchronize).
+#[test]
+fn allocations_without_sync_never_move_pages_or_trim() {
+    let bfc = one_arena_stitched(6);
     let a = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
     let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
     bfc.free(a);
@@ -494,14 +499,7 @@ fn allocations_without_sync_never_move_pages_or_trim() {
 #[test]
 fn stitched_maps_pages_moves_idle_ones_and_trims_them() {
     let page = 2 * MIB;
-    // One arena (no large-block alignment), so that blocks share pages.
-    let config = Config::builder()
-        .limit_bytes(8 * page)
-        .large_block(u64::MAX)
-        .idle_page_slack(0)
-        .build()
-        .unwrap();
-    let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+    let bfc = one_arena_stitched(8);
     let a = bfc.alloc((3 * MIB) as usize, TenantId::DEFAULT).unwrap();
     assert_eq!(bfc.stats().pages_mapped, 2);
     let b = bfc.alloc((8 * MIB) as usize, TenantId::DEFAULT).unwrap();
