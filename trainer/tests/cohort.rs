@@ -19,6 +19,17 @@ prefetch = 2
 seed = 3
 "#;
 
+/// The CUDA tests that compare two runs elementwise take turns. Concurrent runs tune the same products under each
+/// other's load and may keep different algorithms; Adam turns the last-bit difference of a near-zero gradient into
+/// a whole step, so two runs compared this way must use the same ones. (Cohorts do share a GPU safely: see
+/// `other_threads_wait_while_a_graph_is_captured` in cohort-tensor.)
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    GPU.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn config(dir: &Path, name: &str, run: &str, members: &str) -> Config {
     config_on("cpu", dir, name, run, members)
 }
@@ -287,6 +298,7 @@ fn an_interrupted_and_resumed_run_ends_bit_identical() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_interrupted_and_resumed_run_on_cuda_ends_where_the_uninterrupted_one_does() {
+    let _turn = gpu_turn();
     interrupted_and_resumed("cuda:0");
 }
 
@@ -344,6 +356,7 @@ fn fused_members_match_separate_training() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_members_match_separate_training_on_cuda() {
+    let _turn = gpu_turn();
     fused_matches_separate("cuda:0");
 }
 
@@ -398,6 +411,7 @@ fn fused_matches_separate(device: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replays_train_as_eager_steps_on_cuda() {
+    let _turn = gpu_turn();
     let tmp = tempfile::tempdir().unwrap();
     let members = mlp(
         "adam",
