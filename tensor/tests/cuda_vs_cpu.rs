@@ -153,7 +153,15 @@ fn linear_weight_and_bias_gradients_beside_the_input_gradient_agree() {
         let ((gw1, gb1), gx1) =
             rand(&[64, 96], 42, dev)?.linear_grads_beside(&g1, || g1.matmul_t(&w1, false, true))?;
         let ((gwm, gbm), gxm) = rand(&[3, 64, 96], 44, dev)?.linear_grads_beside(&g, input_grad)?;
-        Ok(vec![gw, gb, gx, gw1, gb1, gx1, gwm, gbm, gxm])
+        // Large enough (2^27 multiply-adds) to run on the side stream outside a capture too.
+        let gl = rand(&[2, 512, 256], 47, dev)?;
+        let wl = rand(&[2, 512, 256], 48, dev)?;
+        let ((gwl, gbl), gxl) = rand(&[2, 512, 512], 49, dev)?
+            .mul_scalar(0.1)?
+            .linear_grads_beside(&gl, || gl.matmul_t(&wl, false, true))?;
+        Ok(vec![
+            gw, gb, gx, gw1, gb1, gx1, gwm, gbm, gxm, gwl, gbl, gxl,
+        ])
     });
 }
 

@@ -821,6 +821,8 @@ pub fn linear(
 pub struct SideGrads {
     gw: CudaStorage,
     gb: CudaStorage,
+    /// Queued on the side stream (else inline, on the compute stream).
+    beside: bool,
 }
 
 impl SideGrads {
@@ -829,13 +831,21 @@ impl SideGrads {
     /// # Errors
     /// The driver refusing an event.
     pub fn join(self) -> Result<(CudaStorage, CudaStorage)> {
-        self.gw.gpu.join_side()?;
+        if self.beside {
+            self.gw.gpu.join_side()?;
+        }
         Ok((self.gw, self.gb))
     }
 }
 
+/// Multiply-adds below which a Linear layer's weight and bias gradients run inline outside a
+/// capture: a small model's eager step is bound by the host, whose two event calls per layer for
+/// the side stream cost more than the overlap saves. A graph forks for free at replay.
+const BESIDE_MIN_MACS: usize = 1 << 27;
+
 /// `xᵀ · g` and the sums of `g`'s rows per product, queued on the side stream (the compute
-/// stream's next work runs alongside it): one cuBLASLt call where its column-sum epilogue runs
+/// stream's next work runs alongside it; inline for small products outside a capture, see
+/// [`BESIDE_MIN_MACS`]): one cuBLASLt call where its column-sum epilogue runs
 /// (see [`matmul_cuda::matmul_rhs_sums`]), else the product and a reduction. `None`, queuing
 /// nothing, for a dtype other than f32. `x` and `g` must stay alive until [`SideGrads::join`].
 ///
@@ -865,7 +875,8 @@ pub fn linear_grads_on_side(
         gb.device_ptr(),
     );
     let (gpu, (xp, gp, wp, bp)) = (&x.gpu, ptrs);
-    let queued = gpu.on_side(|| {
+    let beside = gpu.is_capturing() || shape.batch * shape.m * shape.n * shape.k >= BESIDE_MIN_MACS;
+    let work = || {
         // SAFETY: the tensor validated that x and g hold what `shape` describes; gw holds the
         // product, gb n sums per product (g is [batch, k, n]).
         unsafe {
@@ -880,9 +891,13 @@ pub fn linear_grads_on_side(
             }
             Ok(())
         }
-    });
-    match queued {
-        Ok(()) => Ok(Some(SideGrads { gw, gb })),
+    };
+    if !beside {
+        work()?;
+        return Ok(Some(SideGrads { gw, gb, beside }));
+    }
+    match gpu.on_side(work) {
+        Ok(()) => Ok(Some(SideGrads { gw, gb, beside })),
         Err(e) => {
             gpu.join_side()?;
             Err(e.into())
