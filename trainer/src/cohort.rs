@@ -1309,11 +1309,6 @@ impl Cohort {
                     || m.cfg.max_steps.is_some_and(|s| next >= s)
             });
         let dt = dt + self.take_losses(ui, needs_losses)?;
-        if let Some(note) = step.note {
-            for &i in &members {
-                self.event(i, note.clone())?;
-            }
-        }
         let u = &self.units[ui];
         let lrs = u.opt.current_lrs();
         let (_, peak) = u.tenant.usage();
@@ -1328,6 +1323,11 @@ impl Cohort {
             m.c.peak_mem = m.c.peak_mem.max(peak / m_count);
             if epochs_now > m.epochs_done {
                 m.epochs_done = epochs_now;
+            }
+        }
+        if let Some(note) = step.note {
+            for &i in &members {
+                self.event(i, note.clone())?;
             }
         }
         let accs = if epoch_ended {
@@ -1436,6 +1436,21 @@ impl Cohort {
         let device = u.device;
         for &i in &members {
             self.members[i].c.oom_events += 1;
+        }
+        // The captured step's graph holds a step's memory beside what eager steps (an epoch's
+        // short last batch) need: give it back and go on eagerly before touching the batch.
+        if matches!(self.units[ui].graphs, Graphs::Ready(_)) {
+            self.units[ui].graphs = Graphs::Off;
+            let text = format!(
+                "out of memory at step {} with batch {batch} on {device}: the captured step's CUDA \
+                 graph is released and steps run eagerly ({})",
+                self.members[members[0]].step,
+                oom.to_string().lines().next().unwrap_or("")
+            );
+            for &i in &members {
+                self.event(i, text.clone())?;
+            }
+            return Ok(());
         }
         let first = &self.members[members[0]].cfg;
         let policy = first.oom;

@@ -223,7 +223,8 @@ pub struct Feed {
 struct Staged {
     x: Tensor,
     y: Tensor,
-    ready: CopyReady,
+    /// The copy's end; `None` once the compute stream waits for it.
+    ready: Option<CopyReady>,
     /// The batch size it was read for.
     size: usize,
     /// The position before it.
@@ -321,7 +322,7 @@ impl Feed {
             let x = Tensor::from_vec(batch.x, &[batch.n, per], device)?;
             return Ok((x, Tensor::from_vec(batch.y, &[batch.n], device)?));
         }
-        let now = match self.staged.take() {
+        let mut now = match self.staged.take() {
             Some(s) if s.size == b => s,
             other => {
                 if let Some(s) = other {
@@ -331,8 +332,10 @@ impl Feed {
             }
         };
         self.staged = Some(self.stage(b)?);
-        now.ready.wait_on_compute()?;
-        Ok((now.x, now.y))
+        if let Some(ready) = now.ready.take() {
+            ready.wait_on_compute()?;
+        }
+        Ok((now.x.clone(), now.y.clone()))
     }
 
     /// Reads the next batch and starts its copy to the device.
@@ -359,7 +362,7 @@ impl Feed {
         Ok(Staged {
             x,
             y,
-            ready,
+            ready: Some(ready),
             size: b,
             from,
         })
@@ -398,5 +401,16 @@ impl Feed {
         }
         let n = y.len();
         Ok(Batch { x, y, n })
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // A batch dropped untaken (a seek, a new batch size, the feed's end) may still be being
+        // copied on the copy stream: the compute stream, which orders the reuse of its blocks,
+        // waits for the copy first.
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.wait_on_compute();
+        }
     }
 }

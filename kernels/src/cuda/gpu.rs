@@ -587,6 +587,8 @@ impl Gpu {
         bytes: usize,
         f: impl FnOnce(u64) -> Result<R>,
     ) -> Result<R> {
+        // Growing the area synchronizes the stream, which another thread's capture must not see.
+        let _turn = self.turn();
         let side = ON_SIDE.get();
         if self.is_capturing() {
             // The graph's nodes on one stream run one after another, so they share the graph's
@@ -1382,9 +1384,10 @@ impl Gpu {
             && lock(&self.turns).owner == Some(std::thread::current().id())
     }
 
-    /// This thread's turn to queue work: waits while another thread captures a graph here, and
-    /// keeps a capture from beginning until the returned guard drops.
-    pub(crate) fn turn(&self) -> Turn<'_> {
+    /// This thread's turn to use the device (queue work, or allocate and free where that may
+    /// synchronize): waits while another thread captures a graph here, and keeps a capture from
+    /// beginning until the returned guard drops.
+    pub fn turn(&self) -> Turn<'_> {
         let me = std::thread::current().id();
         let mut t = lock(&self.turns);
         loop {
@@ -1405,6 +1408,7 @@ impl Gpu {
             }
         }
         t.active += 1;
+        TURNS_HELD.set(TURNS_HELD.get() + 1);
         Turn {
             gpu: self,
             counted: true,
@@ -1431,6 +1435,12 @@ impl Gpu {
     /// This thread is capturing already, or the driver refuses.
     pub fn begin_capture(&self) -> Result<()> {
         let me = std::thread::current().id();
+        if TURNS_HELD.get() > 0 {
+            // It would wait for its own turn to end.
+            return Err(Error::Cuda(
+                "a CUDA graph capture cannot begin inside another call on the device".into(),
+            ));
+        }
         {
             let mut t = lock(&self.turns);
             if t.owner == Some(me) {
@@ -1448,11 +1458,11 @@ impl Gpu {
             t.owner = Some(me);
         }
         self.capturing.store(true, Ordering::Release);
-        self.bind()?;
-        let r = self
-            .compute
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .map_err(|e| cuda_err("cuStreamBeginCapture", e));
+        let r = self.bind().and_then(|()| {
+            self.compute
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(|e| cuda_err("cuStreamBeginCapture", e))
+        });
         if r.is_err() {
             self.release_turns();
         }
@@ -1509,15 +1519,22 @@ struct Turns {
     active: usize,
 }
 
-/// A thread's turn to queue work on a device; ends on drop.
-pub(crate) struct Turn<'a> {
+/// A thread's turn to use a device ([`Gpu::turn`]); ends on drop.
+#[derive(Debug)]
+pub struct Turn<'a> {
     gpu: &'a Gpu,
     counted: bool,
+}
+
+thread_local! {
+    /// Counted turns this thread holds (a capture may not begin inside one).
+    static TURNS_HELD: Cell<u32> = const { Cell::new(0) };
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if self.counted {
+            TURNS_HELD.set(TURNS_HELD.get().saturating_sub(1));
             lock(&self.gpu.turns).active -= 1;
             self.gpu.turn_changed.notify_all();
         }

@@ -20,7 +20,7 @@ mod profile;
 pub use absent::{Gpu, device_count, driver_present};
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, HostCopy, PinnedBuffer, device_count,
+    CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, HostCopy, PinnedBuffer, Turn, device_count,
     driver_present,
 };
 

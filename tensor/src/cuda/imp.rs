@@ -68,6 +68,8 @@ impl Drop for CudaStorage {
             // go back to that pool, which only the graph uses).
             if let Some(b) = capture::defer_free(self.ordinal, &self.alloc, b) {
                 // Stream-ordered: a later op reusing the block runs after every op queued so far.
+                // A free may synchronize (the direct backend): not while another thread captures.
+                let _turn = self.gpu.turn();
                 self.alloc.free(b);
             }
         }
@@ -136,11 +138,21 @@ impl Ctx {
     /// capture on this device, a block of the graph's private pool.
     fn storage(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
         let bytes = (len * dtype.size_in_bytes()).max(4);
-        let (alloc, tenant) = match capture::pool(self.ordinal) {
-            Some(pool) => (pool, TenantId::DEFAULT),
-            None => (self.alloc.clone(), memory::current_tenant()),
+        let (alloc, block) = match capture::pool(self.ordinal) {
+            // A capture may not synchronize: the pool neither trims nor moves pages to make room
+            // (a trim would also give back regions the captured work still uses).
+            Some(pool) => {
+                let block = pool.alloc_without_sync(bytes, TenantId::DEFAULT)?;
+                (pool, block)
+            }
+            None => {
+                // Growing may move pages or trim, which synchronize: not while another thread
+                // captures.
+                let _turn = self.gpu.turn();
+                let block = self.alloc.alloc(bytes, memory::current_tenant())?;
+                (self.alloc.clone(), block)
+            }
         };
-        let block = alloc.alloc(bytes, tenant)?;
         Ok(CudaStorage {
             block: Some(block),
             len,

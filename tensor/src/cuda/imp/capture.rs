@@ -179,8 +179,21 @@ pub fn replay_concurrently(graphs: &[&CudaGraph], lanes: usize) -> Result<()> {
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
-        // Replays still queued use the deferred blocks: let them finish before those go back.
-        let _ = self.gpu.compute_stream().synchronize();
+        // Replays still queued use the deferred blocks, the pool and the step states: let them
+        // finish before those go back (after any other thread's capture: a synchronize would
+        // break it).
+        let finished = {
+            let _turn = self.gpu.turn();
+            !self.gpu.is_capturing() && self.gpu.compute_stream().synchronize().is_ok()
+        };
+        if !finished {
+            // Freeing what a replay may still use is worse than keeping it.
+            std::mem::forget(self.graph.take());
+            std::mem::forget(std::mem::take(&mut self.deferred));
+            std::mem::forget(std::mem::take(&mut self.states));
+            std::mem::forget(self.pool.clone());
+            return;
+        }
         self.graph = None;
         for (alloc, block) in self.deferred.drain(..) {
             alloc.free(block);
@@ -193,7 +206,9 @@ impl Drop for CudaGraph {
 /// `f`'s result. Nothing runs during the capture: `f` must not read tensors back to the host or
 /// synchronize (that is an error), and should have run once eagerly before, so that lazily
 /// created state (optimizer moments, kernel modules, scratch space) exists. Other threads' work on
-/// the device waits while `f` runs (a capture would record it), and captures take turns.
+/// the device waits while `f` runs (a capture would record it), and captures take turns; `f` must
+/// not use tensors another thread may be writing (it would wait for that thread, which waits for
+/// the capture).
 ///
 /// # Errors
 /// A CPU device, a capture inside a capture, `f`'s own error, or work the driver cannot capture.
