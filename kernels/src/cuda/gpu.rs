@@ -1388,24 +1388,15 @@ impl Gpu {
     /// synchronize): waits while another thread captures a graph here, and keeps a capture from
     /// beginning until the returned guard drops.
     pub fn turn(&self) -> Turn<'_> {
-        let me = std::thread::current().id();
         let mut t = lock(&self.turns);
-        loop {
-            match t.owner {
-                Some(owner) if owner == me => {
-                    return Turn {
-                        gpu: self,
-                        counted: false,
-                    };
-                }
-                Some(_) => {
-                    t = self
-                        .turn_changed
-                        .wait(t)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-                None => break,
+        while let Some(owner) = t.owner {
+            if owner == std::thread::current().id() {
+                return Turn {
+                    gpu: self,
+                    counted: false,
+                };
             }
+            t = self.wait_for_turns(t);
         }
         t.active += 1;
         TURNS_HELD.set(TURNS_HELD.get() + 1);
@@ -1450,10 +1441,7 @@ impl Gpu {
                 )));
             }
             while t.owner.is_some() || t.active > 0 {
-                t = self
-                    .turn_changed
-                    .wait(t)
-                    .unwrap_or_else(PoisonError::into_inner);
+                t = self.wait_for_turns(t);
             }
             t.owner = Some(me);
         }
@@ -1472,8 +1460,20 @@ impl Gpu {
     /// Ends a capture's hold on the device: other threads may queue work again.
     fn release_turns(&self) {
         self.capturing.store(false, Ordering::Release);
-        lock(&self.turns).owner = None;
-        self.turn_changed.notify_all();
+        let mut t = lock(&self.turns);
+        t.owner = None;
+        t.wake(&self.turn_changed);
+    }
+
+    /// Waits (counted as waiting) until the turns change.
+    fn wait_for_turns<'a>(&self, mut t: MutexGuard<'a, Turns>) -> MutexGuard<'a, Turns> {
+        t.waiting += 1;
+        let mut t = self
+            .turn_changed
+            .wait(t)
+            .unwrap_or_else(PoisonError::into_inner);
+        t.waiting -= 1;
+        t
     }
 
     /// Ends the capture begun by [`Gpu::begin_capture`] and instantiates the graph.
@@ -1517,6 +1517,17 @@ struct Turns {
     owner: Option<ThreadId>,
     /// Other threads' calls queueing work now.
     active: usize,
+    /// Threads waiting for the turns to change.
+    waiting: usize,
+}
+
+impl Turns {
+    /// Wakes the waiting threads, if any: a wake is a system call, and every turn ends here.
+    fn wake(&self, changed: &Condvar) {
+        if self.waiting > 0 {
+            changed.notify_all();
+        }
+    }
 }
 
 /// A thread's turn to use a device ([`Gpu::turn`]); ends on drop.
@@ -1535,8 +1546,9 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if self.counted {
             TURNS_HELD.set(TURNS_HELD.get().saturating_sub(1));
-            lock(&self.gpu.turns).active -= 1;
-            self.gpu.turn_changed.notify_all();
+            let mut t = lock(&self.gpu.turns);
+            t.active -= 1;
+            t.wake(&self.gpu.turn_changed);
         }
     }
 }
