@@ -484,11 +484,7 @@ impl Lt {
                 // SAFETY: forwarded to the caller; the two halves cover D's columns.
                 return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
             }
-            Some(Entry::Thin) => {
-                // SAFETY: forwarded to the caller.
-                gpu.timed(label, || unsafe { thin::run(gpu, g, &epilogue, x) })?;
-                return Ok(true);
-            }
+            Some(Entry::Thin) => {}
             Some(Entry::Run(c)) if c.us.is_some() || !self.tune || capturing => {}
             _ => match self.choose(gpu, &key, x, capturing, label)? {
                 None => {
@@ -498,30 +494,37 @@ impl Lt {
                 Some(c) => {
                     let tuned = c.us;
                     self.entries.insert(key, Entry::Run(c));
-                    if let Some(best) = tuned
+                    let thin = match tuned {
                         // SAFETY: forwarded to the caller.
-                        && unsafe { self.thin_pays(gpu, &key, x, best) }?
-                    {
+                        Some(best) => unsafe { self.thin_pays(gpu, &key, x, best) }?,
+                        None => false,
+                    };
+                    if thin {
                         self.entries.insert(key, Entry::Thin);
-                        // SAFETY: as above.
-                        gpu.timed(label, || unsafe { thin::run(gpu, g, &epilogue, x) })?;
-                        return Ok(true);
-                    }
-                    // SAFETY: forwarded to the caller.
-                    if let Some(n0) = unsafe { self.split_pays(gpu, &key, x, label) }? {
-                        // SAFETY: as above.
-                        return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
+                    } else {
+                        // SAFETY: forwarded to the caller.
+                        let split = unsafe { self.split_pays(gpu, &key, x, label) }?;
+                        if let Some(n0) = split {
+                            // SAFETY: as above.
+                            return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
+                        }
                     }
                 }
             },
         }
-        let Some(Entry::Run(c)) = self.entries.get(&key) else {
-            return Ok(false);
-        };
-        // SAFETY: forwarded to the caller.
-        gpu.timed(label, || unsafe {
-            self.run(gpu, &c.desc, &c.algo, c.workspace, x)
-        })?;
+        match self.entries.get(&key) {
+            Some(Entry::Run(c)) => {
+                // SAFETY: forwarded to the caller.
+                gpu.timed(label, || unsafe {
+                    self.run(gpu, &c.desc, &c.algo, c.workspace, x)
+                })?;
+            }
+            Some(Entry::Thin) => {
+                // SAFETY: forwarded to the caller.
+                gpu.timed(label, || unsafe { thin::run(gpu, g, &epilogue, x) })?;
+            }
+            _ => return Ok(false),
+        }
         Ok(true)
     }
 
