@@ -123,6 +123,13 @@ struct Unit {
 /// never runs further ahead of the device than this.
 const LOSSES_IN_FLIGHT: usize = 2;
 
+/// What a member's step calls for ([`Cohort::due`]).
+struct Due {
+    log: bool,
+    checkpoint: bool,
+    complete: bool,
+}
+
 /// What a unit step leaves for the bookkeeping.
 struct StepOutcome {
     /// The per-member losses, on their way to the host.
@@ -1283,47 +1290,51 @@ impl Cohort {
         Ok(())
     }
 
-    /// Whether member `i`, after `step` steps, has finished its training.
-    fn complete(&self, i: usize, step: u64) -> bool {
+    /// What member `i`'s step just taken calls for (`epoch_ended`: its unit's epoch ended with it).
+    fn due(&self, i: usize, epoch_ended: bool) -> Due {
         let m = &self.members[i];
-        m.epochs_done >= u64::from(m.cfg.epochs) || m.cfg.max_steps.is_some_and(|s| step >= s)
+        let complete = m.epochs_done >= u64::from(m.cfg.epochs)
+            || m.cfg.max_steps.is_some_and(|s| m.step >= s);
+        let checkpoint = match m.cfg.checkpoint.every {
+            CheckpointEvery::Steps(n) => m.step % n == 0,
+            CheckpointEvery::Epochs(k) => epoch_ended && m.epochs_done % u64::from(k) == 0,
+            CheckpointEvery::End | CheckpointEvery::Never => false,
+        };
+        Due {
+            log: m.step % self.config.run.log_every == 0 || epoch_ended || complete,
+            checkpoint: checkpoint && !complete,
+            complete,
+        }
     }
 
     /// After a step of unit `ui`: its losses, logs, epoch ends (evaluation), checkpoints, completion.
     fn after_step(&mut self, ui: usize, step: StepOutcome, dt: f64) -> Result<()> {
         self.units[ui].losses.push_back(step.losses);
         let u = &self.units[ui];
-        let d = u.feed.data().clone();
-        let epochs_now = d.epochs_done(&u.feed.position());
+        let epochs_now = u.feed.data().epochs_done(&u.feed.position());
         let members = u.members.clone();
-        // A step that logs, evaluates, checkpoints or completes a member needs every loss so far.
         let epoch_ended = members
             .iter()
             .any(|&i| epochs_now > self.members[i].epochs_done);
-        let needs_losses = epoch_ended
-            || members.iter().any(|&i| {
-                let m = &self.members[i];
-                let next = m.step + 1;
-                next % self.config.run.log_every == 0
-                    || matches!(m.cfg.checkpoint.every, CheckpointEvery::Steps(n) if next % n == 0)
-                    || m.cfg.max_steps.is_some_and(|s| next >= s)
-            });
-        let dt = dt + self.take_losses(ui, needs_losses)?;
-        let u = &self.units[ui];
-        let lrs = u.opt.current_lrs();
-        let (_, peak) = u.tenant.usage();
-        let mem = step.in_step;
-        let m_count = u.members.len() as u64;
         for &i in &members {
             let m = &mut self.members[i];
             m.step += 1;
+            m.epochs_done = m.epochs_done.max(epochs_now);
+        }
+        let dues: Vec<Due> = members.iter().map(|&i| self.due(i, epoch_ended)).collect();
+        // A step that logs or checkpoints a member needs every loss so far.
+        let all = dues.iter().any(|d| d.log || d.checkpoint);
+        let dt = dt + self.take_losses(ui, all)?;
+        let u = &self.units[ui];
+        let lrs = u.opt.current_lrs();
+        let (_, peak) = u.tenant.usage();
+        let m_count = u.members.len() as u64;
+        for &i in &members {
+            let m = &mut self.members[i];
             m.c.train_time += dt;
             m.c.steps_timed += 1;
-            m.mem_now = mem / m_count;
+            m.mem_now = step.in_step / m_count;
             m.c.peak_mem = m.c.peak_mem.max(peak / m_count);
-            if epochs_now > m.epochs_done {
-                m.epochs_done = epochs_now;
-            }
         }
         if let Some(note) = step.note {
             for &i in &members {
@@ -1335,27 +1346,19 @@ impl Cohort {
         } else {
             None
         };
-        for (j, &i) in members.iter().enumerate() {
+        for (j, (&i, due)) in members.iter().zip(dues).enumerate() {
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
             let acc = accs.as_ref().map(|a| a[j]);
             if let Some(a) = acc {
                 self.members[i].c.test_accuracy = Some(a);
             }
-            let complete = self.complete(i, self.members[i].step);
-            let m = &self.members[i];
-            if m.step % self.config.run.log_every == 0 || acc.is_some() || complete {
+            if due.log {
                 self.log(i, lr, acc)?;
             }
-            let m = &self.members[i];
-            let due = match m.cfg.checkpoint.every {
-                CheckpointEvery::Steps(n) => m.step % n == 0,
-                CheckpointEvery::Epochs(k) => epoch_ended && m.epochs_done % u64::from(k) == 0,
-                CheckpointEvery::End | CheckpointEvery::Never => false,
-            };
-            if due && !complete {
+            if due.checkpoint {
                 self.checkpoint(ui, i)?;
             }
-            if complete {
+            if due.complete {
                 self.members[i].state = State::Done;
             }
             let s = self.status(i);

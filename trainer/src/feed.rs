@@ -16,8 +16,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cohort_data::{Array, Dataset, Iter, Position, Split};
-use cohort_tensor::cuda::{CopyReady, Uploader};
+use cohort_data::{Array, Dataset, Iter, Position, Split, Staged, ToDevice, TrainBatch};
+use cohort_tensor::cuda::Uploader;
 use cohort_tensor::{Device, Tensor};
 
 use crate::config::{DataConfig, DataSource};
@@ -215,16 +215,14 @@ pub struct Feed {
     prefetch: usize,
     /// Device prefetch: the uploader, and the next batch on its way to the device.
     uploader: Option<Uploader>,
-    staged: Option<Staged>,
+    staged: Option<Ahead>,
 }
 
-/// A batch whose copy to the device was started before it is taken.
+/// A batch whose copy to the device was started before it is taken (dropped untaken, it still
+/// orders the compute stream after its copy: see [`Staged`]).
 #[derive(Debug)]
-struct Staged {
-    x: Tensor,
-    y: Tensor,
-    /// The copy's end; `None` once the compute stream waits for it.
-    ready: Option<CopyReady>,
+struct Ahead {
+    batch: Staged<TrainBatch>,
     /// The batch size it was read for.
     size: usize,
     /// The position before it.
@@ -316,55 +314,49 @@ impl Feed {
     /// # Errors
     /// A pipeline error, or the device's (out of memory, a failed copy).
     pub fn next_tensors(&mut self, b: usize, device: &Device) -> Result<(Tensor, Tensor)> {
-        if self.uploader.is_none() {
-            let batch = self.next_batch(b)?;
-            let per: usize = self.data.shape.iter().product();
-            let x = Tensor::from_vec(batch.x, &[batch.n, per], device)?;
-            return Ok((x, Tensor::from_vec(batch.y, &[batch.n], device)?));
-        }
-        let mut now = match self.staged.take() {
+        let Some(mut uploader) = self.uploader.take() else {
+            let batch = self.batch_on(b, device)?;
+            return Ok((batch.inputs, batch.labels));
+        };
+        let r = self.take_ahead(b, &mut uploader);
+        self.uploader = Some(uploader);
+        let batch = r?;
+        Ok((batch.inputs, batch.labels))
+    }
+
+    /// The batch staged ahead (read again if its size is not `b`), with the next one staged.
+    fn take_ahead(&mut self, b: usize, uploader: &mut Uploader) -> Result<TrainBatch> {
+        let now = match self.staged.take() {
             Some(s) if s.size == b => s,
             other => {
                 if let Some(s) = other {
                     self.seek(&s.from)?;
                 }
-                self.stage(b)?
+                self.stage(b, uploader)?
             }
         };
-        self.staged = Some(self.stage(b)?);
-        if let Some(ready) = now.ready.take() {
-            ready.wait_on_compute()?;
-        }
-        Ok((now.x.clone(), now.y.clone()))
+        self.staged = Some(self.stage(b, uploader)?);
+        Ok(now.batch.finish()?)
     }
 
     /// Reads the next batch and starts its copy to the device.
-    fn stage(&mut self, b: usize) -> Result<Staged> {
+    fn stage(&mut self, b: usize, uploader: &mut Uploader) -> Result<Ahead> {
         let from = self.read_position();
-        let batch = self.next_batch(b)?;
-        let per: usize = self.data.shape.iter().product();
-        let x = Tensor::from_vec(batch.x, &[batch.n, per], &Device::Cpu)?;
-        let y = Tensor::from_vec(batch.y, &[batch.n], &Device::Cpu)?;
-        let internal = |reason: &str| -> Error {
-            cohort_tensor::Error::InvalidArgument {
-                op: "device prefetch",
-                reason: reason.into(),
-            }
-            .into()
-        };
-        let uploader = self
-            .uploader
-            .as_mut()
-            .ok_or_else(|| internal("no uploader to stage a batch with"))?;
-        let (uploaded, ready) = uploader.upload(&[&x, &y])?;
-        let [x, y] = <[Tensor; 2]>::try_from(uploaded)
-            .map_err(|_| internal("the uploader returned another number of tensors"))?;
-        Ok(Staged {
-            x,
-            y,
-            ready: Some(ready),
+        let (batch, ready) = self.batch_on(b, &Device::Cpu)?.upload(uploader)?;
+        Ok(Ahead {
+            batch: Staged::in_flight(batch, ready),
             size: b,
             from,
+        })
+    }
+
+    /// The next batch of up to `b` examples as tensors on `device`.
+    fn batch_on(&mut self, b: usize, device: &Device) -> Result<TrainBatch> {
+        let batch = self.next_batch(b)?;
+        let per: usize = self.data.shape.iter().product();
+        Ok(TrainBatch {
+            inputs: Tensor::from_vec(batch.x, &[batch.n, per], device)?,
+            labels: Tensor::from_vec(batch.y, &[batch.n], device)?,
         })
     }
 
@@ -401,16 +393,5 @@ impl Feed {
         }
         let n = y.len();
         Ok(Batch { x, y, n })
-    }
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        // A batch dropped untaken (a seek, a new batch size, the feed's end) may still be being
-        // copied on the copy stream: the compute stream, which orders the reuse of its blocks,
-        // waits for the copy first.
-        if let Some(ready) = self.ready.take() {
-            let _ = ready.wait_on_compute();
-        }
     }
 }
