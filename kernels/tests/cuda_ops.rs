@@ -900,11 +900,11 @@ fn fused_optimizer_steps_match_the_cpu() {
             // SAFETY: every buffer holds `len` f32; the state is a StepState.
             unsafe {
                 if use_adam {
-                    optim_cuda::adam_step(&g, &bufs, &adam).unwrap();
+                    optim_cuda::adam_step(&g, &bufs, &adam, None).unwrap();
                 } else if k == 0 {
-                    optim_cuda::sgd_step(&g, &bufs, &sgd).unwrap();
+                    optim_cuda::sgd_step(&g, &bufs, &sgd, None).unwrap();
                 } else {
-                    optim_cuda::sgd_step_scaled(&g, &bufs, &sgd, state.ptr()).unwrap();
+                    optim_cuda::sgd_step(&g, &bufs, &sgd, Some(state.ptr())).unwrap();
                 }
             }
             let lrs: Vec<Vec<f64>> = lrs
@@ -1145,7 +1145,7 @@ fn counted_adam_steps_advance_their_device_state_and_follow_its_scale() {
     let scaled: Vec<f64> = lrs.iter().map(|l| l * f64::from(scale)).collect();
     for step in [3, 4] {
         // SAFETY: every buffer holds n f32; the state is a StepState.
-        unsafe { optim_cuda::adam_step_counted(&g, &bufs, &h, state.ptr()).unwrap() };
+        unsafe { optim_cuda::adam_step(&g, &bufs, &h, Some(state.ptr())).unwrap() };
         optim_cpu::adam_step(
             &mut p,
             &gr,

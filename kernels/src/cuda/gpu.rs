@@ -1365,15 +1365,16 @@ impl Gpu {
         })
     }
 
-    /// Records a timing event on the compute stream: it completes when the GPU reaches this
-    /// point of the queued work (see [`CudaEvent::elapsed_ms`]).
+    /// Records a timing event on the compute stream (the side stream inside [`Gpu::on_side`]): it
+    /// completes when the GPU reaches this point of the queued work (see
+    /// [`CudaEvent::elapsed_ms`]).
     ///
     /// # Errors
     /// The driver rejects the event.
     pub fn mark(&self) -> Result<CudaEvent> {
         let _turn = self.turn();
         self.bind()?;
-        self.compute
+        self.stream()
             .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| cuda_err("recording a timing event", e))
     }

@@ -14,7 +14,6 @@ use std::ffi::c_void;
 use std::mem::{MaybeUninit, size_of_val};
 
 use cudarc::cublaslt::{result as lt, sys};
-use cudarc::driver::sys::CUevent_flags;
 
 use super::thin;
 use crate::cuda::{GemmTuning, Gpu, cuda_err};
@@ -752,17 +751,11 @@ impl Lt {
 /// Mean µs of `run` over RUNS runs after one untimed run (waits for the device).
 fn time_runs(gpu: &Gpu, run: impl Fn() -> Result<()>) -> Result<f64> {
     run()?;
-    let stream = gpu.stream();
-    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = stream
-        .record_event(timed)
-        .map_err(|e| cuda_err("recording a timing event", e))?;
+    let start = gpu.mark()?;
     for _ in 0..RUNS {
         run()?;
     }
-    let end = stream
-        .record_event(timed)
-        .map_err(|e| cuda_err("recording a timing event", e))?;
+    let end = gpu.mark()?;
     // Waits for both events.
     let ms = start
         .elapsed_ms(&end)

@@ -197,42 +197,23 @@ fn table_launch(blocks: usize) -> Result<Launch> {
 
 /// One SGD step over every parameter in `params` (PyTorch semantics, zero-initialised momentum
 /// buffer, as in `cpu::sgd_step`); `h.lrs` is ignored in favour of each parameter's own `lrs`.
+/// With a `state` (a step captured into a CUDA graph), the rates are scaled by the [`StepState`]
+/// there, which the host sets before each replay.
 ///
 /// # Safety
 /// Each [`ParamBuffers`] must describe live f32 buffers of `len` elements on this device
-/// (`state1` too when `h.momentum != 0`).
+/// (`state1` too when `h.momentum != 0`); `state` must address a [`StepState`] on this device
+/// that lives as long as the queued (or captured) work.
 ///
 /// # Errors
 /// Rates that do not split a parameter evenly, a missing momentum buffer, or a launch failure.
-pub unsafe fn sgd_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>) -> Result<()> {
-    // SAFETY: forwarded.
-    unsafe { sgd(gpu, params, h, 0) }
-}
-
-/// [`sgd_step`] for a step that is captured into a CUDA graph: the rates are scaled by the
-/// [`StepState`] at `state`, which the host sets before each replay.
-///
-/// # Safety
-/// As [`sgd_step`]; `state` must address a [`StepState`] on this device that lives as long as the
-/// captured work.
-///
-/// # Errors
-/// As [`sgd_step`].
-pub unsafe fn sgd_step_scaled(
+pub unsafe fn sgd_step(
     gpu: &Gpu,
     params: &[ParamBuffers<'_>],
     h: &SgdParams<'_>,
-    state: u64,
+    state: Option<u64>,
 ) -> Result<()> {
-    // SAFETY: forwarded.
-    unsafe { sgd(gpu, params, h, state) }
-}
-
-/// SGD with its rates scaled by the [`StepState`] at `state` (none when 0).
-///
-/// # Safety
-/// As [`sgd_step_scaled`] (the state only when not 0).
-unsafe fn sgd(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>, state: u64) -> Result<()> {
+    let state = state.unwrap_or(0);
     let use_buf: u32 = u32::from(h.momentum != 0.0);
     if use_buf == 1 && params.iter().any(|p| p.state1 == 0 && p.len > 0) {
         return Err(Error::Cuda(
@@ -257,46 +238,20 @@ unsafe fn sgd(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &SgdParams<'_>, state: 
 }
 
 /// One Adam / AdamW step over every parameter in `params` (PyTorch semantics, as in
-/// `cpu::adam_step`); `h.lrs` is ignored in favour of each parameter's own `lrs`.
+/// `cpu::adam_step`); `h.lrs` is ignored in favour of each parameter's own `lrs`. With a `state`
+/// (a step captured into a CUDA graph), the step runs as `state.last + 1` with its rates scaled by
+/// `state.scale`, and then advances `state.last` by one: each replay applies the next step's bias
+/// correction, and the host sets the state where it knows better (eager steps in between, a
+/// learning-rate schedule). `h.step` is used only without a state.
 ///
 /// # Safety
 /// Each [`ParamBuffers`] must describe live f32 buffers of `len` elements on this device, with
-/// `state1` (m) and `state2` (v).
+/// `state1` (m) and `state2` (v); `state` must address a [`StepState`] on this device that lives
+/// as long as the queued (or captured) work.
 ///
 /// # Errors
 /// Rates that do not split a parameter evenly, missing moments, or a launch failure.
-pub unsafe fn adam_step(gpu: &Gpu, params: &[ParamBuffers<'_>], h: &AdamParams<'_>) -> Result<()> {
-    // SAFETY: forwarded.
-    unsafe { adam(gpu, params, h, None) }
-}
-
-/// [`adam_step`] for a step that is captured into a CUDA graph: the step runs as step
-/// `state.last + 1`, with its rates scaled by `state.scale`, and then advances `state.last` by one.
-/// So each replay of the graph applies the next step's bias correction; the host sets the state
-/// before a replay where it knows better (eager steps in between, a learning-rate schedule).
-///
-/// # Safety
-/// As [`adam_step`]; `state` must address a [`StepState`] on this device that lives as long as the
-/// captured work.
-///
-/// # Errors
-/// As [`adam_step`].
-pub unsafe fn adam_step_counted(
-    gpu: &Gpu,
-    params: &[ParamBuffers<'_>],
-    h: &AdamParams<'_>,
-    state: u64,
-) -> Result<()> {
-    // SAFETY: forwarded.
-    unsafe { adam(gpu, params, h, Some(state)) }
-}
-
-/// Adam with the bias corrections of `h.step` computed here, or of the step in `state` computed
-/// on the device.
-///
-/// # Safety
-/// As [`adam_step_counted`] (the state only when given).
-unsafe fn adam(
+pub unsafe fn adam_step(
     gpu: &Gpu,
     params: &[ParamBuffers<'_>],
     h: &AdamParams<'_>,

@@ -1350,16 +1350,14 @@ fn sgd_launch(
     bufs: &[optim_cuda::ParamBuffers<'_>],
     h: &SgdParams<'_>,
 ) -> Result<()> {
-    if gpu.is_capturing() {
-        // SGD's update does not depend on the step number: the state only scales the rates.
-        let state = capture::step_state(gpu, 1)?;
-        // SAFETY: every buffer was checked to hold len f32 on this device; the state lives as
-        // long as the graph.
-        unsafe { optim_cuda::sgd_step_scaled(gpu, bufs, h, state)? };
+    let state = if gpu.is_capturing() {
+        Some(capture::rate_state(gpu)?)
     } else {
-        // SAFETY: every buffer was checked to hold len f32 on this device.
-        unsafe { optim_cuda::sgd_step(gpu, bufs, h)? };
-    }
+        None
+    };
+    // SAFETY: every buffer was checked to hold len f32 on this device; a state lives as long as
+    // the graph.
+    unsafe { optim_cuda::sgd_step(gpu, bufs, h, state)? };
     Ok(())
 }
 
@@ -1393,15 +1391,14 @@ fn adam_launch(
     bufs: &[optim_cuda::ParamBuffers<'_>],
     h: &AdamParams<'_>,
 ) -> Result<()> {
-    if gpu.is_capturing() {
-        let state = capture::step_state(gpu, h.step)?;
-        // SAFETY: every buffer was checked to hold len f32 on this device; the state lives as
-        // long as the graph.
-        unsafe { optim_cuda::adam_step_counted(gpu, bufs, h, state)? };
+    let state = if gpu.is_capturing() {
+        Some(capture::step_state(gpu, h.step)?)
     } else {
-        // SAFETY: every buffer was checked to hold len f32 on this device.
-        unsafe { optim_cuda::adam_step(gpu, bufs, h)? };
-    }
+        None
+    };
+    // SAFETY: every buffer was checked to hold len f32 on this device; a state lives as long as
+    // the graph.
+    unsafe { optim_cuda::adam_step(gpu, bufs, h, state)? };
     Ok(())
 }
 

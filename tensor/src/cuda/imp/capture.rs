@@ -29,6 +29,8 @@ struct Active {
     deferred: Vec<(Arc<dyn DeviceAllocator>, Block)>,
     /// Optimizer step states ([`StepState`]) with the step they stood for at capture.
     states: Vec<(DeviceBuffer, u64)>,
+    /// The state every SGD step of the capture shares ([`rate_state`]).
+    rate_state: Option<u64>,
 }
 
 static CAPTURING: AtomicBool = AtomicBool::new(false);
@@ -83,10 +85,31 @@ pub(super) fn defer_free(
 /// The device [`StepState`] of a captured optimizer step that stood for step `step`.
 pub(super) fn step_state(gpu: &Arc<Gpu>, step: u64) -> Result<u64> {
     let mut guard = active();
-    let a = guard
+    let a = capture_of(&mut guard, gpu)?;
+    new_state(a, gpu, step)
+}
+
+/// The device [`StepState`] a captured SGD step scales its rates by: one per capture, shared by
+/// every SGD launch in it (SGD's update does not depend on the step number).
+pub(super) fn rate_state(gpu: &Arc<Gpu>) -> Result<u64> {
+    let mut guard = active();
+    let a = capture_of(&mut guard, gpu)?;
+    if let Some(ptr) = a.rate_state {
+        return Ok(ptr);
+    }
+    let ptr = new_state(a, gpu, 1)?;
+    a.rate_state = Some(ptr);
+    Ok(ptr)
+}
+
+fn capture_of<'a>(guard: &'a mut Option<Active>, gpu: &Gpu) -> Result<&'a mut Active> {
+    guard
         .as_mut()
         .filter(|a| mine(a, gpu.ordinal()))
-        .ok_or_else(|| capture_error("an optimizer step state outside a graph capture"))?;
+        .ok_or_else(|| capture_error("an optimizer step state outside a graph capture"))
+}
+
+fn new_state(a: &mut Active, gpu: &Gpu, step: u64) -> Result<u64> {
     // Its own allocation, not a pool block: the pool hands the blocks of the step's temporaries
     // out again within the same capture, and a kernel writing such a block on every replay would
     // overwrite the count.
@@ -243,6 +266,7 @@ pub fn capture<R, E: From<Error>>(
             pool: pool.clone(),
             deferred: Vec::new(),
             states: Vec::new(),
+            rate_state: None,
         });
     }
     CAPTURING.store(true, Ordering::Release);
