@@ -226,24 +226,46 @@ impl Var {
         })
     }
 
-    /// Swaps the first two dimensions (`[a, b, ...]` to `[b, a, ...]`), built from reshapes and transposes.
+    /// Swaps the first two dimensions (`[a, b, ...]` to `[b, a, ...]`).
     ///
     /// # Errors
     /// When the rank is below 2.
     pub fn swap_leading(&self) -> Result<Var> {
+        self.swap_adjacent(0)
+    }
+
+    /// Swaps dimensions `dim` and `dim + 1` (`[.., a, b, ..]` to `[.., b, a, ..]`), built from reshapes and
+    /// last-two-dims transposes (one when `dim + 1` is the last dimension, two otherwise), so that it runs and
+    /// differentiates wherever those do.
+    ///
+    /// # Errors
+    /// When `dim + 1` is not a dimension.
+    pub fn swap_adjacent(&self, dim: usize) -> Result<Var> {
         let s = self.shape().to_vec();
-        if s.len() < 2 {
+        if dim + 1 >= s.len() {
             return Err(Error::Shape {
-                op: "swap_leading",
-                reason: format!("rank {} below 2 ({s:?})", s.len()),
+                op: "swap_adjacent",
+                reason: format!(
+                    "dims {dim} and {} of a rank-{} value {s:?}",
+                    dim + 1,
+                    s.len()
+                ),
             });
         }
-        let (a, b) = (s[0], s[1]);
-        let rest: usize = s[2..].iter().product();
-        let t = self.reshape(&[a, b * rest])?.transpose()?; // [b*rest, a]
-        let t = t.reshape(&[b, rest, a])?.transpose()?; // [b, a, rest]
-        let mut out = vec![b, a];
-        out.extend_from_slice(&s[2..]);
+        let (a, b) = (s[dim], s[dim + 1]);
+        let lead: usize = s[..dim].iter().product();
+        let rest: usize = s[dim + 2..].iter().product();
+        let mut out = s.clone();
+        out.swap(dim, dim + 1);
+        if a == 1 || b == 1 {
+            return self.reshape(&out);
+        }
+        let t = self.reshape(&[lead, a, b * rest])?.transpose()?; // [lead, b*rest, a]
+        let t = if rest == 1 {
+            t
+        } else {
+            t.reshape(&[lead, b, rest, a])?.transpose()? // [lead, b, a, rest]
+        };
         t.reshape(&out)
     }
 

@@ -330,7 +330,7 @@ impl ModelSpec {
                             "a {k}x{k} window does not fit the {h}x{w} input"
                         )));
                     }
-                    net.push(MaxPool2d::new(k));
+                    net.push(MaxPool2d::new(k, k));
                     shape = Shape::Image(c, h / k, w / k);
                 }
                 "flatten" => {

@@ -185,6 +185,12 @@ fn shapes_and_indexing() {
     check("swap_leading", std::slice::from_ref(&x), |v| {
         v[0].swap_leading()
     });
+    let x4 = rand(&[2, 3, 4, 2], -1.0, 1.0, 10);
+    for dim in 0..3 {
+        check("swap_adjacent", std::slice::from_ref(&x4), |v| {
+            v[0].swap_adjacent(dim)
+        });
+    }
     check("broadcast_to", &[rand(&[3, 1], -1.0, 1.0, 12)], |v| {
         v[0].broadcast_to(&[2, 3, 4])
     });

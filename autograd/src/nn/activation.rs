@@ -46,10 +46,7 @@ impl Module for Activation {
             ActivationKind::Gelu => x.var.gelu()?,
             ActivationKind::Tanh => x.var.tanh()?,
         };
-        Ok(Features {
-            var,
-            layout: x.layout,
-        })
+        Ok(x.keep_mask(var, x.layout))
     }
 
     fn params(&self) -> Vec<(String, Param)> {

@@ -79,10 +79,7 @@ impl Module for Conv2d {
             None => None,
         };
         let y = input.conv2d(&w, b.as_ref(), self.stride, self.padding, groups)?;
-        Ok(Features {
-            var: y,
-            layout: Layout::Packed,
-        })
+        Ok(Features::packed(y))
     }
 
     fn params(&self) -> Vec<(String, Param)> {
@@ -95,57 +92,6 @@ impl Module for Conv2d {
 
     fn kind(&self) -> &'static str {
         "conv"
-    }
-}
-
-/// Max pooling over `kernel x kernel` windows with stride `kernel` (channels, hence members, independent).
-#[derive(Debug)]
-pub struct MaxPool2d {
-    kernel: usize,
-}
-
-impl MaxPool2d {
-    /// A pool of windows `kernel x kernel`, stride `kernel`.
-    pub fn new(kernel: usize) -> MaxPool2d {
-        MaxPool2d { kernel }
-    }
-}
-
-impl Module for MaxPool2d {
-    fn forward(&self, _tape: &Tape, x: Features) -> Result<Features> {
-        let s = x.var.shape().to_vec();
-        let k = self.kernel;
-        let bad = || Error::Shape {
-            op: "maxpool",
-            reason: format!("input {s:?} ({:?}) for a {k}x{k} pool", x.layout),
-        };
-        match x.layout {
-            Layout::Shared | Layout::Packed if s.len() == 4 && s[2] >= k && s[3] >= k => {
-                Ok(Features {
-                    var: x.var.max_pool2d(k, k)?,
-                    layout: x.layout,
-                })
-            }
-            Layout::Members if s.len() == 5 && s[3] >= k && s[4] >= k => {
-                let y = x
-                    .var
-                    .reshape(&[s[0] * s[1], s[2], s[3], s[4]])?
-                    .max_pool2d(k, k)?;
-                let ys = y.shape().to_vec();
-                Ok(Features::members(
-                    y.reshape(&[s[0], s[1], ys[1], ys[2], ys[3]])?,
-                ))
-            }
-            _ => Err(bad()),
-        }
-    }
-
-    fn params(&self) -> Vec<(String, Param)> {
-        Vec::new()
-    }
-
-    fn kind(&self) -> &'static str {
-        "maxpool"
     }
 }
 
@@ -176,11 +122,7 @@ impl Module for Flatten {
             }
             Layout::Packed if s.len() == 4 => {
                 let f = s[1] / self.members.max(1) * s[2] * s[3];
-                let v = Features {
-                    var: x.var,
-                    layout: Layout::Packed,
-                }
-                .into_members(self.members)?;
+                let v = Features::packed(x.var).into_members(self.members)?;
                 Ok(Features::members(v.reshape(&[self.members, s[0], f])?))
             }
             _ => Err(Error::Shape {

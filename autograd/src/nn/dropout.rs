@@ -60,10 +60,7 @@ impl Module for Dropout {
             &v.device(),
         )?;
         let keep = u.gt_scalar(self.p)?.mul_scalar(1.0 / (1.0 - self.p))?;
-        Ok(Features {
-            var: x.var.mul(&Var::constant(keep))?,
-            layout: x.layout,
-        })
+        Ok(x.keep_mask(x.var.mul(&Var::constant(keep))?, x.layout))
     }
 
     fn params(&self) -> Vec<(String, Param)> {

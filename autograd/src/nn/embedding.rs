@@ -5,9 +5,15 @@ use crate::{Error, Param, Result, Tape};
 
 /// A lookup table per member: weight `[M, V, D]`; i32 token ids `[B, ..]` (shared) or `[M, B, ..]` give
 /// `[M, B, .., D]`.
+///
+/// With a padding id ([`Embedding::with_padding`]) the output carries a padding mask of the ids' shape (0 where
+/// the id is the padding id), which attention and a mean [`SequencePool`](super::SequencePool) honour. The padding
+/// id's row is an ordinary row: only the mask keeps padded positions from reaching real ones. Without a padding
+/// id, a mask that came with the ids is passed on.
 #[derive(Debug)]
 pub struct Embedding {
     weight: Param,
+    padding: Option<i32>,
 }
 
 impl Embedding {
@@ -27,10 +33,35 @@ impl Embedding {
                 "weight",
                 init_normal(&[vocab, dim], 1.0, seeds, 0, dtype, dev)?,
             ),
+            padding: None,
         })
     }
 
-    fn lookup(&self, tape: &Tape, x: &Features, op: &'static str) -> Result<crate::Var> {
+    /// The same table, marking positions whose id is `id` as padding in the output's mask.
+    pub fn with_padding(mut self, id: usize) -> Embedding {
+        self.padding = Some(i32::try_from(id).unwrap_or(i32::MAX));
+        self
+    }
+
+    /// The padding mask of host ids `ids` (shape `shape`): 1 for a real token, 0 for the padding id.
+    fn mask(&self, ids: &[i32], shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some(pad) = self.padding else {
+            return Ok(None);
+        };
+        let w = self.weight.value();
+        let m: Vec<f64> = ids.iter().map(|&i| f64::from(u8::from(i != pad))).collect();
+        // Cast on the host: f64 does not exist on CUDA.
+        let mask = Tensor::from_vec(m, shape, &Device::Cpu)?.to_dtype(w.dtype())?;
+        Ok(Some(mask.to_device(&w.device())?))
+    }
+
+    /// The rows for `x`'s ids and, with a padding id, their padding mask.
+    fn lookup(
+        &self,
+        tape: &Tape,
+        x: &Features,
+        op: &'static str,
+    ) -> Result<(crate::Var, Option<Tensor>)> {
         let ws = self.weight.shape();
         let (m, v, d) = (ws[0], ws[1], ws[2]);
         let ids_t = x.var.value();
@@ -83,13 +114,15 @@ impl Embedding {
             &s[1..]
         });
         shape.push(d);
-        rows.reshape(&shape)
+        Ok((rows.reshape(&shape)?, self.mask(&ids, &s)?))
     }
 }
 
 impl Module for Embedding {
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
-        Ok(Features::members(self.lookup(tape, &x, "embedding")?))
+        // Without a padding id, a mask given with the ids still holds for their rows.
+        let (rows, mask) = self.lookup(tape, &x, "embedding")?;
+        Ok(Features::members(rows).with_mask(mask.or(x.mask)))
     }
 
     fn params(&self) -> Vec<(String, Param)> {
@@ -123,7 +156,7 @@ impl EmbeddingBag {
 
 impl Module for EmbeddingBag {
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
-        let rows = self.0.lookup(tape, &x, "embedding_bag")?; // [M, B, L, D]
+        let (rows, _) = self.0.lookup(tape, &x, "embedding_bag")?; // [M, B, L, D]
         let r = rows.shape().len();
         if r != 4 {
             return Err(Error::Shape {

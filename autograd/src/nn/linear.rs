@@ -24,11 +24,27 @@ impl Linear {
         dtype: DType,
         dev: &Device,
     ) -> Result<Linear> {
+        Linear::salted(inp, out, bias, gain, seeds, 0, dtype, dev)
+    }
+
+    /// [`Linear::new`] drawing with `salt`, for layers holding several linear maps of one seed (attention's
+    /// projections, a transformer's MLP): distinct salts keep their weights independent.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn salted(
+        inp: usize,
+        out: usize,
+        bias: bool,
+        gain: f64,
+        seeds: &[u64],
+        salt: u64,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Linear> {
         let w = init_normal(
             &[inp, out],
             (gain / inp as f64).sqrt(),
             seeds,
-            0,
+            salt,
             dtype,
             dev,
         )?;
@@ -92,7 +108,7 @@ impl Linear {
         let mut shape = vec![m];
         shape.extend_from_slice(&lead);
         shape.push(out);
-        Ok(Features::members(y.reshape(&shape)?))
+        Ok(x.keep_mask(y.reshape(&shape)?, Layout::Members))
     }
 }
 

@@ -4,28 +4,41 @@
 //! Activations travel between layers as a [`Features`]: a [`Var`] and its [`Layout`]. Dense features are
 //! member-major (`[M, B, ..]`); convolution features keep the members inside the channels (`[B, M*C, H, W]`), so a
 //! fused convolution is one grouped convolution; the model's input is shared by all members (`[B, ..]`).
+//! Sequences may carry a padding mask beside their value ([`Features::mask`]).
 
 mod activation;
+mod attention;
+mod batchnorm;
 mod conv;
 mod dropout;
 mod embedding;
 mod linear;
 mod norm;
+mod pool;
+mod positional;
+mod residual;
 mod sequential;
+mod transformer;
 
 pub use activation::{Activation, ActivationKind};
-pub use conv::{Conv2d, Flatten, MaxPool2d};
+pub use attention::MultiHeadAttention;
+pub use batchnorm::BatchNorm;
+pub use conv::{Conv2d, Flatten};
 pub use dropout::Dropout;
 pub use embedding::{Embedding, EmbeddingBag};
 pub use linear::Linear;
 pub use norm::LayerNorm;
+pub use pool::{AvgPool2d, GlobalAvgPool, MaxPool2d, PoolMode, SequencePool};
+pub use positional::PositionalEmbedding;
+pub use residual::Residual;
 pub use sequential::Sequential;
+pub use transformer::TransformerBlock;
 
 use std::fmt::Debug;
 
 use cohort_tensor::{DType, Device, Tensor};
 
-use crate::{Param, Result, Tape, Var};
+use crate::{Error, Param, Result, Tape, Var};
 
 /// Where the member dimension is in a [`Features`] value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,23 +58,70 @@ pub struct Features {
     pub var: Var,
     /// Where its member dimension is.
     pub layout: Layout,
+    /// Which positions of a sequence are real tokens: 1 real, 0 padding, in the value's float dtype; `[B, L]`
+    /// when all members see the same tokens, `[M, B, L]` when each sees its own. `None`: every position is real.
+    /// [`Embedding::with_padding`] sets it; layers that keep the sequence pass it on, attention ignores padded keys
+    /// and a mean [`SequencePool`] padded positions.
+    pub mask: Option<Tensor>,
 }
 
 impl Features {
     /// Input shared by every member (`[B, ..]`).
     pub fn shared(var: Var) -> Features {
-        Features {
-            var,
-            layout: Layout::Shared,
-        }
+        Features::new(var, Layout::Shared)
     }
 
     /// One input per member (`[M, B, ..]`).
     pub fn members(var: Var) -> Features {
+        Features::new(var, Layout::Members)
+    }
+
+    /// Convolution features with the members inside the channels (`[B, M*C, H, W]`).
+    pub fn packed(var: Var) -> Features {
+        Features::new(var, Layout::Packed)
+    }
+
+    /// `var` in `layout`, without a padding mask.
+    pub fn new(var: Var, layout: Layout) -> Features {
         Features {
             var,
-            layout: Layout::Members,
+            layout,
+            mask: None,
         }
+    }
+
+    /// The same features with padding mask `mask` (see [`Features::mask`]).
+    pub fn with_mask(mut self, mask: Option<Tensor>) -> Features {
+        self.mask = mask;
+        self
+    }
+
+    /// A layer's output `var` in `layout` for these input features, keeping their padding mask (for layers that
+    /// keep the sequence).
+    pub fn keep_mask(&self, var: Var, layout: Layout) -> Features {
+        Features::new(var, layout).with_mask(self.mask.clone())
+    }
+
+    /// The padding mask as `[M or 1, B, L]` in `dtype`, ready to broadcast against per-member values.
+    ///
+    /// # Errors
+    /// When the mask is not of rank 2 or 3, or cannot be cast.
+    pub(crate) fn member_mask(&self, dtype: DType) -> Result<Option<Tensor>> {
+        let Some(m) = &self.mask else {
+            return Ok(None);
+        };
+        let s = m.shape().to_vec();
+        let m = match s.len() {
+            2 => m.reshape(&[1, s[0], s[1]])?,
+            3 => m.clone(),
+            _ => {
+                return Err(Error::Shape {
+                    op: "mask",
+                    reason: format!("a padding mask is [B, L] or [M, B, L], got {s:?}"),
+                });
+            }
+        };
+        Ok(Some(m.to_dtype(dtype)?))
     }
 
     /// The value as `[M, B, ..]` for `members` members (unpacking channels, broadcasting a shared value).
@@ -110,6 +170,12 @@ pub trait Module: Debug + Send + Sync {
 
     /// Parameters with their names relative to the layer (`weight`, `bias`).
     fn params(&self) -> Vec<(String, Param)>;
+
+    /// Non-trainable state (a batch norm's running statistics), named like parameters (`running_mean`) so that
+    /// checkpoints save it; the optimizer never sees it.
+    fn buffers(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
 
     /// The kind, as written in a model spec (`linear`, `conv`, ...).
     fn kind(&self) -> &'static str;
@@ -161,4 +227,36 @@ pub(crate) fn per_member(p: &Var, rank_with_members: usize) -> Result<Var> {
     t.extend(std::iter::repeat_n(1, rank_with_members.saturating_sub(2)));
     t.push(s[1]);
     p.reshape(&t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_mask_gives_shared_masks_a_member_axis() {
+        let dev = Device::Cpu;
+        let x = Features::shared(Var::constant(
+            Tensor::zeros(&[2, 3, 4], DType::F32, &dev).unwrap(),
+        ));
+        assert!(x.member_mask(DType::F32).unwrap().is_none());
+        let shared = Tensor::ones(&[2, 3], DType::F64, &dev).unwrap();
+        let m = x
+            .clone()
+            .with_mask(Some(shared))
+            .member_mask(DType::F32)
+            .unwrap()
+            .unwrap();
+        assert_eq!((m.shape(), m.dtype()), (&[1, 2, 3][..], DType::F32));
+        let own = Tensor::ones(&[4, 2, 3], DType::F32, &dev).unwrap();
+        let kept = x
+            .keep_mask(x.var.clone(), Layout::Members)
+            .with_mask(Some(own));
+        assert_eq!(
+            kept.member_mask(DType::F32).unwrap().unwrap().shape(),
+            &[4, 2, 3]
+        );
+        let bad = x.with_mask(Some(Tensor::ones(&[3], DType::F32, &dev).unwrap()));
+        assert!(bad.member_mask(DType::F32).is_err());
+    }
 }

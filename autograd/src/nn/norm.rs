@@ -61,7 +61,7 @@ impl Module for LayerNorm {
         };
         let g = per_member(&tape.param(&self.weight), rank)?;
         let b = per_member(&tape.param(&self.bias), rank)?;
-        Ok(Features::members(xhat.mul(&g)?.add(&b)?))
+        Ok(x.keep_mask(xhat.mul(&g)?.add(&b)?, Layout::Members))
     }
 
     fn params(&self) -> Vec<(String, Param)> {

@@ -1,7 +1,7 @@
 use super::{Features, Module};
 use crate::{Error, Param, Result, Tape};
 
-/// Layers run in order; parameters are named `layers.<i>.<name>`.
+/// Layers run in order; parameters and buffers are named `layers.<i>.<name>`.
 #[derive(Debug, Default)]
 pub struct Sequential {
     layers: Vec<Box<dyn Module>>,
@@ -13,13 +13,18 @@ impl Sequential {
         Sequential::default()
     }
 
-    /// Appends a layer, naming its parameters `layers.<i>.<name>`.
+    /// Appends a layer, naming its parameters and buffers `layers.<i>.<name>`.
     pub fn push(&mut self, layer: impl Module + 'static) {
+        self.push_boxed(Box::new(layer));
+    }
+
+    /// [`Sequential::push`] for a layer already boxed (a residual's projection, a layer picked at run time).
+    pub fn push_boxed(&mut self, layer: Box<dyn Module>) {
         let i = self.layers.len();
-        for (name, p) in layer.params() {
+        for (name, p) in layer.params().into_iter().chain(layer.buffers()) {
             p.set_name(format!("layers.{i}.{name}"));
         }
-        self.layers.push(Box::new(layer));
+        self.layers.push(layer);
     }
 
     /// The layers.
@@ -59,6 +64,16 @@ impl Module for Sequential {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, p) in layer.params() {
+                v.push((format!("layers.{i}.{name}"), p));
+            }
+        }
+        v
+    }
+
+    fn buffers(&self) -> Vec<(String, Param)> {
+        let mut v = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, p) in layer.buffers() {
                 v.push((format!("layers.{i}.{name}"), p));
             }
         }

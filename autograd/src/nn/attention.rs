@@ -1,0 +1,167 @@
+use cohort_tensor::{DType, Device, Tensor};
+
+use super::{Features, Layout, Linear, Module};
+use crate::{Error, Param, Result, Tape, Var};
+
+/// Salts of the two projections' initial weights (distinct from a lone Linear's 0).
+const SALT_QKV: u64 = 0x6174_7471; // "attq"
+const SALT_OUT: u64 = 0x6174_746f; // "atto"
+
+/// Multi-head self-attention per member: a fused query/key/value projection `qkv` (weight `[M, D, 3D]`, bias
+/// `[M, 3D]`), scaled dot products per head, softmax over the keys, and an output projection `out` (`[M, D, D]`,
+/// `[M, D]`).
+///
+/// Takes a sequence `[M, B, L, D]` (or shared `[B, L, D]`) and gives `[M, B, L, D]`, keeping its padding mask.
+/// Padded keys ([`Features::mask`]) get no attention; with `causal`, position `t` attends to positions `<= t`
+/// only. The members, examples and heads fold into the batch of one batched matrix product.
+#[derive(Debug)]
+pub struct MultiHeadAttention {
+    qkv: Linear,
+    out: Linear,
+    heads: usize,
+    causal: bool,
+}
+
+impl MultiHeadAttention {
+    /// `heads` heads over width `dim`; projections drawn from N(0, 1/dim) per member seed, zero biases.
+    ///
+    /// # Errors
+    /// When `heads` does not divide `dim`, or the tensors cannot be made on `dev`.
+    pub fn new(
+        dim: usize,
+        heads: usize,
+        causal: bool,
+        seeds: &[u64],
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<MultiHeadAttention> {
+        if heads == 0 || dim % heads != 0 {
+            return Err(Error::Shape {
+                op: "attention",
+                reason: format!(
+                    "{heads} heads do not divide the width {dim}: pick a head count that divides it"
+                ),
+            });
+        }
+        let attn = MultiHeadAttention {
+            qkv: Linear::salted(dim, 3 * dim, true, 1.0, seeds, SALT_QKV, dtype, dev)?,
+            out: Linear::salted(dim, dim, true, 1.0, seeds, SALT_OUT, dtype, dev)?,
+            heads,
+            causal,
+        };
+        for (name, p) in attn.params() {
+            p.set_name(name);
+        }
+        Ok(attn)
+    }
+
+    /// Which keys each query may see, `[.., L, L]` broadcasting against the scores `[M, B, h, L, L]`
+    /// (1 allowed, 0 not); `None` when all are.
+    fn allowed(&self, x: &Features, l: usize, b: usize, dtype: DType) -> Result<Option<Tensor>> {
+        let dev = x.var.value().device();
+        let causal = if self.causal {
+            let pos = Tensor::arange(l, dtype, &dev)?;
+            // key j <= query i
+            Some(pos.reshape(&[1, l])?.le(&pos.reshape(&[l, 1])?)?)
+        } else {
+            None
+        };
+        let keys = match x.member_mask(dtype)? {
+            Some(k) => {
+                let ks = k.shape().to_vec();
+                let m = self.qkv.weight().shape()[0];
+                if ks[1..] != [b, l] || (ks[0] != 1 && ks[0] != m) {
+                    return Err(Error::Shape {
+                        op: "attention",
+                        reason: format!("padding mask {ks:?} for a sequence {:?}", x.var.shape()),
+                    });
+                }
+                Some(k.reshape(&[ks[0], b, 1, 1, l])?)
+            }
+            None => None,
+        };
+        Ok(match (causal, keys) {
+            (Some(c), Some(k)) => Some(k.mul(&c)?),
+            (c, k) => c.or(k),
+        })
+    }
+}
+
+/// `(B, L)` of a sequence `[B, L, d]` (shared) or `[m, B, L, d]`; anything else is refused with a hint.
+pub(crate) fn sequence_dims(x: &Features, m: usize, d: usize) -> Result<(usize, usize)> {
+    let s = x.var.shape();
+    match x.layout {
+        Layout::Shared if s.len() == 3 && s[2] == d => Ok((s[0], s[1])),
+        Layout::Members if s.len() == 4 && s[0] == m && s[3] == d => Ok((s[1], s[2])),
+        _ => Err(Error::Shape {
+            op: "attention",
+            reason: format!(
+                "input {s:?} ({:?}): attention needs a sequence [B, L, {d}] (or [{m}, B, L, {d}]); put an \
+                 embedding or a `sequence` layer before it",
+                x.layout
+            ),
+        }),
+    }
+}
+
+/// A score low enough that its softmax weight is 0, yet finite in `dtype` (a row of padding only then attends
+/// uniformly instead of giving NaN).
+fn masked_score(dtype: DType) -> f64 {
+    if dtype == DType::F16 { -6.0e4 } else { -1.0e9 }
+}
+
+impl Module for MultiHeadAttention {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        let ws = self.qkv.weight().shape();
+        let (m, d) = (ws[0], ws[1]);
+        let (b, l) = sequence_dims(&x, m, d)?;
+        let (h, dt) = (self.heads, x.var.dtype());
+        let dh = d / h;
+        let allowed = self.allowed(&x, l, b, dt)?;
+        let mask = x.mask.clone();
+        let qkv = self.qkv.forward(tape, x)?.var; // [M, B, L, 3D]
+        // [MB, L, 3h, dh] -> [MB, 3h, L, dh]: q, k, v each [MB*h, L, dh]
+        let qkv = qkv
+            .reshape(&[m * b, l, 3 * h, dh])?
+            .swap_adjacent(1)?
+            .reshape(&[m * b, 3, h * l * dh])?;
+        let part = |i| qkv.narrow(1, i, 1)?.reshape(&[m * b * h, l, dh]);
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        let scores = q
+            .matmul_t(&k, false, true)?
+            .mul_scalar(1.0 / (dh as f64).sqrt())?;
+        let scores = match allowed {
+            Some(a) => {
+                let low = Tensor::full(&[1], masked_score(dt), dt, &a.device())?;
+                Var::where_cond(&a, &scores.reshape(&[m, b, h, l, l])?, &Var::constant(low))?
+            }
+            None => scores,
+        };
+        let att = scores.softmax_last()?.reshape(&[m * b * h, l, l])?;
+        let ctx = att
+            .matmul(&v)?
+            .reshape(&[m * b, h, l, dh])?
+            .swap_adjacent(1)?
+            .reshape(&[m, b, l, d])?;
+        let y = self.out.forward(tape, Features::members(ctx))?.var;
+        Ok(Features::members(y).with_mask(mask))
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        let qkv = self
+            .qkv
+            .params()
+            .into_iter()
+            .map(|(n, p)| (format!("qkv.{n}"), p));
+        let out = self
+            .out
+            .params()
+            .into_iter()
+            .map(|(n, p)| (format!("out.{n}"), p));
+        qkv.chain(out).collect()
+    }
+
+    fn kind(&self) -> &'static str {
+        "attention"
+    }
+}

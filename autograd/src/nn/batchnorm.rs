@@ -1,0 +1,220 @@
+use cohort_tensor::{DType, Device, Tensor};
+
+use super::{Features, Layout, Module, init_full};
+use crate::{Error, Param, Result, Tape, Var};
+
+/// Batch normalization per member and channel: `weight`, `bias` `[M, C]`, running statistics `running_mean`,
+/// `running_var` `[M, C]` (buffers).
+///
+/// Statistics are taken per channel over every dimension but the member's and the channel's: over `B, H, W` for
+/// images (`[B, M*C, H, W]` packed, `[B, C, H, W]` shared, `[M, B, C, H, W]` per member), over `B, ..` for dense
+/// features `[M, B, .., C]` (or shared `[B, .., C]`). Training ([`Tape::is_training`]) normalizes with the batch's
+/// statistics (biased variance) and moves the running ones towards them as PyTorch does (`running_var` with the
+/// unbiased variance); evaluation normalizes with the running ones.
+///
+/// The running statistics are updated in place on the device, off the tape, so a training step captured as a CUDA
+/// graph updates them on every replay. A shared image becomes per-member packed features `[B, M*C, H, W]`, shared
+/// dense features per-member `[M, B, .., C]`.
+#[derive(Debug)]
+pub struct BatchNorm {
+    weight: Param,
+    bias: Param,
+    running_mean: Param,
+    running_var: Param,
+    eps: f64,
+    momentum: f64,
+}
+
+/// Where the statistics of an input are taken: the input seen as 4-D with the member axis, the channel at axis 2
+/// and the two reduced axes.
+struct Plan {
+    /// The input reshaped to 4-D.
+    x: Var,
+    /// The axis holding the members (size `M`, or 1 for a shared input).
+    member_axis: usize,
+    /// The two axes reduced over.
+    reduce: [usize; 2],
+    /// The output's shape and layout.
+    out: Vec<usize>,
+    layout: Layout,
+}
+
+impl BatchNorm {
+    /// PyTorch's default `eps`.
+    pub const EPS: f64 = 1e-5;
+    /// PyTorch's default momentum of the running statistics.
+    pub const MOMENTUM: f64 = 0.1;
+
+    /// Ones and zeros (weight, bias), zeros and ones (running mean, variance) for `members` members of `channels`
+    /// channels; `momentum` is the weight of a new batch in the running statistics.
+    ///
+    /// # Errors
+    /// When the tensors cannot be made on `dev`.
+    pub fn new(
+        channels: usize,
+        eps: f64,
+        momentum: f64,
+        members: usize,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<BatchNorm> {
+        let full = |v| init_full(&[channels], v, members, dtype, dev);
+        Ok(BatchNorm {
+            weight: Param::new("weight", full(1.0)?),
+            bias: Param::new("bias", full(0.0)?),
+            running_mean: Param::new("running_mean", full(0.0)?),
+            running_var: Param::new("running_var", full(1.0)?),
+            eps,
+            momentum,
+        })
+    }
+
+    /// The running mean `[M, C]`.
+    pub fn running_mean(&self) -> &Param {
+        &self.running_mean
+    }
+
+    /// The running variance `[M, C]`.
+    pub fn running_var(&self) -> &Param {
+        &self.running_var
+    }
+
+    fn plan(&self, x: Features) -> Result<Plan> {
+        let (m, c) = (self.weight.shape()[0], self.weight.shape()[1]);
+        let s = x.var.shape().to_vec();
+        let plan =
+            |x: Var, shape: [usize; 4], member_axis, out: Vec<usize>, layout| -> Result<Plan> {
+                let reduce = if member_axis == 1 { [0, 3] } else { [1, 3] };
+                Ok(Plan {
+                    x: x.reshape(&shape)?,
+                    member_axis,
+                    reduce,
+                    out,
+                    layout,
+                })
+            };
+        let r = s.len();
+        match x.layout {
+            Layout::Packed if r == 4 && s[1] == m * c => plan(
+                x.var,
+                [s[0], m, c, s[2] * s[3]],
+                1,
+                s.clone(),
+                Layout::Packed,
+            ),
+            Layout::Shared if r == 4 && s[1] == c => plan(
+                x.var,
+                [s[0], 1, c, s[2] * s[3]],
+                1,
+                vec![s[0], m * c, s[2], s[3]],
+                Layout::Packed,
+            ),
+            Layout::Members if r == 5 && s[0] == m && s[2] == c => plan(
+                x.var,
+                [m, s[1], c, s[3] * s[4]],
+                0,
+                s.clone(),
+                Layout::Members,
+            ),
+            Layout::Members if (3..=4).contains(&r) && s[0] == m && s[r - 1] == c => {
+                let n = s[1..r - 1].iter().product();
+                plan(x.var, [m, n, c, 1], 0, s.clone(), Layout::Members)
+            }
+            Layout::Shared if (2..=3).contains(&r) && s[r - 1] == c => {
+                let n = s[..r - 1].iter().product();
+                let mut out = vec![m];
+                out.extend_from_slice(&s);
+                plan(x.var, [1, n, c, 1], 0, out, Layout::Members)
+            }
+            _ => Err(Error::Shape {
+                op: "batchnorm",
+                reason: format!(
+                    "input {s:?} ({:?}) for {m} members of {c} channels: expected images [B, M*C, H, W], \
+                     [B, C, H, W] or [M, B, C, H, W], or dense [M, B, .., C] / [B, .., C]",
+                    x.layout
+                ),
+            }),
+        }
+    }
+
+    /// `v` `[M, C]` (a parameter or statistic) shaped to broadcast against the plan's 4-D input.
+    fn view(p: &Var, member_axis: usize) -> Result<Var> {
+        let s = p.shape();
+        if member_axis == 1 {
+            p.reshape(&[1, s[0], s[1], 1])
+        } else {
+            p.reshape(&[s[0], 1, s[1], 1])
+        }
+    }
+
+    /// `running = (1 - momentum) running + momentum batch`, in place and off the tape (`batch` `[M or 1, C]`).
+    fn update(&self, running: &Param, batch: &Tensor) -> Result<()> {
+        let step = batch.sub(running.value())?.mul_scalar(self.momentum)?;
+        running.value().add_assign_(&step)?;
+        Ok(())
+    }
+}
+
+impl Module for BatchNorm {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        let mask = x.mask.clone();
+        let p = self.plan(x)?;
+        let [a, b] = p.reduce;
+        let xs = p.x.shape().to_vec();
+        let xhat = if tape.is_training() {
+            let n = xs[a] * xs[b];
+            if n < 2 {
+                return Err(Error::Shape {
+                    op: "batchnorm",
+                    reason: format!(
+                        "training needs more than one value per channel, got input {:?}",
+                        p.out
+                    ),
+                });
+            }
+            let mu = p.x.mean(a, true)?.mean(b, true)?;
+            let xc = p.x.sub(&mu)?;
+            let var = xc.square()?.mean(a, true)?.mean(b, true)?;
+            let xhat = xc.div(&var.add_scalar(self.eps)?.sqrt()?)?;
+            let mm = xs[p.member_axis];
+            let c = xs[2];
+            let mean_t = mu.value().reshape(&[mm, c])?;
+            let var_t = var
+                .value()
+                .reshape(&[mm, c])?
+                .mul_scalar(n as f64 / (n - 1) as f64)?;
+            self.update(&self.running_mean, &mean_t)?;
+            self.update(&self.running_var, &var_t)?;
+            xhat
+        } else {
+            let rm = Var::constant(self.running_mean.value().clone());
+            let rv = Var::constant(self.running_var.value().clone());
+            let rm = Self::view(&rm, p.member_axis)?;
+            let rv = Self::view(&rv, p.member_axis)?;
+            p.x.sub(&rm)?.div(&rv.add_scalar(self.eps)?.sqrt()?)?
+        };
+        let g = Self::view(&tape.param(&self.weight), p.member_axis)?;
+        let bias = Self::view(&tape.param(&self.bias), p.member_axis)?;
+        let y = xhat.mul(&g)?.add(&bias)?;
+        // A shared input meets the members in the weight's broadcast: its member axis is now M.
+        Ok(Features::new(y.reshape(&p.out)?, p.layout).with_mask(mask))
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+
+    fn buffers(&self) -> Vec<(String, Param)> {
+        vec![
+            ("running_mean".into(), self.running_mean.clone()),
+            ("running_var".into(), self.running_var.clone()),
+        ]
+    }
+
+    fn kind(&self) -> &'static str {
+        "batchnorm"
+    }
+}
