@@ -1,6 +1,9 @@
 use cohort_tensor::{DType, Device};
+use serde::Serialize;
+use toml::Value;
 
-use super::{Features, Layout, Module, init_full, init_normal};
+use super::{ActivationKind, Features, Layout, Module, init_full, init_normal};
+use crate::spec::{Fields, LayerCtx, Shape, SpecResult, describe};
 use crate::{Error, Param, Result, Tape};
 
 /// 2-D convolution per member, NCHW: weight `[M, O, C, k, k]`, bias `[M, O]`.
@@ -196,5 +199,147 @@ impl Module for Flatten {
 
     fn kind(&self) -> &'static str {
         "flatten"
+    }
+}
+
+impl Conv2d {
+    /// The same convolution without its bias (before a batch norm, whose shift makes a bias redundant).
+    pub fn without_bias(mut self) -> Conv2d {
+        self.bias = None;
+        self
+    }
+}
+
+/// `{ conv = OUT, kernel = 3, stride = 1, padding = 0, act = "relu", bias = true }`: a 2-D convolution with square
+/// kernels. `padding = "same"` pads by `kernel / 2`. The defaults are PyTorch's `Conv2d` defaults but for the kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConvSpec {
+    /// Output channels.
+    pub out: usize,
+    /// Kernel size (default 3).
+    pub kernel: usize,
+    /// Stride (default 1).
+    pub stride: usize,
+    /// Zero padding on each side (default 0).
+    pub padding: usize,
+    /// The activation after it.
+    pub act: Option<ActivationKind>,
+    /// Whether it adds a bias (default true).
+    #[serde(skip_serializing_if = "crate::spec::is_true")]
+    pub bias: bool,
+}
+
+impl ConvSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<ConvSpec> {
+        let kernel = f.usize("kernel", 1)?.unwrap_or(3);
+        let padding = match f.take("padding") {
+            None => 0,
+            Some(Value::String(s)) if s == "same" => kernel / 2,
+            Some(Value::Integer(p)) if *p >= 0 => *p as usize,
+            Some(v) => {
+                return Err(f.error(
+                    "padding",
+                    format!("expected an integer ≥ 0 or \"same\", found {}", describe(v)),
+                ));
+            }
+        };
+        Ok(ConvSpec {
+            out: f.usize("conv", 1)?.unwrap_or(1),
+            kernel,
+            stride: f.usize("stride", 1)?.unwrap_or(1),
+            padding,
+            act: ActivationKind::read(f)?,
+            bias: f.bool("bias")?.unwrap_or(true),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        let &Shape::Image {
+            height: h,
+            width: w,
+            ..
+        } = input
+        else {
+            return Err(format!(
+                "needs an image [C, H, W], got {input} (give the data's shape as [C, H, W])"
+            ));
+        };
+        let (k, p, s) = (self.kernel, self.padding, self.stride);
+        if h + 2 * p < k || w + 2 * p < k {
+            return Err(format!(
+                "a {k}x{k} kernel does not fit the {h}x{w} input with padding {p}"
+            ));
+        }
+        Ok(Shape::Image {
+            channels: self.out,
+            height: (h + 2 * p - k) / s + 1,
+            width: (w + 2 * p - k) / s + 1,
+        })
+    }
+
+    pub(crate) fn params(&self, input: &Shape) -> usize {
+        let c = input.dims()[0];
+        self.out * c * self.kernel * self.kernel + if self.bias { self.out } else { 0 }
+    }
+
+    /// The im2col buffer of its input beside its output.
+    pub(crate) fn scratch(&self, input: &Shape, output: &Shape) -> usize {
+        let c = input.dims()[0];
+        c * self.kernel * self.kernel * output.elems() / self.out
+    }
+
+    pub(crate) fn build(&self, input: &Shape, ctx: &LayerCtx<'_>) -> Result<Conv2d> {
+        let gain = self.act.map_or(1.0, ActivationKind::gain);
+        let conv = Conv2d::new(
+            input.dims()[0],
+            self.out,
+            self.kernel,
+            self.stride,
+            self.padding,
+            gain,
+            &ctx.seeds,
+            ctx.dtype,
+            ctx.device,
+        )?;
+        Ok(if self.bias { conv } else { conv.without_bias() })
+    }
+}
+
+/// `{ maxpool = K, stride = K }`: the maximum of each `K x K` window (stride defaults to the window).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolSpec {
+    /// Window size.
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+}
+
+impl PoolSpec {
+    pub(crate) fn read(f: &Fields<'_>, key: &str) -> SpecResult<PoolSpec> {
+        let kernel = f.usize(key, 1)?.unwrap_or(1);
+        Ok(PoolSpec {
+            kernel,
+            stride: f.usize("stride", 1)?.unwrap_or(kernel),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        let &Shape::Image {
+            channels,
+            height: h,
+            width: w,
+        } = input
+        else {
+            return Err(format!("needs an image [C, H, W], got {input}"));
+        };
+        let k = self.kernel;
+        if k > h || k > w {
+            return Err(format!("a {k}x{k} window does not fit the {h}x{w} input"));
+        }
+        Ok(Shape::Image {
+            channels,
+            height: (h - k) / self.stride + 1,
+            width: (w - k) / self.stride + 1,
+        })
     }
 }

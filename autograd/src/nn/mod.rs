@@ -14,11 +14,11 @@ mod norm;
 mod sequential;
 
 pub use activation::{Activation, ActivationKind};
-pub use conv::{Conv2d, Flatten, MaxPool2d};
-pub use dropout::Dropout;
-pub use embedding::{Embedding, EmbeddingBag};
-pub use linear::Linear;
-pub use norm::LayerNorm;
+pub use conv::{Conv2d, ConvSpec, Flatten, MaxPool2d, PoolSpec};
+pub use dropout::{Dropout, DropoutSpec};
+pub use embedding::{Embedding, EmbeddingBag, EmbeddingSpec};
+pub use linear::{Linear, LinearSpec};
+pub use norm::{LayerNorm, LayerNormSpec};
 pub use sequential::Sequential;
 
 use std::fmt::Debug;
@@ -110,6 +110,11 @@ pub trait Module: Debug + Send + Sync {
 
     /// Parameters with their names relative to the layer (`weight`, `bias`).
     fn params(&self) -> Vec<(String, Param)>;
+
+    /// Non-trainable state saved with the parameters (running statistics), named like them.
+    fn buffers(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
 
     /// The kind, as written in a model spec (`linear`, `conv`, ...).
     fn kind(&self) -> &'static str;
