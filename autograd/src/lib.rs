@@ -31,5 +31,5 @@ mod tape;
 
 pub use error::{Error, Result};
 pub use param::Param;
-pub use spec::{BuildOptions, LayerSpec, Model, ModelSpec};
+pub use spec::{BuildOptions, LayerSpec, Model, ModelSpec, Shape, SpecError};
 pub use tape::{Gradients, Tape, Var};

@@ -456,7 +456,7 @@ fn layers_dense() {
 fn layers_conv() {
     let x = rand(&[2, 2 * 6 * 6], -1.0, 1.0, 71);
     let y = Tensor::from_vec(vec![1i32, 0], &[2], &DEV).unwrap();
-    let spec = r#"layers = [{ conv = 3, kernel = 3, act = "tanh" }, { maxpool = 2 }, { conv = 2, kernel = 3 }, { flatten = true }, { linear = 2 }]"#;
+    let spec = r#"layers = [{ conv = 3, kernel = 3, padding = 1, act = "tanh" }, { maxpool = 2 }, { conv = 2, kernel = 3, padding = 1 }, { flatten = true }, { linear = 2 }]"#;
     for m in [1, 2] {
         check_model("cnn", spec, &[2, 6, 6], &x, &y, m);
     }

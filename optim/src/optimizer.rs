@@ -1,6 +1,8 @@
 use cohort_autograd::Param;
+use cohort_autograd::spec::{Fields, SpecResult, describe};
 use cohort_tensor::Tensor;
 use serde::{Deserialize, Serialize};
+use toml::Value;
 
 use crate::{Error, Result, Schedule};
 
@@ -95,6 +97,110 @@ impl OptimConfig {
             weight_decay: 0.0,
             nesterov: false,
         }
+    }
+
+    /// The optimizers a config names, for messages.
+    pub const ACCEPTED: &'static str = "sgd, adam, adamw";
+
+    /// Reads the value of `key` in `f`: `{ adam = { lr = 1e-3 } }`, `{ sgd = { lr = 0.1, momentum = 0.9 } }`,
+    /// `{ adamw = { .. } }` or just `"adam"`; absent, Adam at 1e-3. The defaults are PyTorch's, but SGD's rate (0.01).
+    ///
+    /// # Errors
+    /// [`cohort_autograd::SpecError`] naming the key: an unknown optimizer or option, a value out of range.
+    pub fn read(f: &Fields<'_>, key: &str) -> SpecResult<OptimConfig> {
+        let empty = toml::Table::new();
+        let (kind, table) = match f.take(key) {
+            None => return Ok(OptimConfig::adam(1e-3)),
+            Some(Value::String(s)) => (s.as_str(), &empty),
+            Some(Value::Table(t)) if t.len() == 1 => match t.iter().next().expect("one entry") {
+                (k, Value::Table(o)) => (k.as_str(), o),
+                (k, v) => {
+                    return Err(f.error(
+                        &format!("{key}.{k}"),
+                        format!(
+                            "expected a table of options such as {{ lr = 1e-3 }}, found {}",
+                            describe(v)
+                        ),
+                    ));
+                }
+            },
+            Some(v) => {
+                return Err(f.error(
+                    key,
+                    format!(
+                        "expected a table with one of {}, e.g. {{ adam = {{ lr = 1e-3 }} }}, found {}",
+                        Self::ACCEPTED,
+                        describe(v)
+                    ),
+                ));
+            }
+        };
+        let o = f.sub(&format!("{key}.{kind}"), table);
+        let rate = |default| -> SpecResult<f64> {
+            match o.f64("lr")? {
+                Some(lr) if lr <= 0.0 || lr > 1e3 => {
+                    Err(o.error("lr", format!("expected a learning rate > 0, found {lr}")))
+                }
+                lr => Ok(lr.unwrap_or(default)),
+            }
+        };
+        let decay = |default| {
+            o.f64_in("weight_decay", 0.0, 1e3, "a weight decay ≥ 0")
+                .map(|d| d.unwrap_or(default))
+        };
+        let config = match kind {
+            "sgd" => OptimConfig::Sgd {
+                lr: rate(0.01)?,
+                momentum: o
+                    .f64_in("momentum", 0.0, 1.0, "a momentum in [0, 1]")?
+                    .unwrap_or(0.0),
+                dampening: o
+                    .f64_in("dampening", 0.0, 1.0, "a dampening in [0, 1]")?
+                    .unwrap_or(0.0),
+                weight_decay: decay(0.0)?,
+                nesterov: o.bool("nesterov")?.unwrap_or(false),
+            },
+            "adam" | "adamw" => {
+                let lr = rate(1e-3)?;
+                let betas = (
+                    o.f64_in("beta1", 0.0, 0.999_999, "a beta1 in [0, 1)")?
+                        .unwrap_or(0.9),
+                    o.f64_in("beta2", 0.0, 0.999_999_999, "a beta2 in [0, 1)")?
+                        .unwrap_or(0.999),
+                );
+                let eps = o
+                    .f64_in("eps", 1e-30, 1.0, "an epsilon > 0")?
+                    .unwrap_or(1e-8);
+                if kind == "adam" {
+                    OptimConfig::Adam {
+                        lr,
+                        betas,
+                        eps,
+                        weight_decay: decay(0.0)?,
+                    }
+                } else {
+                    OptimConfig::AdamW {
+                        lr,
+                        betas,
+                        eps,
+                        weight_decay: decay(default_adamw_decay())?,
+                    }
+                }
+            }
+            other => {
+                return Err(f.error(
+                    key,
+                    format!("expected one of {}, found \"{other}\"", Self::ACCEPTED),
+                ));
+            }
+        };
+        o.finish()?;
+        Ok(config)
+    }
+
+    /// Buffers kept per parameter (Adam's two moments, SGD's momentum), for memory estimates.
+    pub fn state_slots(&self) -> usize {
+        self.buffers().len()
     }
 
     /// The base learning rate.

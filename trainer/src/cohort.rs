@@ -16,7 +16,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use cohort_alloc::TenantLimits;
-use cohort_autograd::{BuildOptions, LayerSpec, Model, ModelSpec, Tape, loss};
+use cohort_autograd::{BuildOptions, Model, Tape, loss};
 use cohort_data::Position;
 use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
 use cohort_tensor::{DType, Device, HostRead, Tensor};
@@ -24,8 +24,7 @@ use safetensors::tensor::Dtype;
 
 use crate::checkpoint::{Checkpoint, CheckpointDir, FORMAT, Manifest, TensorData};
 use crate::config::{
-    Activation, CheckpointEvery, Config, LayerConfig, LrScheduleConfig, MemberConfig,
-    OptimizerConfig, ScheduleKind,
+    CheckpointEvery, Config, LrScheduleConfig, MemberConfig, MemberModel, ScheduleKind,
 };
 use crate::control::ControlFile;
 use crate::error::{Error, Result};
@@ -33,6 +32,7 @@ use crate::feed::{DataSet, Feed};
 use crate::graph::{Graphs, StepGraph};
 use crate::memory::{Tenant, device_total_bytes};
 use crate::metrics::{MetricRecord, MetricsWriter};
+use crate::models::Models;
 use crate::progress::{MemberStatus, Progress};
 use crate::report::{MemberSummary, Summary};
 use crate::run_dir::{MemberLock, RunDir};
@@ -46,6 +46,8 @@ pub struct RunOptions {
     /// Stop abruptly (no final checkpoint, no summary), as a crash would, once any member has taken this many
     /// steps. For tests of `cohort resume`.
     pub halt_after_steps: Option<u64>,
+    /// The models `model = { custom = "NAME" }` members name.
+    pub models: Models,
 }
 
 /// What a run produced.
@@ -143,165 +145,12 @@ struct StepOutcome {
 /// One member's parameters and optimizer state, without the member dimension.
 type MemberState = (Vec<(String, Tensor)>, OptimizerState);
 
-fn act_name(a: Activation) -> String {
-    match a {
-        Activation::Relu => "relu",
-        Activation::Gelu => "gelu",
-        Activation::Tanh => "tanh",
-        Activation::Sigmoid => "sigmoid",
-    }
-    .to_string()
-}
-
-/// The autograd spec of a member's layers.
-pub fn model_spec(layers: &[LayerConfig]) -> ModelSpec {
-    let layers = layers
-        .iter()
-        .map(|l| {
-            let mut s = LayerSpec::default();
-            match *l {
-                LayerConfig::Linear { out, act } => {
-                    s.linear = Some(out);
-                    s.act = act.map(act_name);
-                }
-                LayerConfig::Conv {
-                    out,
-                    kernel,
-                    stride,
-                    padding,
-                    act,
-                } => {
-                    s.conv = Some(out);
-                    s.kernel = Some(kernel);
-                    s.stride = Some(stride);
-                    s.padding = Some(padding);
-                    s.act = act.map(act_name);
-                }
-                LayerConfig::MaxPool { kernel, stride } => {
-                    s.maxpool = Some(kernel);
-                    if stride != kernel {
-                        s.stride = Some(stride);
-                    }
-                }
-                LayerConfig::Flatten => s.flatten = Some(true),
-                LayerConfig::Dropout { p } => s.dropout = Some(p),
-                LayerConfig::Act(a) => s.act = Some(act_name(a)),
-            }
-            s
-        })
-        .collect();
-    ModelSpec { layers }
-}
-
-/// The per-example input shape a member's model is built for: flat for a model that starts with a dense layer.
-fn input_shape(layers: &[LayerConfig], shape: &[usize]) -> Vec<usize> {
-    let first = layers
-        .iter()
-        .find(|l| !matches!(l, LayerConfig::Dropout { .. } | LayerConfig::Act(_)));
-    match first {
-        Some(LayerConfig::Conv { .. } | LayerConfig::MaxPool { .. }) => shape.to_vec(),
-        _ => vec![shape.iter().product()],
-    }
-}
-
-/// Bytes of one example's activations and their gradients through the layers (f32), for host accounting.
-fn activation_bytes(layers: &[LayerConfig], shape: &[usize]) -> u64 {
-    let mut dims: Vec<usize> = input_shape(layers, shape);
-    let mut total: usize = dims.iter().product();
-    for l in layers {
-        match *l {
-            LayerConfig::Linear { out, act } => {
-                dims = vec![out];
-                total += out * if act.is_some() { 2 } else { 1 };
-            }
-            LayerConfig::Conv {
-                out,
-                kernel,
-                stride,
-                padding,
-                act,
-            } => {
-                let (h, w) = (
-                    dims.get(1).copied().unwrap_or(1),
-                    dims.get(2).copied().unwrap_or(1),
-                );
-                let oh = (h + 2 * padding).saturating_sub(kernel) / stride.max(1) + 1;
-                let ow = (w + 2 * padding).saturating_sub(kernel) / stride.max(1) + 1;
-                let cin = dims.first().copied().unwrap_or(1);
-                // im2col buffer of the input, plus the output (and the activation's output).
-                total += cin * kernel * kernel * oh * ow
-                    + out * oh * ow * if act.is_some() { 2 } else { 1 };
-                dims = vec![out, oh, ow];
-            }
-            LayerConfig::MaxPool { kernel, stride } => {
-                let c = dims.first().copied().unwrap_or(1);
-                let (h, w) = (
-                    dims.get(1).copied().unwrap_or(1),
-                    dims.get(2).copied().unwrap_or(1),
-                );
-                let oh = h.saturating_sub(kernel) / stride.max(1) + 1;
-                let ow = w.saturating_sub(kernel) / stride.max(1) + 1;
-                dims = vec![c, oh, ow];
-                total += 2 * c * oh * ow;
-            }
-            LayerConfig::Flatten => dims = vec![dims.iter().product()],
-            LayerConfig::Dropout { .. } | LayerConfig::Act(_) => {
-                total += 2 * dims.iter().product::<usize>()
-            }
-        }
-    }
-    // Values and gradients.
-    (total * 2 * 4) as u64
-}
-
-fn optim_config(o: &OptimizerConfig) -> OptimConfig {
-    match *o {
-        OptimizerConfig::Sgd {
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            nesterov,
-        } => OptimConfig::Sgd {
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            nesterov,
-        },
-        OptimizerConfig::Adam {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            decoupled,
-        } => {
-            if decoupled {
-                OptimConfig::AdamW {
-                    lr,
-                    betas: (beta1, beta2),
-                    eps,
-                    weight_decay,
-                }
-            } else {
-                OptimConfig::Adam {
-                    lr,
-                    betas: (beta1, beta2),
-                    eps,
-                    weight_decay,
-                }
-            }
-        }
-    }
-}
-
-fn optimizer_slots(o: &OptimizerConfig) -> u64 {
-    match *o {
-        OptimizerConfig::Sgd { momentum, .. } if momentum > 0.0 => 1,
-        OptimizerConfig::Sgd { .. } => 0,
-        OptimizerConfig::Adam { .. } => 2,
-    }
+/// Bytes of one example's activations and their gradients (f32) for host accounting: the spec's estimate, none for a
+/// custom model (whose activations the spec cannot see).
+fn activation_bytes(cfg: &MemberConfig, data: &[usize]) -> u64 {
+    cfg.model.spec().map_or(0, |s| {
+        s.activation_count(&s.input_for(data)).unwrap_or(0) as u64 * 2 * 4
+    })
 }
 
 /// The learning-rate schedule of a member that trains `total` steps.
@@ -336,10 +185,14 @@ fn planned_steps(cfg: &MemberConfig, data: &DataSet) -> u64 {
 fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
     let mut opt = cfg.optimizer.clone();
     match &mut opt {
-        OptimizerConfig::Sgd { lr, .. } | OptimizerConfig::Adam { lr, .. } => *lr = 0.0,
+        OptimConfig::Sgd { lr, .. }
+        | OptimConfig::Adam { lr, .. }
+        | OptimConfig::AdamW { lr, .. } => {
+            *lr = 0.0;
+        }
     }
     serde_json::json!({
-        "layers": cfg.layers,
+        "model": cfg.model,
         "optimizer": opt,
         "schedule": lr_schedule(cfg, planned_steps(cfg, data)),
         "batch": cfg.batch,
@@ -530,6 +383,25 @@ impl Cohort {
                 data.insert(m.data.clone(), Arc::new(d));
             }
         }
+        // Every model fits its data before anything is written.
+        for cfg in &config.members {
+            let shape = &data[&cfg.data].shape;
+            let reason = match &cfg.model {
+                MemberModel::Spec(s) => s.shapes(&s.input_for(shape)).err().map(|e| e.to_string()),
+                MemberModel::Custom(name) => {
+                    (!opts.models.contains(name)).then(|| opts.models.unknown(name))
+                }
+            };
+            if let Some(reason) = reason {
+                return Err(Error::Model {
+                    member: cfg.name.clone(),
+                    reason: format!(
+                        "{reason} (the data \"{}\" has examples of shape {shape:?})",
+                        cfg.data
+                    ),
+                });
+            }
+        }
         // Lock every member directory first: two members (or runs) never share one.
         let mut members = Vec::new();
         let mut loaded: Vec<Option<Checkpoint>> = Vec::new();
@@ -640,7 +512,7 @@ impl Cohort {
                 continue;
             }
             // A checkpointed member fuses only with members at the same point (step, data position, batch, device).
-            let mut key = if fusion && m.cfg.fuse {
+            let mut key = if fusion && m.cfg.fuse && m.cfg.model.spec().is_some() {
                 fusion_key(&m.cfg, &self.data[&m.cfg.data])
             } else {
                 format!("single:{i}")
@@ -752,6 +624,27 @@ impl Cohort {
         }
     }
 
+    /// A member's model of `opts.seeds.len()` members, for examples of shape `data`.
+    fn build_model(
+        &self,
+        cfg: &MemberConfig,
+        data: &[usize],
+        opts: &BuildOptions,
+    ) -> Result<Model> {
+        match &cfg.model {
+            MemberModel::Spec(spec) => Ok(spec.build(&spec.input_for(data), opts)?),
+            MemberModel::Custom(name) => {
+                self.opts
+                    .models
+                    .build(name, data, opts)
+                    .map_err(|reason| Error::Model {
+                        member: cfg.name.clone(),
+                        reason,
+                    })
+            }
+        }
+    }
+
     /// Builds a unit of `members` on `device`, its feed at `pos`, from saved states when given.
     fn build_unit(
         &self,
@@ -764,8 +657,7 @@ impl Cohort {
     ) -> Result<Unit> {
         let first = &self.members[members[0]].cfg;
         let data = self.data[&first.data].clone();
-        let spec = model_spec(&first.layers);
-        let input = input_shape(&first.layers, &data.shape);
+        let spec = first.model.spec();
         let seeds: Vec<u64> = members.iter().map(|&i| self.members[i].cfg.seed).collect();
         let m = members.len();
         let total = device_total_bytes(&device)?;
@@ -808,9 +700,9 @@ impl Cohort {
             seeds,
         };
         let (model, opt) = tenant.scope(|| -> Result<(Model, Optimizer)> {
-            let model = spec.build(&input, &opts)?;
+            let model = self.build_model(first, &data.shape, &opts)?;
             let planned = planned_steps(first, &data);
-            let mut opt = Optimizer::new(optim_config(&first.optimizer), model.params())?
+            let mut opt = Optimizer::new(first.optimizer.clone(), model.params())?
                 .with_schedule(lr_schedule(first, planned));
             if m > 1 {
                 let lrs: Vec<f64> = members
@@ -839,12 +731,7 @@ impl Cohort {
             }
             // Dropout layers draw their n-th mask from (seed, n): bring the sequence to where the saved (or split)
             // unit left it with forward passes on one example (shape does not matter to the sequence).
-            if forwards > 0
-                && first
-                    .layers
-                    .iter()
-                    .any(|l| matches!(l, LayerConfig::Dropout { .. }))
-            {
+            if forwards > 0 && spec.is_some_and(|s| s.draws_masks()) {
                 let per: usize = data.shape.iter().product();
                 let x = Tensor::zeros(&[1, per], DType::F32, &device)?;
                 let tape = Tape::new();
@@ -855,18 +742,19 @@ impl Cohort {
             Ok((model, opt))
         })?;
         let per_member =
-            model.member_param_count() as u64 * 4 * (2 + optimizer_slots(&first.optimizer));
+            model.member_param_count() as u64 * 4 * (2 + first.optimizer.state_slots() as u64);
         tenant.charge_persistent(per_member * m as u64)?;
+        let act_bytes_per_example = activation_bytes(first, &data.shape) * m as u64;
         let prefetch = self.config.data[&first.data].prefetch * batch;
         let feed = Feed::open(data, pos, prefetch)?.with_device_prefetch(&device)?;
         // A replay would draw a dropout layer's captured mask again.
-        let dropout = first
-            .layers
-            .iter()
-            .any(|l| matches!(l, LayerConfig::Dropout { .. }));
-        let graphs = Graphs::new(device.is_cuda() && self.config.run.cuda_graphs && !dropout);
+        let graphs = Graphs::new(
+            device.is_cuda()
+                && self.config.run.cuda_graphs
+                && spec.is_some_and(|s| !s.draws_masks()),
+        );
         Ok(Unit {
-            act_bytes_per_example: activation_bytes(&first.layers, &feed.data().shape) * m as u64,
+            act_bytes_per_example,
             members,
             model,
             opt,
@@ -1801,8 +1689,8 @@ fn apply_memory_env(config: &Config) {
         vars.push((
             "COHORT_MEMORY_LIMIT",
             match l {
-                crate::config::MemAmount::Bytes(b) => b.to_string(),
-                crate::config::MemAmount::Fraction(f) => format!("{}%", f * 100.0),
+                cohort_alloc::Limit::Bytes(b) => b.to_string(),
+                cohort_alloc::Limit::Percent(p) => format!("{p}%"),
             },
         ));
     }

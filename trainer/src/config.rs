@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use cohort_alloc::Limit;
+use cohort_autograd::ModelSpec;
+use cohort_autograd::spec::{Fields, SpecError, describe};
+use cohort_optim::OptimConfig;
 use serde::Serialize;
 use toml::{Table, Value};
 
@@ -69,53 +73,6 @@ impl fmt::Display for ScheduleKind {
     }
 }
 
-/// A memory amount: bytes, or a fraction of the device's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MemAmount {
-    /// An absolute number of bytes.
-    Bytes(u64),
-    /// A fraction (0, 1] of the device's total memory.
-    Fraction(f64),
-}
-
-impl MemAmount {
-    /// Parses `"12GiB"`, `"512 MiB"`, `"1.5GB"`, `"40%"` or a plain number of bytes.
-    pub fn parse(s: &str) -> Option<MemAmount> {
-        let s = s.trim();
-        if let Some(p) = s.strip_suffix('%') {
-            let v: f64 = p.trim().parse().ok()?;
-            return (v > 0.0 && v <= 100.0).then_some(MemAmount::Fraction(v / 100.0));
-        }
-        let split = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let v: f64 = num.parse().ok()?;
-        let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1.0,
-            "k" | "kb" => 1e3,
-            "m" | "mb" => 1e6,
-            "g" | "gb" => 1e9,
-            "t" | "tb" => 1e12,
-            "kib" => 1024.0,
-            "mib" => 1024.0 * 1024.0,
-            "gib" => 1024.0 * 1024.0 * 1024.0,
-            "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-            _ => return None,
-        };
-        (v >= 0.0).then_some(MemAmount::Bytes((v * mult).round() as u64))
-    }
-
-    /// The number of bytes on a device with `total` bytes.
-    pub fn bytes(&self, total: u64) -> u64 {
-        match *self {
-            MemAmount::Bytes(b) => b,
-            MemAmount::Fraction(f) => (total as f64 * f) as u64,
-        }
-    }
-}
-
 /// `[run]`: the run as a whole.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunConfig {
@@ -149,7 +106,7 @@ pub struct MemoryConfig {
     /// Grow the pool on demand (allow_growth) instead of reserving the limit up front.
     pub growth: bool,
     /// A hard cap on the whole pool.
-    pub limit: Option<MemAmount>,
+    pub limit: Option<Limit>,
 }
 
 /// Where a data set's examples come from.
@@ -188,118 +145,6 @@ pub struct DataConfig {
     pub limit: Option<usize>,
     /// Use only the first this many test examples.
     pub test_limit: Option<usize>,
-}
-
-/// An activation after a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// max(0, x).
-    Relu,
-    /// GELU (tanh approximation).
-    Gelu,
-    /// tanh.
-    Tanh,
-    /// logistic sigmoid.
-    Sigmoid,
-}
-
-impl Activation {
-    const ACCEPTED: &'static str = "\"relu\", \"gelu\", \"tanh\" or \"sigmoid\"";
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "relu" => Activation::Relu,
-            "gelu" => Activation::Gelu,
-            "tanh" => Activation::Tanh,
-            "sigmoid" => Activation::Sigmoid,
-            _ => return None,
-        })
-    }
-}
-
-/// One layer of a member's model.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LayerConfig {
-    /// A fully connected layer with `out` features (its input is flattened).
-    Linear {
-        /// Output features.
-        out: usize,
-        /// Activation after it.
-        act: Option<Activation>,
-    },
-    /// A 2-D convolution with `out` channels.
-    Conv {
-        /// Output channels.
-        out: usize,
-        /// Square kernel size.
-        kernel: usize,
-        /// Stride.
-        stride: usize,
-        /// Zero padding.
-        padding: usize,
-        /// Activation after it.
-        act: Option<Activation>,
-    },
-    /// Max pooling with a square window.
-    MaxPool {
-        /// Window (and, unless given, stride).
-        kernel: usize,
-        /// Stride.
-        stride: usize,
-    },
-    /// Flatten all but the batch dimension.
-    Flatten,
-    /// Dropout with probability `p` while training.
-    Dropout {
-        /// Drop probability.
-        p: f64,
-    },
-    /// An activation on its own.
-    Act(Activation),
-}
-
-/// The optimizer and its hyper-parameters.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OptimizerConfig {
-    /// Stochastic gradient descent.
-    Sgd {
-        /// Learning rate.
-        lr: f64,
-        /// Momentum (0: none).
-        momentum: f64,
-        /// Dampening of the momentum.
-        dampening: f64,
-        /// L2 weight decay.
-        weight_decay: f64,
-        /// Nesterov momentum.
-        nesterov: bool,
-    },
-    /// Adam (L2 weight decay) or AdamW (decoupled weight decay).
-    Adam {
-        /// Learning rate.
-        lr: f64,
-        /// First-moment decay.
-        beta1: f64,
-        /// Second-moment decay.
-        beta2: f64,
-        /// Denominator epsilon.
-        eps: f64,
-        /// Weight decay.
-        weight_decay: f64,
-        /// Decoupled weight decay (AdamW).
-        decoupled: bool,
-    },
-}
-
-impl OptimizerConfig {
-    /// The base learning rate.
-    pub fn lr(&self) -> f64 {
-        match *self {
-            OptimizerConfig::Sgd { lr, .. } | OptimizerConfig::Adam { lr, .. } => lr,
-        }
-    }
 }
 
 /// How the learning rate changes over a member's steps.
@@ -364,9 +209,30 @@ pub struct OomPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MemberMemory {
     /// Hard cap on the member's allocations.
-    pub limit: Option<MemAmount>,
+    pub limit: Option<Limit>,
     /// Bytes guaranteed to the member.
-    pub reserve: Option<MemAmount>,
+    pub reserve: Option<Limit>,
+}
+
+/// A member's model: a spec written in the config, or a model a Rust program builds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberModel {
+    /// `model = { layers = [...] }`.
+    Spec(ModelSpec),
+    /// `model = { custom = "NAME" }`: built by the function a program registered under `NAME`
+    /// ([`crate::cohort::Models`]); trains unfused.
+    Custom(String),
+}
+
+impl MemberModel {
+    /// The spec, for a model written in the config.
+    pub fn spec(&self) -> Option<&ModelSpec> {
+        match self {
+            MemberModel::Spec(s) => Some(s),
+            MemberModel::Custom(_) => None,
+        }
+    }
 }
 
 /// One member after grid expansion.
@@ -379,10 +245,10 @@ pub struct MemberConfig {
     pub table_index: usize,
     /// The grid values that distinguish it from its siblings: `(key, value)`.
     pub grid: Vec<(String, String)>,
-    /// Its model's layers.
-    pub layers: Vec<LayerConfig>,
+    /// Its model.
+    pub model: MemberModel,
     /// Its optimizer.
-    pub optimizer: OptimizerConfig,
+    pub optimizer: OptimConfig,
     /// Its learning-rate schedule.
     pub lr_schedule: LrScheduleConfig,
     /// Its batch size.
@@ -411,19 +277,25 @@ impl MemberConfig {
     /// The part of the config that must not change across a resume, as JSON: model, optimizer, schedule, data,
     /// batch, seed.
     pub fn identity(&self) -> serde_json::Value {
-        serde_json::json!({
-            "layers": self.layers,
-            "optimizer": self.optimizer,
+        let model = match &self.model {
+            // The key checkpoints have recorded since cohort 0.1.
+            MemberModel::Spec(s) => ("layers", serde_json::json!(s.layers)),
+            MemberModel::Custom(name) => ("custom", serde_json::json!(name)),
+        };
+        let mut identity = serde_json::json!({
+            "optimizer": optimizer_identity(&self.optimizer),
             "lr_schedule": self.lr_schedule,
             "data": self.data,
             "batch": self.batch,
             "seed": self.seed,
             "epochs": self.epochs,
             "max_steps": self.max_steps,
-        })
+        });
+        identity[model.0] = model.1;
+        identity
     }
 
-    /// A 64-bit FNV-1a hash of [`MemberConfig::identity`], in hex.
+    /// A 64-bit FNV-1a hash of [`MemberConfig::identity`], in hex (checkpoints record it; resume compares).
     pub fn config_hash(&self) -> String {
         let text = self.identity().to_string();
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -432,6 +304,38 @@ impl MemberConfig {
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
         format!("{h:016x}")
+    }
+}
+
+/// The optimizer as a member's identity records it: the form checkpoints have hashed since cohort 0.1 (`{"adam":
+/// {"lr", "beta1", "beta2", "eps", "weight_decay", "decoupled"}}`), so that their runs still resume.
+fn optimizer_identity(o: &OptimConfig) -> serde_json::Value {
+    match *o {
+        OptimConfig::Sgd {
+            lr,
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+        } => serde_json::json!({ "sgd": {
+            "lr": lr, "momentum": momentum, "dampening": dampening,
+            "weight_decay": weight_decay, "nesterov": nesterov,
+        }}),
+        OptimConfig::Adam {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+        }
+        | OptimConfig::AdamW {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+        } => serde_json::json!({ "adam": {
+            "lr": lr, "beta1": betas.0, "beta2": betas.1, "eps": eps,
+            "weight_decay": weight_decay, "decoupled": matches!(o, OptimConfig::AdamW { .. }),
+        }}),
     }
 }
 
@@ -497,7 +401,7 @@ impl Config {
             let msg = e.to_string();
             err("", "", format!("not valid TOML: {}", msg.trim()))
         })?;
-        let top = Section::new(file, "the top level", "", &root);
+        let top = Section::new(file, "the top level", &root, false);
         let run_t = top.table("run")?;
         let memory_t = top.table("memory")?;
         let data_t = top.table("data")?;
@@ -505,12 +409,12 @@ impl Config {
         top.finish()?;
 
         let empty = Table::new();
-        let run = parse_run(&Section::new(file, "[run]", "", run_t.unwrap_or(&empty)))?;
+        let run = parse_run(&Section::new(file, "[run]", run_t.unwrap_or(&empty), false))?;
         let memory = parse_memory(&Section::new(
             file,
             "[memory]",
-            "",
             memory_t.unwrap_or(&empty),
+            false,
         ))?;
 
         let mut data = BTreeMap::new();
@@ -521,10 +425,10 @@ impl Config {
                     return Err(err(
                         "[data]",
                         name,
-                        format!("expected a table {section}, found {}", kind(v)),
+                        format!("expected a table {section}, found {}", describe(v)),
                     ));
                 };
-                let d = parse_data(name, &Section::new(file, &section, "", t))?;
+                let d = parse_data(name, &Section::new(file, &section, t, false))?;
                 data.insert(name.clone(), d);
             }
         }
@@ -540,7 +444,7 @@ impl Config {
                             return Err(err(
                                 &format!("[[member]] {}", i + 1),
                                 "",
-                                format!("expected a [[member]] table, found {}", kind(other)),
+                                format!("expected a [[member]] table, found {}", describe(other)),
                             ));
                         }
                     }
@@ -551,7 +455,7 @@ impl Config {
                 return Err(err(
                     "the top level",
                     "member",
-                    format!("expected [[member]] tables, found {}", kind(other)),
+                    format!("expected [[member]] tables, found {}", describe(other)),
                 ));
             }
         };
@@ -570,7 +474,7 @@ impl Config {
         for (i, t) in member_tables.iter().enumerate() {
             let section = format!("[[member]] {}", i + 1);
             for (grid, expanded) in expand_grid(t) {
-                let s = Section::new(file, &section, "", &expanded);
+                let s = Section::new(file, &section, &expanded, true);
                 let mut m = parse_member(&s, &run, i, grid)?;
                 if !data.contains_key(&m.data) {
                     if data.is_empty() && m.data == "mnist" {
@@ -669,160 +573,96 @@ fn default_mnist() -> DataConfig {
     }
 }
 
-/// A human name for a TOML value's type (and the value, when short).
-fn kind(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("\"{s}\""),
-        Value::Integer(i) => format!("the integer {i}"),
-        Value::Float(f) => format!("the number {f}"),
-        Value::Boolean(b) => format!("{b}"),
-        Value::Datetime(d) => format!("the date {d}"),
-        Value::Array(_) => "a list".into(),
-        Value::Table(_) => "a table".into(),
-    }
-}
-
-/// A table being read: records which keys were used so that unknown keys are reported with the accepted ones.
+/// A table being read, in a file and a section: cohort-autograd's [`Fields`] (which keys were asked for, what is
+/// accepted) with the file and the table named in every error.
 struct Section<'a> {
     file: &'a str,
     name: String,
-    prefix: String,
-    table: &'a Table,
-    used: std::cell::RefCell<Vec<String>>,
+    fields: Fields<'a>,
 }
 
 impl<'a> Section<'a> {
-    fn new(file: &'a str, name: &str, prefix: &str, table: &'a Table) -> Self {
+    /// The table `name` of `file`; `grid` where a list of values is a hyper-parameter grid (`[[member]]` tables).
+    fn new(file: &'a str, name: &str, table: &'a Table, grid: bool) -> Self {
         Section {
             file,
             name: name.to_string(),
-            prefix: prefix.to_string(),
-            table,
-            used: Default::default(),
+            fields: Fields::new(table, "", grid),
         }
     }
 
-    fn key(&self, k: &str) -> String {
-        if self.prefix.is_empty() {
-            k.to_string()
-        } else {
-            format!("{}.{k}", self.prefix)
+    /// The error `e` of a key of this table.
+    fn wrap(&self, e: SpecError) -> ConfigError {
+        ConfigError {
+            file: self.file.to_string(),
+            section: self.name.clone(),
+            key: e.key,
+            message: e.message,
         }
     }
 
     fn error(&self, k: &str, message: String) -> ConfigError {
-        ConfigError {
-            file: self.file.to_string(),
-            section: self.name.clone(),
-            key: if k.is_empty() {
-                self.prefix.clone()
-            } else {
-                self.key(k)
-            },
-            message,
-        }
+        self.wrap(self.fields.error(k, message))
     }
 
     fn take(&self, k: &str) -> Option<&'a Value> {
-        self.used.borrow_mut().push(k.to_string());
-        self.table.get(k)
+        self.fields.take(k)
     }
 
     fn sub(&self, k: &str, t: &'a Table) -> Section<'a> {
-        Section::new(self.file, &self.name, &self.key(k), t)
+        Section {
+            file: self.file,
+            name: self.name.clone(),
+            fields: self.fields.sub(k, t),
+        }
     }
 
     fn table(&self, k: &str) -> CResult<Option<&'a Table>> {
         match self.take(k) {
             None => Ok(None),
             Some(Value::Table(t)) => Ok(Some(t)),
-            Some(v) => Err(self.error(k, format!("expected a table, found {}", kind(v)))),
+            Some(v) => Err(self.error(k, format!("expected a table, found {}", describe(v)))),
         }
     }
 
     fn str(&self, k: &str, accepted: &str) -> CResult<Option<&'a str>> {
-        match self.take(k) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(self.error(k, format!("expected {accepted}, found {}", kind(v)))),
-        }
+        self.fields.str(k, accepted).map_err(|e| self.wrap(e))
     }
 
     fn bool(&self, k: &str) -> CResult<Option<bool>> {
-        match self.take(k) {
-            None => Ok(None),
-            Some(Value::Boolean(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.error(k, format!("expected true or false, found {}", kind(v)))),
-        }
+        self.fields.bool(k).map_err(|e| self.wrap(e))
     }
 
-    /// A number; `grid` says whether a list was allowed (for the message).
-    fn f64(&self, k: &str, grid: bool) -> CResult<Option<f64>> {
-        let expected = if grid {
-            "a number or a list of numbers"
-        } else {
-            "a number"
-        };
-        match self.take(k) {
-            None => Ok(None),
-            Some(Value::Float(f)) if f.is_finite() => Ok(Some(*f)),
-            Some(Value::Integer(i)) => Ok(Some(*i as f64)),
-            Some(v) => Err(self.error(k, format!("expected {expected}, found {}", kind(v)))),
-        }
+    fn f64_in(&self, k: &str, lo: f64, hi: f64, what: &str) -> CResult<Option<f64>> {
+        self.fields
+            .f64_in(k, lo, hi, what)
+            .map_err(|e| self.wrap(e))
     }
 
-    fn f64_in(&self, k: &str, grid: bool, lo: f64, hi: f64, what: &str) -> CResult<Option<f64>> {
-        match self.f64(k, grid)? {
-            Some(v) if v < lo || v > hi => {
-                Err(self.error(k, format!("expected {what}, found {v}")))
-            }
-            v => Ok(v),
-        }
+    fn u64(&self, k: &str, min: u64) -> CResult<Option<u64>> {
+        self.fields.u64(k, min).map_err(|e| self.wrap(e))
     }
 
-    fn u64(&self, k: &str, grid: bool, min: u64) -> CResult<Option<u64>> {
-        let expected = if grid {
-            format!("an integer ≥ {min} or a list of them")
-        } else {
-            format!("an integer ≥ {min}")
-        };
-        match self.take(k) {
-            None => Ok(None),
-            Some(Value::Integer(i)) if *i >= min as i64 => Ok(Some(*i as u64)),
-            Some(v) => Err(self.error(k, format!("expected {expected}, found {}", kind(v)))),
-        }
-    }
-
-    fn mem(&self, k: &str) -> CResult<Option<MemAmount>> {
+    /// A memory amount, in the allocator's one syntax ([`Limit`]'s `FromStr`: `"2GiB"`, `"512MB"`, `"40%"`).
+    fn mem(&self, k: &str) -> CResult<Option<Limit>> {
         let accepted = "a size such as \"2GiB\", \"512MiB\", \"40%\" or a number of bytes";
         match self.take(k) {
             None => Ok(None),
-            Some(Value::Integer(i)) if *i >= 0 => Ok(Some(MemAmount::Bytes(*i as u64))),
-            Some(Value::String(s)) => MemAmount::parse(s)
+            Some(Value::Integer(i)) if *i > 0 => Ok(Some(Limit::Bytes(*i as u64))),
+            Some(Value::String(s)) => s
+                .parse::<Limit>()
                 .map(Some)
-                .ok_or_else(|| self.error(k, format!("expected {accepted}, found \"{s}\""))),
-            Some(v) => Err(self.error(k, format!("expected {accepted}, found {}", kind(v)))),
+                .map_err(|_| self.error(k, format!("expected {accepted}, found \"{s}\""))),
+            Some(v) => Err(self.error(k, format!("expected {accepted}, found {}", describe(v)))),
         }
     }
 
     /// Errors on keys that were never asked for, listing the accepted ones.
     fn finish(&self) -> CResult<()> {
-        let used = self.used.borrow();
-        for k in self.table.keys() {
-            if !used.iter().any(|u| u == k) {
-                let mut accepted: Vec<&str> = used.iter().map(String::as_str).collect();
-                accepted.sort_unstable();
-                accepted.dedup();
-                return Err(self.error(
-                    k,
-                    format!("unknown key; accepted here: {}", accepted.join(", ")),
-                ));
-            }
-        }
-        Ok(())
+        self.fields.finish().map_err(|e| self.wrap(e))
     }
 
-    /// A single-key table such as `{ adam = { … } }`: the key and its value.
+    /// A single-key table such as `{ cosine = { … } }` (or the bare string `"constant"`): the key and its value.
     fn variant(&self, k: &str, accepted: &str) -> CResult<Option<(&'a str, &'a Value)>> {
         match self.take(k) {
             None => Ok(None),
@@ -833,7 +673,10 @@ impl<'a> Section<'a> {
             }
             Some(v) => Err(self.error(
                 k,
-                format!("expected a table with one of {accepted}, found {}", kind(v)),
+                format!(
+                    "expected a table with one of {accepted}, found {}",
+                    describe(v)
+                ),
             )),
         }
     }
@@ -860,8 +703,8 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
         }
     };
     let fuse = s.bool("fuse")?.unwrap_or(true) || fused;
-    let epochs = s.u64("epochs", false, 1)?.unwrap_or(1) as u32;
-    let max_steps = s.u64("steps", false, 1)?;
+    let epochs = s.u64("epochs", 1)?.unwrap_or(1) as u32;
+    let max_steps = s.u64("steps", 1)?;
     let device = s
         .str("device", "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")?
         .unwrap_or("auto")
@@ -878,9 +721,9 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
             format!("expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", found \"{device}\""),
         ));
     }
-    let seed = s.u64("seed", false, 0)?.unwrap_or(0);
+    let seed = s.u64("seed", 0)?.unwrap_or(0);
     let dir = PathBuf::from(s.str("dir", "a directory path")?.unwrap_or("runs"));
-    let log_every = s.u64("log_every", false, 1)?.unwrap_or(20);
+    let log_every = s.u64("log_every", 1)?.unwrap_or(20);
     let warmup = s.bool("warmup")?.unwrap_or(true);
     let cuda_graphs = s.bool("cuda_graphs")?.unwrap_or(true);
     s.finish()?;
@@ -920,9 +763,9 @@ fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
         Some(("idx", Value::String(p))) => DataSource::Idx(PathBuf::from(p)),
         Some(("synthetic", Value::Table(t))) => {
             let sub = s.sub("source.synthetic", t);
-            let train = sub.u64("train", false, 1)?.unwrap_or(1024) as usize;
-            let test = sub.u64("test", false, 1)?.unwrap_or(256) as usize;
-            let classes = sub.u64("classes", false, 2)?.unwrap_or(10) as usize;
+            let train = sub.u64("train", 1)?.unwrap_or(1024) as usize;
+            let test = sub.u64("test", 1)?.unwrap_or(256) as usize;
+            let classes = sub.u64("classes", 2)?.unwrap_or(10) as usize;
             let shape = match sub.take("shape") {
                 None => vec![1, 28, 28],
                 Some(Value::Array(a)) if !a.is_empty() => {
@@ -935,7 +778,7 @@ fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
                                     "shape",
                                     format!(
                                         "expected a list of positive integers, found {}",
-                                        kind(other)
+                                        describe(other)
                                     ),
                                 ));
                             }
@@ -948,7 +791,7 @@ fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
                         "shape",
                         format!(
                             "expected a list of positive integers, found {}",
-                            kind(other)
+                            describe(other)
                         ),
                     ));
                 }
@@ -968,11 +811,11 @@ fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
             ));
         }
     };
-    let shuffle = s.u64("shuffle", false, 0)?.unwrap_or(8000) as usize;
-    let prefetch = s.u64("prefetch", false, 0)?.unwrap_or(4) as usize;
-    let seed = s.u64("seed", false, 0)?.unwrap_or(0);
-    let limit = s.u64("limit", false, 1)?.map(|v| v as usize);
-    let test_limit = s.u64("test_limit", false, 1)?.map(|v| v as usize);
+    let shuffle = s.u64("shuffle", 0)?.unwrap_or(8000) as usize;
+    let prefetch = s.u64("prefetch", 0)?.unwrap_or(4) as usize;
+    let seed = s.u64("seed", 0)?.unwrap_or(0);
+    let limit = s.u64("limit", 1)?.map(|v| v as usize);
+    let test_limit = s.u64("test_limit", 1)?.map(|v| v as usize);
     s.finish()?;
     Ok(DataConfig {
         name: name.to_string(),
@@ -1028,79 +871,18 @@ fn parse_member(
     let model = s.table("model")?.ok_or_else(|| {
         s.error(
             "model",
-            "missing; expected { layers = [ { linear = 10 } ] }".into(),
+            "missing; expected { layers = [ { linear = 10 } ] } (or { custom = \"NAME\" } for a model a program \
+             registers)"
+                .into(),
         )
     })?;
     let ms = s.sub("model", model);
-    let layers = parse_layers(&ms)?;
-    ms.finish()?;
-
-    let opt_names = "sgd, adam, adamw";
-    let optimizer = match s.variant("optimizer", opt_names)? {
-        None => OptimizerConfig::Adam {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            decoupled: false,
-        },
-        Some((kind_name, Value::Table(t))) => {
-            let os = s.sub(&format!("optimizer.{kind_name}"), t);
-            let o = match kind_name {
-                "sgd" => OptimizerConfig::Sgd {
-                    lr: os
-                        .f64_in("lr", true, 0.0, 1e3, "a learning rate > 0")?
-                        .unwrap_or(0.01),
-                    momentum: os
-                        .f64_in("momentum", true, 0.0, 1.0, "a momentum in [0, 1]")?
-                        .unwrap_or(0.0),
-                    dampening: os
-                        .f64_in("dampening", true, 0.0, 1.0, "a dampening in [0, 1]")?
-                        .unwrap_or(0.0),
-                    weight_decay: os
-                        .f64_in("weight_decay", true, 0.0, 1e3, "a weight decay ≥ 0")?
-                        .unwrap_or(0.0),
-                    nesterov: os.bool("nesterov")?.unwrap_or(false),
-                },
-                "adam" | "adamw" => OptimizerConfig::Adam {
-                    lr: os
-                        .f64_in("lr", true, 0.0, 1e3, "a learning rate > 0")?
-                        .unwrap_or(1e-3),
-                    beta1: os
-                        .f64_in("beta1", true, 0.0, 1.0, "a beta1 in [0, 1)")?
-                        .unwrap_or(0.9),
-                    beta2: os
-                        .f64_in("beta2", true, 0.0, 1.0, "a beta2 in [0, 1)")?
-                        .unwrap_or(0.999),
-                    eps: os
-                        .f64_in("eps", true, 0.0, 1.0, "an epsilon > 0")?
-                        .unwrap_or(1e-8),
-                    weight_decay: os
-                        .f64_in("weight_decay", true, 0.0, 1e3, "a weight decay ≥ 0")?
-                        .unwrap_or(if kind_name == "adamw" { 0.01 } else { 0.0 }),
-                    decoupled: kind_name == "adamw",
-                },
-                other => {
-                    return Err(s.error(
-                        "optimizer",
-                        format!("expected one of {opt_names}, found \"{other}\""),
-                    ));
-                }
-            };
-            os.finish()?;
-            if o.lr() <= 0.0 {
-                return Err(os.error("lr", "expected a learning rate > 0".into()));
-            }
-            o
-        }
-        Some((other, _)) => {
-            return Err(s.error(
-                "optimizer",
-                format!("expected a table with one of {opt_names}, e.g. {{ adam = {{ lr = 1e-3 }} }}, found \"{other}\""),
-            ));
-        }
+    let model = match ms.str("custom", "the name a program registered its model under")? {
+        Some(name) => MemberModel::Custom(name.to_string()),
+        None => MemberModel::Spec(ModelSpec::read(&ms.fields).map_err(|e| ms.wrap(e))?),
     };
+    ms.finish()?;
+    let optimizer = OptimConfig::read(&s.fields, "optimizer").map_err(|e| s.wrap(e))?;
 
     let lr_accepted = "\"constant\", { cosine = { warmup = N, min_lr = X } } or { step = { every = N, gamma = X } }";
     let lr_schedule = match s.variant("lr_schedule", "constant, cosine, step")? {
@@ -1108,9 +890,9 @@ fn parse_member(
         Some(("cosine", Value::Table(t))) => {
             let ls = s.sub("lr_schedule.cosine", t);
             let c = LrScheduleConfig::Cosine {
-                warmup: ls.u64("warmup", true, 0)?.unwrap_or(0),
+                warmup: ls.u64("warmup", 0)?.unwrap_or(0),
                 min_lr: ls
-                    .f64_in("min_lr", true, 0.0, 1e3, "a learning rate ≥ 0")?
+                    .f64_in("min_lr", 0.0, 1e3, "a learning rate ≥ 0")?
                     .unwrap_or(0.0),
             };
             ls.finish()?;
@@ -1119,9 +901,9 @@ fn parse_member(
         Some(("step", Value::Table(t))) => {
             let ls = s.sub("lr_schedule.step", t);
             let c = LrScheduleConfig::Step {
-                every: ls.u64("every", true, 1)?.unwrap_or(1000),
+                every: ls.u64("every", 1)?.unwrap_or(1000),
                 gamma: ls
-                    .f64_in("gamma", true, 0.0, 1.0, "a factor in (0, 1]")?
+                    .f64_in("gamma", 0.0, 1.0, "a factor in (0, 1]")?
                     .unwrap_or(0.5),
             };
             ls.finish()?;
@@ -1135,7 +917,7 @@ fn parse_member(
         }
     };
 
-    let batch = s.u64("batch", true, 1)?.unwrap_or(64) as usize;
+    let batch = s.u64("batch", 1)?.unwrap_or(64) as usize;
     let data = s
         .str("data", "the name of a [data.NAME] table")?
         .unwrap_or("mnist")
@@ -1155,7 +937,7 @@ fn parse_member(
             m
         }
     };
-    let weight = s.u64("weight", true, 1)?.unwrap_or(1) as u32;
+    let weight = s.u64("weight", 1)?.unwrap_or(1) as u32;
     let checkpoint = match s.table("checkpoint")? {
         None => CheckpointPolicy {
             every: CheckpointEvery::Epochs(1),
@@ -1172,12 +954,13 @@ fn parse_member(
                     cs.error("every", format!("expected {accepted}, found \"{v}\""))
                 })?,
                 Some(v) => {
-                    return Err(
-                        cs.error("every", format!("expected {accepted}, found {}", kind(v)))
-                    );
+                    return Err(cs.error(
+                        "every",
+                        format!("expected {accepted}, found {}", describe(v)),
+                    ));
                 }
             };
-            let keep = cs.u64("keep", false, 1)?.unwrap_or(3) as usize;
+            let keep = cs.u64("keep", 1)?.unwrap_or(3) as usize;
             cs.finish()?;
             CheckpointPolicy { every, keep }
         }
@@ -1201,9 +984,9 @@ fn parse_member(
             let p = OomPolicy {
                 shrink: true,
                 factor: os
-                    .f64_in("shrink", false, 0.01, 0.9, "a fraction in [0.01, 0.9]")?
+                    .f64_in("shrink", 0.01, 0.9, "a fraction in [0.01, 0.9]")?
                     .unwrap_or(0.15),
-                min_batch: os.u64("min_batch", false, 1)?.unwrap_or(8) as usize,
+                min_batch: os.u64("min_batch", 1)?.unwrap_or(8) as usize,
                 cpu_fallback: os.bool("cpu")?.unwrap_or(true),
             };
             os.finish()?;
@@ -1214,15 +997,15 @@ fn parse_member(
                 "oom",
                 format!(
                     "expected \"shrink\", \"fail\" or {{ shrink = 0.15, min_batch = 8, cpu = true }}, found {}",
-                    kind(v)
+                    describe(v)
                 ),
             ));
         }
     };
-    let epochs = s.u64("epochs", true, 1)?.map_or(run.epochs, |e| e as u32);
-    let max_steps = s.u64("steps", true, 1)?.or(run.max_steps);
+    let epochs = s.u64("epochs", 1)?.map_or(run.epochs, |e| e as u32);
+    let max_steps = s.u64("steps", 1)?.or(run.max_steps);
     let seed = s
-        .u64("seed", true, 0)?
+        .u64("seed", 0)?
         .unwrap_or(run.seed.wrapping_add(index as u64));
     let fuse = s.bool("fuse")?.unwrap_or(run.fuse);
     s.finish()?;
@@ -1230,7 +1013,7 @@ fn parse_member(
         name,
         table_index: index + 1,
         grid,
-        layers,
+        model,
         optimizer,
         lr_schedule,
         batch,
@@ -1261,74 +1044,6 @@ fn parse_every(v: &str) -> Option<CheckpointEvery> {
         "step" | "steps" => Some(CheckpointEvery::Steps(n)),
         _ => None,
     }
-}
-
-fn parse_layers(ms: &Section<'_>) -> CResult<Vec<LayerConfig>> {
-    let example = "a list of layers such as [{ conv = 16, kernel = 3, act = \"relu\" }, { maxpool = 2 }, \
-                   { flatten = true }, { linear = 128, act = \"relu\" }, { dropout = 0.1 }, { linear = 10 }]";
-    let arr = match ms.take("layers") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(v) => return Err(ms.error("layers", format!("expected {example}, found {}", kind(v)))),
-        None => return Err(ms.error("layers", format!("missing; expected {example}"))),
-    };
-    let mut layers = Vec::new();
-    for (i, v) in arr.iter().enumerate() {
-        let Value::Table(t) = v else {
-            return Err(ms.error(
-                &format!("layers[{i}]"),
-                format!("expected a layer table, found {}", kind(v)),
-            ));
-        };
-        let ls = ms.sub(&format!("layers[{i}]"), t);
-        let act = match ls.str("act", Activation::ACCEPTED)? {
-            None => None,
-            Some(a) => Some(Activation::parse(a).ok_or_else(|| {
-                ls.error(
-                    "act",
-                    format!("expected {}, found \"{a}\"", Activation::ACCEPTED),
-                )
-            })?),
-        };
-        let layer = if let Some(out) = ls.u64("linear", true, 1)? {
-            LayerConfig::Linear {
-                out: out as usize,
-                act,
-            }
-        } else if let Some(out) = ls.u64("conv", true, 1)? {
-            LayerConfig::Conv {
-                out: out as usize,
-                kernel: ls.u64("kernel", true, 1)?.unwrap_or(3) as usize,
-                stride: ls.u64("stride", true, 1)?.unwrap_or(1) as usize,
-                padding: ls.u64("padding", true, 0)?.unwrap_or(0) as usize,
-                act,
-            }
-        } else if let Some(k) = ls.u64("maxpool", true, 1)? {
-            LayerConfig::MaxPool {
-                kernel: k as usize,
-                stride: ls.u64("stride", true, 1)?.unwrap_or(k) as usize,
-            }
-        } else if let Some(f) = ls.bool("flatten")? {
-            if !f {
-                return Err(ls.error(
-                    "flatten",
-                    "expected true (leave the layer out otherwise)".into(),
-                ));
-            }
-            LayerConfig::Flatten
-        } else if let Some(p) = ls.f64_in("dropout", true, 0.0, 0.999, "a probability in [0, 1)")? {
-            LayerConfig::Dropout { p }
-        } else if let Some(a) = act {
-            LayerConfig::Act(a)
-        } else {
-            return Err(ls.error(
-                "",
-                "expected one of the keys linear, conv, maxpool, flatten, dropout or act".into(),
-            ));
-        };
-        ls.finish()?;
-        layers.push(layer);
-    }
-    Ok(layers)
 }
 
 /// One grid axis: where the list is and its values.
@@ -1470,20 +1185,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mem_amounts() {
-        assert_eq!(MemAmount::parse("2GiB"), Some(MemAmount::Bytes(2 << 30)));
-        assert_eq!(
-            MemAmount::parse("512 MiB"),
-            Some(MemAmount::Bytes(512 << 20))
-        );
-        assert_eq!(
-            MemAmount::parse("1.5GB"),
-            Some(MemAmount::Bytes(1_500_000_000))
-        );
-        assert_eq!(MemAmount::parse("40%"), Some(MemAmount::Fraction(0.4)));
-        assert_eq!(MemAmount::parse("4096"), Some(MemAmount::Bytes(4096)));
-        assert_eq!(MemAmount::parse("lots"), None);
-        assert_eq!(MemAmount::parse("140%"), None);
+    fn memory_amounts_are_the_allocators() {
+        let c = Config::parse(
+            "[memory]\nlimit = \"1g\"\n[[member]]\nname = \"m\"\nmodel = { layers = [{ linear = 2 }] }\n\
+             memory = { limit = \"1.5GB\", reserve = \"40%\" }\n",
+            "m.toml",
+        )
+        .unwrap();
+        // One syntax for every size: "1g" is 2^30 bytes here as in COHORT_MEMORY_LIMIT.
+        assert_eq!(c.memory.limit, Some(Limit::Bytes(1 << 30)));
+        assert_eq!(c.memory.limit, "1g".parse::<Limit>().ok());
+        let m = &c.members[0].memory;
+        assert_eq!(m.limit, Some(Limit::Bytes(1_500_000_000)));
+        assert_eq!(m.reserve, Some(Limit::Percent(40.0)));
+        let e = Config::parse(
+            "[[member]]\nname = \"m\"\nmodel = { layers = [{ linear = 2 }] }\nmemory = { limit = \"lots\" }\n",
+            "m.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "memory.limit");
+        assert!(e.message.contains("\"512MiB\""), "{e}");
     }
 
     #[test]

@@ -132,6 +132,16 @@ pub enum Error {
     #[error(transparent)]
     Tensor(#[from] cohort_tensor::Error),
 
+    /// A member's model cannot be built as its config writes it (a layer that does not fit the data, a custom
+    /// model nobody registered).
+    #[error("member \"{member}\": {reason}")]
+    Model {
+        /// The member.
+        member: String,
+        /// What is wrong, naming the layer, and what to do.
+        reason: String,
+    },
+
     /// A model or gradient operation failed.
     #[error(transparent)]
     Autograd(#[from] cohort_autograd::Error),

@@ -10,6 +10,7 @@
 //! - [`feed`]: data sets loaded once and per-member batch feeds with a saved position.
 //! - `graph`: a unit's training step captured as a CUDA graph and replayed.
 //! - [`memory`]: member budgets as allocator tenants (host accounting on the CPU).
+//! - [`models`]: models of one's own, registered by name for `model = { custom = "NAME" }` members.
 //! - [`checkpoint`]: safetensors + JSON manifest, atomic writes, rotation, corrupt-checkpoint fallback.
 //! - [`tensorboard`], [`metrics`], [`progress`], [`report`], [`plot`]: what a run writes and shows.
 //! - [`control`], [`run_dir`]: the control file and the run directory layout.
@@ -39,6 +40,7 @@ pub mod feed;
 mod graph;
 pub mod memory;
 pub mod metrics;
+pub mod models;
 pub mod plot;
 pub mod progress;
 pub mod report;

@@ -144,7 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 config,
                 RunOptions {
                     progress: !quiet,
-                    halt_after_steps: None,
+                    ..RunOptions::default()
                 },
             )?;
             eprintln!(
@@ -169,7 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 &run_dir,
                 RunOptions {
                     progress: !quiet,
-                    halt_after_steps: None,
+                    ..RunOptions::default()
                 },
             )?;
             eprintln!(

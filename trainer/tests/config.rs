@@ -1,8 +1,9 @@
 //! Config parsing: grid expansion, errors that name the file, the key and what is accepted, and the refusal of two
 //! members sharing a directory.
 
+use cohort_optim::OptimConfig;
 use cohort_trainer::Error;
-use cohort_trainer::config::{Config, OptimizerConfig, ScheduleKind};
+use cohort_trainer::config::{Config, ScheduleKind};
 use cohort_trainer::run_dir::RunDir;
 
 fn parse(text: &str) -> Result<Config, String> {
@@ -42,7 +43,7 @@ fn several_lists_expand_into_their_product() {
     assert!(names.contains(&"mlp-batch32-lr0.1"), "{names:?}");
     assert!(names.contains(&"mlp-batch128-lr0.05"), "{names:?}");
     for m in &c.members {
-        assert!(matches!(m.optimizer, OptimizerConfig::Sgd { momentum, .. } if momentum == 0.9));
+        assert!(matches!(m.optimizer, OptimConfig::Sgd { momentum, .. } if momentum == 0.9));
     }
     let mut pairs: Vec<(usize, String)> = c
         .members

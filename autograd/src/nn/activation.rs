@@ -1,6 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Features, Module};
+use crate::spec::{Fields, SpecResult};
 use crate::{Param, Result, Tape};
 
 /// An element-wise non-linearity.
@@ -13,16 +14,32 @@ pub enum ActivationKind {
     Gelu,
     /// `tanh(x)`.
     Tanh,
+    /// The logistic function `1 / (1 + e^-x)`.
+    Sigmoid,
 }
 
 impl ActivationKind {
-    /// From its spec name (`relu`, `gelu`, `tanh`).
+    /// The names a spec accepts, for messages.
+    pub const ACCEPTED: &'static str = "\"relu\", \"gelu\", \"tanh\" or \"sigmoid\"";
+
+    /// From its spec name (`relu`, `gelu`, `tanh`, `sigmoid`).
     pub fn parse(s: &str) -> Option<ActivationKind> {
         match s {
             "relu" => Some(ActivationKind::Relu),
             "gelu" => Some(ActivationKind::Gelu),
             "tanh" => Some(ActivationKind::Tanh),
+            "sigmoid" => Some(ActivationKind::Sigmoid),
             _ => None,
+        }
+    }
+
+    /// The optional `act` key of a layer table.
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<Option<ActivationKind>> {
+        match f.str("act", Self::ACCEPTED)? {
+            None => Ok(None),
+            Some(a) => ActivationKind::parse(a).map(Some).ok_or_else(|| {
+                f.error("act", format!("expected {}, found \"{a}\"", Self::ACCEPTED))
+            }),
         }
     }
 
@@ -30,7 +47,7 @@ impl ActivationKind {
     pub fn gain(self) -> f64 {
         match self {
             ActivationKind::Relu | ActivationKind::Gelu => 2.0,
-            ActivationKind::Tanh => 1.0,
+            ActivationKind::Tanh | ActivationKind::Sigmoid => 1.0,
         }
     }
 }
@@ -45,6 +62,7 @@ impl Module for Activation {
             ActivationKind::Relu => x.var.relu()?,
             ActivationKind::Gelu => x.var.gelu()?,
             ActivationKind::Tanh => x.var.tanh()?,
+            ActivationKind::Sigmoid => x.var.sigmoid()?,
         };
         Ok(x.keep_mask(var, x.layout))
     }
@@ -58,6 +76,7 @@ impl Module for Activation {
             ActivationKind::Relu => "relu",
             ActivationKind::Gelu => "gelu",
             ActivationKind::Tanh => "tanh",
+            ActivationKind::Sigmoid => "sigmoid",
         }
     }
 }

@@ -1,6 +1,8 @@
 use cohort_tensor::{DType, Device, Tensor};
+use serde::Serialize;
 
 use super::{Features, Layout, Linear, Module};
+use crate::spec::{Fields, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape, Var};
 
 /// Salts of the two projections' initial weights (distinct from a lone Linear's 0).
@@ -163,5 +165,52 @@ impl Module for MultiHeadAttention {
 
     fn kind(&self) -> &'static str {
         "attention"
+    }
+}
+
+/// `{ attention = HEADS, causal = false }`: multi-head self-attention over a sequence `[L, D]`, `HEADS` dividing `D`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttentionSpec {
+    /// Heads.
+    pub heads: usize,
+    /// Whether position `t` attends only to positions `<= t`.
+    pub causal: bool,
+}
+
+impl AttentionSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<AttentionSpec> {
+        Ok(AttentionSpec {
+            heads: f.usize("attention", 1)?.unwrap_or(1),
+            causal: f.bool("causal")?.unwrap_or(false),
+        })
+    }
+
+    /// A sequence `[L, D]` whose width `D` the heads divide; the shape is kept.
+    pub(crate) fn output(heads: usize, input: &Shape) -> std::result::Result<Shape, String> {
+        match input {
+            Shape::Dense(d) if d.len() == 2 => {
+                if d[1] % heads != 0 {
+                    return Err(format!(
+                        "{heads} heads do not divide the width {}: pick a head count that divides it",
+                        d[1]
+                    ));
+                }
+                Ok(input.clone())
+            }
+            _ => Err(format!(
+                "attention needs a sequence [L, D], got {input}; add an embedding or {{ sequence = L }} first"
+            )),
+        }
+    }
+
+    /// The projections: `4 D^2 + 4 D`.
+    pub(crate) fn params(width: usize) -> usize {
+        4 * width * width + 4 * width
+    }
+
+    /// Each head's scores and their softmax, `[L, L]` twice.
+    pub(crate) fn scratch(heads: usize, input: &Shape) -> usize {
+        let l = input.dims()[0];
+        2 * heads * l * l
     }
 }

@@ -1,6 +1,8 @@
 use cohort_tensor::{DType, Device, Tensor};
+use serde::Serialize;
 
-use super::{Features, Layout, Module, init_full};
+use super::{ActivationKind, Features, Layout, Module, init_full};
+use crate::spec::{Fields, LayerCtx, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape, Var};
 
 /// Batch normalization per member and channel: `weight`, `bias` `[M, C]`, running statistics `running_mean`,
@@ -216,5 +218,56 @@ impl Module for BatchNorm {
 
     fn kind(&self) -> &'static str {
         "batchnorm"
+    }
+}
+
+/// `{ batchnorm = true, momentum = 0.1, eps = 1e-5, act = "relu" }`: batch normalization of an image's channels or
+/// of features' last dimension, PyTorch's defaults.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BatchNormSpec {
+    /// Weight of a new batch in the running statistics.
+    pub momentum: f64,
+    /// Added to the variance.
+    pub eps: f64,
+    /// The activation after it.
+    pub act: Option<ActivationKind>,
+}
+
+impl BatchNormSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<BatchNormSpec> {
+        f.flag("batchnorm")?;
+        Ok(BatchNormSpec {
+            momentum: f
+                .f64_in("momentum", 0.0, 1.0, "a momentum in [0, 1]")?
+                .unwrap_or(BatchNorm::MOMENTUM),
+            eps: f
+                .f64_in("eps", 1e-12, 1.0, "an epsilon in (0, 1]")?
+                .unwrap_or(BatchNorm::EPS),
+            act: ActivationKind::read(f)?,
+        })
+    }
+
+    /// The channels normalized: an image's, or the last dimension of features.
+    pub(crate) fn channels(input: &Shape) -> std::result::Result<usize, String> {
+        match input {
+            Shape::Image { channels, .. } => Ok(*channels),
+            Shape::Dense(d) => Ok(d[d.len() - 1]),
+            Shape::Tokens(_) => Err(format!("needs features or an image, got {input}")),
+        }
+    }
+
+    pub(crate) fn build(&self, input: &Shape, ctx: &LayerCtx<'_>) -> Result<BatchNorm> {
+        let c = Self::channels(input).map_err(|reason| Error::Shape {
+            op: "batchnorm",
+            reason,
+        })?;
+        BatchNorm::new(
+            c,
+            self.eps,
+            self.momentum,
+            ctx.seeds.len(),
+            ctx.dtype,
+            ctx.device,
+        )
     }
 }

@@ -1,6 +1,9 @@
 use cohort_tensor::{DType, Device};
+use serde::Serialize;
+use toml::Value;
 
-use super::{Features, Layout, Module, init_full, init_normal};
+use super::{ActivationKind, Features, Layout, Module, init_full, init_normal};
+use crate::spec::{Fields, LayerCtx, Shape, SpecResult, describe};
 use crate::{Error, Param, Result, Tape};
 
 /// 2-D convolution per member, NCHW: weight `[M, O, C, k, k]`, bias `[M, O]`.
@@ -95,6 +98,32 @@ impl Module for Conv2d {
     }
 }
 
+/// Each example's features in a new shape `per` (of the same size): `[B, ..]` shared to `[B, ..per]`, `[M, B, ..]` to
+/// `[M, B, ..per]`; packed convolution features are unpacked to the members.
+fn reshape_examples(
+    op: &'static str,
+    x: Features,
+    members: usize,
+    per: &[usize],
+) -> Result<Features> {
+    let s = x.var.shape().to_vec();
+    let n: usize = per.iter().product();
+    let with = |lead: &[usize]| [lead, per].concat();
+    let fits = |lead: usize| s.len() > lead && s[lead..].iter().product::<usize>() == n;
+    match x.layout {
+        Layout::Shared if fits(1) => Ok(Features::shared(x.var.reshape(&with(&s[..1]))?)),
+        Layout::Members if fits(2) => Ok(Features::members(x.var.reshape(&with(&s[..2]))?)),
+        Layout::Packed if s.len() == 4 && s[1] / members.max(1) * s[2] * s[3] == n => {
+            let v = Features::packed(x.var).into_members(members)?;
+            Ok(Features::members(v.reshape(&with(&[members, s[0]]))?))
+        }
+        _ => Err(Error::Shape {
+            op,
+            reason: format!("input {s:?} ({:?}) as examples of shape {per:?}", x.layout),
+        }),
+    }
+}
+
 /// Flattens each example's features: `[M, B, ..]` to `[M, B, F]` (packed convolution features unpacked).
 #[derive(Debug)]
 pub struct Flatten {
@@ -110,26 +139,13 @@ impl Flatten {
 
 impl Module for Flatten {
     fn forward(&self, _tape: &Tape, x: Features) -> Result<Features> {
-        let s = x.var.shape().to_vec();
-        match x.layout {
-            Layout::Shared if !s.is_empty() => {
-                let f: usize = s[1..].iter().product();
-                Ok(Features::shared(x.var.reshape(&[s[0], f])?))
-            }
-            Layout::Members if s.len() >= 2 => {
-                let f: usize = s[2..].iter().product();
-                Ok(Features::members(x.var.reshape(&[s[0], s[1], f])?))
-            }
-            Layout::Packed if s.len() == 4 => {
-                let f = s[1] / self.members.max(1) * s[2] * s[3];
-                let v = Features::packed(x.var).into_members(self.members)?;
-                Ok(Features::members(v.reshape(&[self.members, s[0], f])?))
-            }
-            _ => Err(Error::Shape {
-                op: "flatten",
-                reason: format!("input {s:?} ({:?})", x.layout),
-            }),
-        }
+        let s = x.var.shape();
+        let f = match x.layout {
+            Layout::Shared => s[1..].iter().product(),
+            Layout::Members => s.get(2..).map_or(0, |d| d.iter().product()),
+            Layout::Packed => s[1..].iter().product::<usize>() / self.members.max(1),
+        };
+        reshape_examples("flatten", x, self.members, &[f])
     }
 
     fn params(&self) -> Vec<(String, Param)> {
@@ -138,5 +154,169 @@ impl Module for Flatten {
 
     fn kind(&self) -> &'static str {
         "flatten"
+    }
+}
+
+/// Each example's features as a sequence of `tokens` tokens: `[M, B, F]` (or an image of `F` values) to
+/// `[M, B, tokens, F / tokens]`, e.g. a digit's 28 rows as 28 tokens of 28 pixels.
+#[derive(Debug)]
+pub struct Sequence {
+    tokens: usize,
+    width: usize,
+    members: usize,
+}
+
+impl Sequence {
+    /// `tokens` tokens of `width` values, for a model of `members` members.
+    pub fn new(tokens: usize, width: usize, members: usize) -> Sequence {
+        Sequence {
+            tokens,
+            width,
+            members,
+        }
+    }
+}
+
+impl Module for Sequence {
+    fn forward(&self, _tape: &Tape, x: Features) -> Result<Features> {
+        reshape_examples("sequence", x, self.members, &[self.tokens, self.width])
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
+
+    fn kind(&self) -> &'static str {
+        "sequence"
+    }
+}
+
+/// `{ sequence = L }`: each example's features (or image) read as `L` tokens of equal width.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SequenceSpec {
+    /// Tokens per example.
+    pub tokens: usize,
+}
+
+impl SequenceSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<SequenceSpec> {
+        Ok(SequenceSpec {
+            tokens: f.usize("sequence", 1)?.unwrap_or(1),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        let n = input.elems();
+        match input {
+            Shape::Tokens(_) => Err("token ids are a sequence already; add an embedding".into()),
+            _ if n % self.tokens != 0 => Err(format!(
+                "{input} has {n} values, which do not split into {} tokens of equal width",
+                self.tokens
+            )),
+            _ => Ok(Shape::Dense(vec![self.tokens, n / self.tokens])),
+        }
+    }
+}
+
+impl Conv2d {
+    /// The same convolution without its bias (before a batch norm, whose shift makes a bias redundant).
+    pub fn without_bias(mut self) -> Conv2d {
+        self.bias = None;
+        self
+    }
+}
+
+/// `{ conv = OUT, kernel = 3, stride = 1, padding = 0, act = "relu", bias = true }`: a 2-D convolution with square
+/// kernels. `padding = "same"` pads by `kernel / 2`. The defaults are PyTorch's `Conv2d` defaults but for the kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConvSpec {
+    /// Output channels.
+    pub out: usize,
+    /// Kernel size (default 3).
+    pub kernel: usize,
+    /// Stride (default 1).
+    pub stride: usize,
+    /// Zero padding on each side (default 0).
+    pub padding: usize,
+    /// The activation after it.
+    pub act: Option<ActivationKind>,
+    /// Whether it adds a bias (default true).
+    #[serde(skip_serializing_if = "crate::spec::is_true")]
+    pub bias: bool,
+}
+
+impl ConvSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<ConvSpec> {
+        let kernel = f.usize("kernel", 1)?.unwrap_or(3);
+        let padding = match f.take("padding") {
+            None => 0,
+            Some(Value::String(s)) if s == "same" => kernel / 2,
+            Some(Value::Integer(p)) if *p >= 0 => *p as usize,
+            Some(v) => {
+                return Err(f.error(
+                    "padding",
+                    format!("expected an integer ≥ 0 or \"same\", found {}", describe(v)),
+                ));
+            }
+        };
+        Ok(ConvSpec {
+            out: f.usize("conv", 1)?.unwrap_or(1),
+            kernel,
+            stride: f.usize("stride", 1)?.unwrap_or(1),
+            padding,
+            act: ActivationKind::read(f)?,
+            bias: f.bool("bias")?.unwrap_or(true),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        let &Shape::Image {
+            height: h,
+            width: w,
+            ..
+        } = input
+        else {
+            return Err(format!(
+                "needs an image [C, H, W], got {input} (give the data's shape as [C, H, W])"
+            ));
+        };
+        let (k, p, s) = (self.kernel, self.padding, self.stride);
+        if h + 2 * p < k || w + 2 * p < k {
+            return Err(format!(
+                "a {k}x{k} kernel does not fit the {h}x{w} input with padding {p}"
+            ));
+        }
+        Ok(Shape::Image {
+            channels: self.out,
+            height: (h + 2 * p - k) / s + 1,
+            width: (w + 2 * p - k) / s + 1,
+        })
+    }
+
+    pub(crate) fn params(&self, input: &Shape) -> usize {
+        let c = input.dims()[0];
+        self.out * c * self.kernel * self.kernel + if self.bias { self.out } else { 0 }
+    }
+
+    /// The im2col buffer of its input beside its output.
+    pub(crate) fn scratch(&self, input: &Shape, output: &Shape) -> usize {
+        let c = input.dims()[0];
+        c * self.kernel * self.kernel * output.elems() / self.out
+    }
+
+    pub(crate) fn build(&self, input: &Shape, ctx: &LayerCtx<'_>) -> Result<Conv2d> {
+        let gain = self.act.map_or(1.0, ActivationKind::gain);
+        let conv = Conv2d::new(
+            input.dims()[0],
+            self.out,
+            self.kernel,
+            self.stride,
+            self.padding,
+            gain,
+            &ctx.seeds,
+            ctx.dtype,
+            ctx.device,
+        )?;
+        Ok(if self.bias { conv } else { conv.without_bias() })
     }
 }

@@ -1,8 +1,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cohort_tensor::Tensor;
+use serde::Serialize;
 
 use super::{Features, Module, mix};
+use crate::spec::{Fields, SpecResult};
 use crate::{Error, Param, Result, Tape, Var};
 
 /// Zeroes each value with probability `p` while training (scaling the rest by `1 / (1 - p)`); identity in eval
@@ -69,5 +71,22 @@ impl Module for Dropout {
 
     fn kind(&self) -> &'static str {
         "dropout"
+    }
+}
+
+/// `{ dropout = P }`: zero each value with probability `P` while training.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DropoutSpec {
+    /// The rate, in `[0, 1)`.
+    pub p: f64,
+}
+
+impl DropoutSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<DropoutSpec> {
+        let p = f.f64("dropout")?.unwrap_or(0.0);
+        if !(0.0..1.0).contains(&p) {
+            return Err(f.error("dropout", format!("expected a rate in [0, 1), found {p}")));
+        }
+        Ok(DropoutSpec { p })
     }
 }

@@ -1,6 +1,8 @@
 use cohort_tensor::{DType, Device, Tensor};
+use serde::Serialize;
 
 use super::{Features, Layout, Module, init_normal};
+use crate::spec::{Fields, LayerCtx, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape};
 
 /// A lookup table per member: weight `[M, V, D]`; i32 token ids `[B, ..]` (shared) or `[M, B, ..]` give
@@ -173,5 +175,71 @@ impl Module for EmbeddingBag {
 
     fn kind(&self) -> &'static str {
         "embedding_bag"
+    }
+}
+
+/// `{ embedding = D, vocab = V }` (a vector per token id) or `{ embedding_bag = D, vocab = V }` (the mean of a bag's
+/// vectors); the first layer of a model whose input is i32 token ids.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EmbeddingSpec {
+    /// Width of each vector.
+    pub dim: usize,
+    /// Number of token ids.
+    pub vocab: usize,
+    /// The id of padding: positions holding it are masked in attention and sequence means.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub padding_id: Option<usize>,
+}
+
+impl EmbeddingSpec {
+    pub(crate) fn read(f: &Fields<'_>, key: &str) -> SpecResult<EmbeddingSpec> {
+        let vocab = f.usize("vocab", 1)?.ok_or_else(|| {
+            f.error(
+                "vocab",
+                "missing: an embedding needs `vocab = <number of token ids>`",
+            )
+        })?;
+        let padding_id = f.usize("padding_id", 0)?;
+        if let Some(p) = padding_id.filter(|&p| p >= vocab) {
+            return Err(f.error(
+                "padding_id",
+                format!("{p} is not an id of the vocabulary of {vocab}"),
+            ));
+        }
+        Ok(EmbeddingSpec {
+            dim: f.usize(key, 1)?.unwrap_or(1),
+            vocab,
+            padding_id,
+        })
+    }
+
+    pub(crate) fn build(&self, ctx: &LayerCtx<'_>) -> Result<Embedding> {
+        let e = Embedding::new(self.vocab, self.dim, &ctx.seeds, ctx.dtype, ctx.device)?;
+        Ok(match self.padding_id {
+            Some(id) => e.with_padding(id),
+            None => e,
+        })
+    }
+
+    /// Token ids `[..]` gain a last dimension `dim`; a bag (`bag`) of ids `[L]` becomes one vector.
+    pub(crate) fn output(&self, input: &Shape, bag: bool) -> std::result::Result<Shape, String> {
+        let Shape::Tokens(t) = input else {
+            return Err(format!(
+                "needs i32 token ids, got {input}: an embedding must be the model's first layer"
+            ));
+        };
+        if bag {
+            if t.len() != 1 {
+                return Err(format!("needs bags of ids [L] per example, got {input}"));
+            }
+            return Ok(Shape::Dense(vec![self.dim]));
+        }
+        let mut d = t.clone();
+        d.push(self.dim);
+        Ok(Shape::Dense(d))
+    }
+
+    pub(crate) fn params(&self) -> usize {
+        self.vocab * self.dim
     }
 }

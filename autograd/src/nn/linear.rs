@@ -1,6 +1,8 @@
 use cohort_tensor::{DType, Device};
+use serde::Serialize;
 
-use super::{Features, Layout, Module, init_full, init_normal, per_member};
+use super::{ActivationKind, Features, Layout, Module, init_full, init_normal, per_member};
+use crate::spec::{Fields, LayerCtx, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape};
 
 /// `y = x W + b` per member: weight `[M, in, out]`, bias `[M, out]`. Acts on the last dimension.
@@ -131,5 +133,62 @@ impl Module for Linear {
 
     fn kind(&self) -> &'static str {
         "linear"
+    }
+}
+
+/// `{ linear = OUT, act = "relu", bias = true }`: a dense layer on the last dimension of its input.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LinearSpec {
+    /// Output features.
+    pub out: usize,
+    /// The activation after it.
+    pub act: Option<ActivationKind>,
+    /// Whether it adds a bias (default true).
+    #[serde(skip_serializing_if = "crate::spec::is_true")]
+    pub bias: bool,
+}
+
+impl LinearSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<LinearSpec> {
+        Ok(LinearSpec {
+            out: f.usize("linear", 1)?.unwrap_or(1),
+            act: ActivationKind::read(f)?,
+            bias: f.bool("bias")?.unwrap_or(true),
+        })
+    }
+
+    /// The input's last dimension becomes `out`.
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        match input {
+            Shape::Dense(d) => {
+                let mut d = d.clone();
+                *d.last_mut().expect("a dense shape has a dimension") = self.out;
+                Ok(Shape::Dense(d))
+            }
+            Shape::Image { .. } => Err(format!(
+                "needs flat features, got {input}; add {{ flatten = true }} or {{ global_avgpool = true }} before it"
+            )),
+            Shape::Tokens(_) => Err(format!(
+                "needs features, got {input}; add an {{ embedding = D, vocab = V }} first"
+            )),
+        }
+    }
+
+    pub(crate) fn params(&self, input: &Shape) -> usize {
+        let inp = input.width();
+        inp * self.out + if self.bias { self.out } else { 0 }
+    }
+
+    pub(crate) fn build(&self, input: &Shape, ctx: &LayerCtx<'_>) -> Result<Linear> {
+        let gain = self.act.map_or(1.0, ActivationKind::gain);
+        Linear::new(
+            input.width(),
+            self.out,
+            self.bias,
+            gain,
+            &ctx.seeds,
+            ctx.dtype,
+            ctx.device,
+        )
     }
 }

@@ -21,18 +21,21 @@ mod sequential;
 mod transformer;
 
 pub use activation::{Activation, ActivationKind};
-pub use attention::MultiHeadAttention;
-pub use batchnorm::BatchNorm;
-pub use conv::{Conv2d, Flatten};
-pub use dropout::Dropout;
-pub use embedding::{Embedding, EmbeddingBag};
-pub use linear::Linear;
-pub use norm::LayerNorm;
-pub use pool::{AvgPool2d, GlobalAvgPool, MaxPool2d, PoolMode, SequencePool};
-pub use positional::PositionalEmbedding;
-pub use residual::Residual;
+pub use attention::{AttentionSpec, MultiHeadAttention};
+pub use batchnorm::{BatchNorm, BatchNormSpec};
+pub use conv::{Conv2d, ConvSpec, Flatten, Sequence, SequenceSpec};
+pub use dropout::{Dropout, DropoutSpec};
+pub use embedding::{Embedding, EmbeddingBag, EmbeddingSpec};
+pub use linear::{Linear, LinearSpec};
+pub use norm::{LayerNorm, LayerNormSpec};
+pub(crate) use pool::global_avgpool_output;
+pub use pool::{
+    AvgPool2d, GlobalAvgPool, MaxPool2d, PoolMode, PoolSpec, SequencePool, SequencePoolSpec,
+};
+pub use positional::{PositionalEmbedding, PositionalSpec};
+pub use residual::{Residual, ResidualSpec};
 pub use sequential::Sequential;
-pub use transformer::TransformerBlock;
+pub use transformer::{TransformerBlock, TransformerSpec};
 
 use std::fmt::Debug;
 

@@ -1,6 +1,8 @@
 use cohort_tensor::{DType, Device};
+use serde::Serialize;
 
 use super::{Features, Layout, Module, init_full, per_member};
+use crate::spec::{Fields, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape};
 
 /// Layer normalization over the last dimension, per member: `weight`, `bias` `[M, D]`.
@@ -73,5 +75,32 @@ impl Module for LayerNorm {
 
     fn kind(&self) -> &'static str {
         "layernorm"
+    }
+}
+
+/// `{ layernorm = true, eps = 1e-5 }`: layer normalization over the last dimension.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LayerNormSpec {
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNormSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<LayerNormSpec> {
+        f.flag("layernorm")?;
+        Ok(LayerNormSpec {
+            eps: f
+                .f64_in("eps", 1e-12, 1.0, "an epsilon in (0, 1]")?
+                .unwrap_or(1e-5),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        match input {
+            Shape::Dense(_) => Ok(input.clone()),
+            _ => Err(format!(
+                "needs features, got {input}; for images use {{ batchnorm = true }} or flatten first"
+            )),
+        }
     }
 }

@@ -1,8 +1,10 @@
 //! Pooling: windows of an image (max, average), a whole image (global average), a sequence (mean, first).
 
 use cohort_tensor::Tensor;
+use serde::Serialize;
 
 use super::{Features, Layout, Module};
+use crate::spec::{Fields, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape, Var};
 
 /// Runs `f` on the `[N, C, H, W]` planes of image features of any layout (members and channels independent),
@@ -162,7 +164,8 @@ impl Module for GlobalAvgPool {
 }
 
 /// How a [`SequencePool`] summarizes a sequence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PoolMode {
     /// The mean over the real (unpadded) positions.
     Mean,
@@ -237,5 +240,90 @@ impl Module for SequencePool {
 
     fn kind(&self) -> &'static str {
         "sequence_pool"
+    }
+}
+/// `{ maxpool = K, stride = K }` or `{ avgpool = K, stride = K }`: the maximum or mean of each `K x K` window
+/// (stride defaults to the window, no padding).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolSpec {
+    /// Window size.
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+}
+
+impl PoolSpec {
+    pub(crate) fn read(f: &Fields<'_>, key: &str) -> SpecResult<PoolSpec> {
+        let kernel = f.usize(key, 1)?.unwrap_or(1);
+        Ok(PoolSpec {
+            kernel,
+            stride: f.usize("stride", 1)?.unwrap_or(kernel),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        let &Shape::Image {
+            channels,
+            height: h,
+            width: w,
+        } = input
+        else {
+            return Err(format!("needs an image [C, H, W], got {input}"));
+        };
+        let k = self.kernel;
+        if k > h || k > w {
+            return Err(format!("a {k}x{k} window does not fit the {h}x{w} input"));
+        }
+        Ok(Shape::Image {
+            channels,
+            height: (h - k) / self.stride + 1,
+            width: (w - k) / self.stride + 1,
+        })
+    }
+}
+
+impl PoolSpec {
+    /// Elements a window pool keeps for its backward pass (the argmax, or nothing for an average).
+    pub(crate) fn scratch(&self, output: &Shape) -> usize {
+        output.elems()
+    }
+}
+
+/// `{ global_avgpool = true }`: each channel's mean over the image, giving features `[C]`.
+pub(crate) fn global_avgpool_output(input: &Shape) -> std::result::Result<Shape, String> {
+    match input {
+        &Shape::Image { channels, .. } => Ok(Shape::Dense(vec![channels])),
+        _ => Err(format!("needs an image [C, H, W], got {input}")),
+    }
+}
+
+/// `{ pool = "mean" }` or `{ pool = "first" }`: a sequence `[L, D]` summarized as one vector `[D]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SequencePoolSpec {
+    /// `mean` (over the real positions) or `first`.
+    pub mode: PoolMode,
+}
+
+impl SequencePoolSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<SequencePoolSpec> {
+        let accepted = "\"mean\" or \"first\"";
+        let mode = match f.str("pool", accepted)? {
+            Some("mean") => PoolMode::Mean,
+            Some("first") => PoolMode::First,
+            Some(other) => {
+                return Err(f.error("pool", format!("expected {accepted}, found \"{other}\"")));
+            }
+            None => unreachable!("the kind key is there"),
+        };
+        Ok(SequencePoolSpec { mode })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        match input {
+            Shape::Dense(d) if d.len() == 2 => Ok(Shape::Dense(vec![d[1]])),
+            _ => Err(format!(
+                "needs a sequence [L, D], got {input}; add an embedding or {{ sequence = L }} first"
+            )),
+        }
     }
 }

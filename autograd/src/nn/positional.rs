@@ -1,6 +1,8 @@
 use cohort_tensor::{DType, Device};
+use serde::Serialize;
 
 use super::{Features, Layout, Module, init_normal};
+use crate::spec::{Fields, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape};
 
 /// Salt of the initial positions (distinct from an embedding table's 0).
@@ -73,5 +75,33 @@ impl Module for PositionalEmbedding {
 
     fn kind(&self) -> &'static str {
         "positional"
+    }
+}
+
+/// `{ positional = MAX_LEN }`: learned positions added to a sequence of at most `MAX_LEN` positions.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PositionalSpec {
+    /// The longest sequence.
+    pub max_len: usize,
+}
+
+impl PositionalSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<PositionalSpec> {
+        Ok(PositionalSpec {
+            max_len: f.usize("positional", 1)?.unwrap_or(1),
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        match input {
+            Shape::Dense(d) if d.len() == 2 && d[0] <= self.max_len => Ok(input.clone()),
+            Shape::Dense(d) if d.len() == 2 => Err(format!(
+                "a sequence of {} positions is longer than the {} it has positions for: raise `positional`",
+                d[0], self.max_len
+            )),
+            _ => Err(format!(
+                "needs a sequence [L, D], got {input}; add an embedding or {{ sequence = L }} first"
+            )),
+        }
     }
 }

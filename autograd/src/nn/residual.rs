@@ -1,4 +1,10 @@
-use super::{Features, Layout, Module, Sequential};
+use serde::Serialize;
+
+use super::{ActivationKind, Conv2d, Features, Layout, Linear, Module, Sequential};
+use crate::spec::{
+    Fields, LayerCtx, LayerSpec, Shape, SpecResult, activation_count, build_layers, read_layers,
+    walk,
+};
 use crate::{Error, Param, Result, Tape};
 
 /// `y = inner(x) + shortcut(x)`: the shortcut is `projection(x)` when there is a projection, `x` itself otherwise.
@@ -147,5 +153,175 @@ impl Module for Residual {
 
     fn kind(&self) -> &'static str {
         "residual"
+    }
+}
+
+/// `{ residual = [LAYERS], act = "relu" }`: the layers' output added to their input, then the activation. When the
+/// layers change the shape, the input goes through a projection: a 1x1 convolution with the layers' stride for
+/// images, a dense layer for features.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResidualSpec {
+    /// The inner layers.
+    pub layers: Vec<LayerSpec>,
+    /// The activation after the sum.
+    pub act: Option<ActivationKind>,
+}
+
+/// How a residual's input is brought to its inner output's shape.
+enum Projection {
+    /// A 1x1 convolution from `from` to `to` channels with this stride.
+    Conv {
+        from: usize,
+        to: usize,
+        stride: usize,
+    },
+    /// A dense layer.
+    Linear { from: usize, to: usize },
+}
+
+impl Projection {
+    /// The projection from `input` to `output`, if the shapes allow one.
+    fn between(input: &Shape, output: &Shape) -> Option<Projection> {
+        match (input, output) {
+            (
+                &Shape::Image {
+                    channels: c,
+                    height: h,
+                    width: w,
+                },
+                &Shape::Image {
+                    channels: c2,
+                    height: h2,
+                    width: w2,
+                },
+            ) => (1..=h.max(w))
+                .find(|s| (h - 1) / s + 1 == h2 && (w - 1) / s + 1 == w2)
+                .map(|stride| Projection::Conv {
+                    from: c,
+                    to: c2,
+                    stride,
+                }),
+            (Shape::Dense(a), Shape::Dense(b))
+                if a.len() == b.len() && a[..a.len() - 1] == b[..b.len() - 1] =>
+            {
+                Some(Projection::Linear {
+                    from: input.width(),
+                    to: output.width(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn params(&self) -> usize {
+        match *self {
+            Projection::Conv { from, to, .. } | Projection::Linear { from, to } => from * to + to,
+        }
+    }
+}
+
+impl ResidualSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<ResidualSpec> {
+        Ok(ResidualSpec {
+            layers: read_layers(f, "residual")?,
+            act: ActivationKind::read(f)?,
+        })
+    }
+
+    /// The inner layers' shapes from `input`, as a sentence when one does not fit.
+    fn shapes(&self, input: &Shape) -> std::result::Result<Vec<Shape>, String> {
+        walk(&self.layers, input).map_err(|e| match e {
+            Error::Spec {
+                index,
+                kind,
+                reason,
+            } => format!("its layer {index} ({kind}): {reason}"),
+            other => other.to_string(),
+        })
+    }
+
+    /// `None` when the shortcut is the input itself.
+    fn projection(
+        input: &Shape,
+        output: &Shape,
+    ) -> std::result::Result<Option<Projection>, String> {
+        if input == output {
+            return Ok(None);
+        }
+        Projection::between(input, output).map(Some).ok_or_else(|| {
+            format!(
+                "its layers turn {input} into {output}, which no projection of the input can match: a residual's \
+                 layers must keep the shape, or change only the channels and the size by a stride (images), or the \
+                 width (features)"
+            )
+        })
+    }
+
+    pub(crate) fn output(&self, input: &Shape) -> std::result::Result<Shape, String> {
+        let out = self.shapes(input)?.pop().expect("the input's shape");
+        Self::projection(input, &out)?;
+        Ok(out)
+    }
+
+    pub(crate) fn params(&self, input: &Shape) -> usize {
+        let Ok(shapes) = self.shapes(input) else {
+            return 0;
+        };
+        let inner: usize = self
+            .layers
+            .iter()
+            .zip(&shapes)
+            .map(|(l, s)| l.param_count(s))
+            .sum();
+        let out = shapes.last().expect("the input's shape");
+        inner
+            + Self::projection(input, out)
+                .ok()
+                .flatten()
+                .map_or(0, |p| p.params())
+    }
+
+    /// Values the inner layers keep, and the sum.
+    pub(crate) fn scratch(&self, input: &Shape) -> usize {
+        self.shapes(input)
+            .map_or(0, |shapes| activation_count(&self.layers, &shapes))
+    }
+
+    pub(crate) fn build(&self, input: &Shape, ctx: &LayerCtx<'_>) -> Result<Residual> {
+        let shapes = self.shapes(input).map_err(|reason| Error::Shape {
+            op: "residual",
+            reason,
+        })?;
+        let inner = build_layers(&self.layers, &shapes, ctx)?;
+        let out = shapes.last().expect("the input's shape");
+        let proj = Self::projection(input, out).map_err(|reason| Error::Shape {
+            op: "residual",
+            reason,
+        })?;
+        let pctx = ctx.child(self.layers.len());
+        let projection: Option<Box<dyn Module>> = match proj {
+            None => None,
+            Some(Projection::Conv { from, to, stride }) => Some(Box::new(Conv2d::new(
+                from,
+                to,
+                1,
+                stride,
+                0,
+                1.0,
+                &pctx.seeds,
+                pctx.dtype,
+                pctx.device,
+            )?)),
+            Some(Projection::Linear { from, to }) => Some(Box::new(Linear::new(
+                from,
+                to,
+                true,
+                1.0,
+                &pctx.seeds,
+                pctx.dtype,
+                pctx.device,
+            )?)),
+        };
+        Ok(Residual::new(inner, projection, ctx.seeds.len()))
     }
 }

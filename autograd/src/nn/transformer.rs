@@ -1,10 +1,12 @@
 use cohort_tensor::{DType, Device};
+use serde::Serialize;
 
-use super::attention::sequence_dims;
+use super::attention::{AttentionSpec, sequence_dims};
 use super::{
     Activation, ActivationKind, Dropout, Features, LayerNorm, Linear, Module, MultiHeadAttention,
     mix,
 };
+use crate::spec::{Fields, LayerCtx, Shape, SpecResult};
 use crate::{Param, Result, Tape, Var};
 
 /// Salts of the MLP's initial weights and of the dropout masks (distinct from attention's and a lone Linear's).
@@ -125,5 +127,67 @@ impl Module for TransformerBlock {
 
     fn kind(&self) -> &'static str {
         "transformer"
+    }
+}
+
+/// `{ transformer = HEADS, hidden = 4 * D, dropout = 0.0, causal = false }`: a pre-norm encoder block over a
+/// sequence `[L, D]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TransformerSpec {
+    /// Attention heads (dividing the width).
+    pub heads: usize,
+    /// Units of the MLP; `None`: four times the width.
+    pub hidden: Option<usize>,
+    /// Dropout rate on the attention's and the MLP's outputs.
+    pub dropout: f64,
+    /// Whether position `t` attends only to positions `<= t`.
+    pub causal: bool,
+}
+
+impl TransformerSpec {
+    pub(crate) fn read(f: &Fields<'_>) -> SpecResult<TransformerSpec> {
+        let dropout = f.f64("dropout")?.unwrap_or(0.0);
+        if !(0.0..1.0).contains(&dropout) {
+            return Err(f.error(
+                "dropout",
+                format!("expected a rate in [0, 1), found {dropout}"),
+            ));
+        }
+        Ok(TransformerSpec {
+            heads: f.usize("transformer", 1)?.unwrap_or(1),
+            hidden: f.usize("hidden", 1)?,
+            dropout,
+            causal: f.bool("causal")?.unwrap_or(false),
+        })
+    }
+
+    fn hidden(&self, width: usize) -> usize {
+        self.hidden.unwrap_or(4 * width)
+    }
+
+    /// Attention, two layer norms and the MLP.
+    pub(crate) fn params(&self, width: usize) -> usize {
+        let h = self.hidden(width);
+        AttentionSpec::params(width) + 4 * width + width * h + h + h * width + width
+    }
+
+    /// The attention's scores and the MLP's hidden values beside the block's sums and norms.
+    pub(crate) fn scratch(&self, input: &Shape) -> usize {
+        let (l, d) = (input.dims()[0], input.width());
+        AttentionSpec::scratch(self.heads, input) + 2 * l * self.hidden(d) + 6 * l * d
+    }
+
+    pub(crate) fn build(&self, input: &Shape, ctx: &LayerCtx<'_>) -> Result<TransformerBlock> {
+        let d = input.width();
+        TransformerBlock::new(
+            d,
+            self.heads,
+            self.hidden(d),
+            self.dropout,
+            self.causal,
+            &ctx.seeds,
+            ctx.dtype,
+            ctx.device,
+        )
     }
 }
