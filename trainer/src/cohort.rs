@@ -729,16 +729,8 @@ impl Cohort {
                     }
                 }
             }
-            // Dropout layers draw their n-th mask from (seed, n): bring the sequence to where the saved (or split)
-            // unit left it with forward passes on one example (shape does not matter to the sequence).
-            if forwards > 0 && spec.is_some_and(|s| s.draws_masks()) {
-                let per: usize = data.shape.iter().product();
-                let x = Tensor::zeros(&[1, per], DType::F32, &device)?;
-                let tape = Tape::new();
-                for _ in 0..forwards {
-                    tape.no_grad(|| model.forward(&tape, &x))?;
-                }
-            }
+            // Dropout layers draw their n-th mask from (seed, n): continue where the saved (or split) unit left.
+            model.set_masks_drawn(forwards);
             Ok((model, opt))
         })?;
         let per_member =

@@ -180,6 +180,12 @@ pub trait Module: Debug + Send + Sync {
         Vec::new()
     }
 
+    /// Sets every dropout layer's count of masks drawn to `n` (a resumed or rebuilt model continues the mask
+    /// sequences where `n` training passes left them); layers holding others pass it on.
+    fn set_masks_drawn(&self, n: u64) {
+        let _ = n;
+    }
+
     /// The kind, as written in a model spec (`linear`, `conv`, ...).
     fn kind(&self) -> &'static str;
 }

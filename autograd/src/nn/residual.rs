@@ -151,6 +151,10 @@ impl Module for Residual {
         v
     }
 
+    fn set_masks_drawn(&self, n: u64) {
+        self.inner.set_masks_drawn(n);
+    }
+
     fn kind(&self) -> &'static str {
         "residual"
     }

@@ -80,6 +80,10 @@ impl Module for Sequential {
         v
     }
 
+    fn set_masks_drawn(&self, n: u64) {
+        self.layers.iter().for_each(|l| l.set_masks_drawn(n));
+    }
+
     fn kind(&self) -> &'static str {
         "sequential"
     }

@@ -75,11 +75,6 @@ impl TransformerBlock {
         Ok(block)
     }
 
-    /// The dropout layers (attention's, the MLP's), whose mask counters belong to a checkpoint's RNG state.
-    pub fn dropouts(&self) -> Option<&[Dropout; 2]> {
-        self.dropout.as_ref()
-    }
-
     /// `x + f` per member, with `f` dropped out by dropout `i` while training.
     fn add(&self, tape: &Tape, x: &Features, f: Features, i: usize) -> Result<Features> {
         let f = match &self.dropout {
@@ -123,6 +118,10 @@ impl Module for TransformerBlock {
                     .map(move |(n, p)| (format!("{prefix}.{n}"), p))
             })
             .collect()
+    }
+
+    fn set_masks_drawn(&self, n: u64) {
+        self.dropout.iter().flatten().for_each(|d| d.set_calls(n));
     }
 
     fn kind(&self) -> &'static str {

@@ -153,6 +153,11 @@ impl Model {
             .into_members(self.members)
     }
 
+    /// Continues every dropout layer's mask sequence after `n` training passes (see [`Module::set_masks_drawn`]).
+    pub fn set_masks_drawn(&self, n: u64) {
+        self.net.set_masks_drawn(n);
+    }
+
     /// Clears every parameter's accumulated gradient.
     pub fn zero_grad(&self) {
         self.params.iter().for_each(Param::zero_grad);
