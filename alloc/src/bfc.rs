@@ -310,6 +310,19 @@ impl<S: MemorySource> Bfc<S> {
         g.tenants.get(id.index()).map(|t| tenant_report(id, t))
     }
 
+    /// Starts tenant `id`'s peak afresh from what it holds now (a program measuring one phase's peak, as
+    /// `torch.cuda.reset_peak_memory_stats`); `false` for an unknown tenant.
+    pub fn reset_tenant_peak(&self, id: TenantId) -> bool {
+        let mut g = self.lock();
+        match g.tenants.get_mut(id.index()) {
+            Some(t) => {
+                t.peak_in_use = t.in_use;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The recorded events (empty unless [`Config::record_events`] is set).
     pub fn events(&self) -> Vec<Event> {
         self.lock()

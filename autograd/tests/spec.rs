@@ -56,7 +56,8 @@ fn every_kind_reads_builds_and_counts_its_parameters() {
         &[1, 8, 8],
         &img.narrow(1, 0, 64).unwrap(),
     );
-    let ids = Tensor::from_vec((0..12).map(|i| i % 7).collect::<Vec<i32>>(), &[2, 6], &DEV).unwrap();
+    let ids =
+        Tensor::from_vec((0..12).map(|i| i % 7).collect::<Vec<i32>>(), &[2, 6], &DEV).unwrap();
     check_counts(
         "text",
         r#"{ embedding = 8, vocab = 7, padding_id = 0 }, { transformer = 2, causal = true }, { pool = "first" },
@@ -82,7 +83,14 @@ fn every_kind_reads_builds_and_counts_its_parameters() {
 fn one_default_for_each_option() {
     // A conv's padding defaults to 0 (PyTorch's and the trainer's): 26x26 after a 3x3 kernel on 28x28.
     let s = spec("{ conv = 10, kernel = 3 }");
-    assert_eq!(s.shapes(&[1, 28, 28]).unwrap()[1], Shape::Image { channels: 10, height: 26, width: 26 });
+    assert_eq!(
+        s.shapes(&[1, 28, 28]).unwrap()[1],
+        Shape::Image {
+            channels: 10,
+            height: 26,
+            width: 26
+        }
+    );
     assert_eq!(s.param_count(&[1, 28, 28]).unwrap(), 100);
     // The trainer's activations are the layers' own: sigmoid builds.
     spec(r#"{ linear = 4, act = "sigmoid" }"#)
@@ -117,10 +125,16 @@ fn the_json_form_of_the_first_kinds_is_the_one_cohort_0_1_recorded() {
 fn errors_name_the_key_or_the_layer() {
     let e = spec_err("{ linear = 8 }, { lstm = 4 }");
     assert_eq!(e.key, "layers[1].lstm");
-    assert!(e.message.contains("unknown layer kind") && e.message.contains("transformer"), "{e}");
+    assert!(
+        e.message.contains("unknown layer kind") && e.message.contains("transformer"),
+        "{e}"
+    );
     let e = spec_err("{ linear = 8, kernal = 3 }");
     assert_eq!(e.key, "layers[0].kernal");
-    assert!(e.message.contains("accepted here: act, bias, linear"), "{e}");
+    assert!(
+        e.message.contains("accepted here: act, bias, linear"),
+        "{e}"
+    );
     let e = spec_err("{ linear = 8, conv = 3 }");
     assert!(e.message.contains("several kinds"), "{e}");
     let e = spec_err(r#"{ residual = [{ conv = 4, padding = "valid" }] }"#);
@@ -132,16 +146,33 @@ fn errors_name_the_key_or_the_layer() {
 
     let build = |layers: &str, data: &[usize]| {
         let s = spec(layers);
-        s.build(&s.input_for(data), &BuildOptions::new(1, 0, DEV)).unwrap_err().to_string()
+        s.build(&s.input_for(data), &BuildOptions::new(1, 0, DEV))
+            .unwrap_err()
+            .to_string()
     };
     let e = build("{ sequence = 4 }, { attention = 3 }", &[16]);
-    assert!(e.starts_with("layer 1 (attention): 3 heads do not divide the width 4"), "{e}");
+    assert!(
+        e.starts_with("layer 1 (attention): 3 heads do not divide the width 4"),
+        "{e}"
+    );
     let e = build("{ linear = 6 }, { transformer = 2 }", &[16]);
-    assert!(e.contains("layer 1 (transformer): attention needs a sequence [L, D], got features [6]"), "{e}");
-    let e = build("{ conv = 4 }, { residual = [{ flatten = true }, { linear = 3 }] }", &[1, 6, 6]);
-    assert!(e.starts_with("layer 1 (residual): its layers turn an image [4, 4, 4] into features [3]"), "{e}");
+    assert!(
+        e.contains("layer 1 (transformer): attention needs a sequence [L, D], got features [6]"),
+        "{e}"
+    );
+    let e = build(
+        "{ conv = 4 }, { residual = [{ flatten = true }, { linear = 3 }] }",
+        &[1, 6, 6],
+    );
+    assert!(
+        e.starts_with("layer 1 (residual): its layers turn an image [4, 4, 4] into features [3]"),
+        "{e}"
+    );
     let e = build("{ residual = [{ conv = 4 }, { linear = 3 }] }", &[1, 6, 6]);
-    assert!(e.contains("its layer 1 (linear): needs flat features"), "{e}");
+    assert!(
+        e.contains("its layer 1 (linear): needs flat features"),
+        "{e}"
+    );
     let e = build("{ sequence = 5 }", &[16]);
     assert!(e.contains("do not split into 5 tokens"), "{e}");
     let e = build("{ sequence = 4 }, { positional = 3 }", &[16]);
@@ -152,5 +183,8 @@ fn errors_name_the_key_or_the_layer() {
     let model = s.build(&[3], &BuildOptions::new(1, 0, DEV)).unwrap();
     let ids = Tensor::from_vec(vec![1i32, 7, 2], &[1, 3], &DEV).unwrap();
     let e = model.forward(&Tape::new(), &ids).unwrap_err().to_string();
-    assert!(e.contains("layers.0") && e.contains("token id 7 outside the vocabulary of 5"), "{e}");
+    assert!(
+        e.contains("layers.0") && e.contains("token id 7 outside the vocabulary of 5"),
+        "{e}"
+    );
 }

@@ -128,16 +128,39 @@ fn spec_from_toml_builds_named_parameters() {
 fn bad_specs_name_the_layer() {
     // Written wrong: the reader names the key.
     let read = [
-        (r#"layers = [{ linear = 8 }, { lstm = 4 }]"#, "layers[1].lstm", "unknown layer kind"),
-        (r#"layers = [{ linear = 4, act = "swish" }]"#, "layers[0].act", "expected \"relu\""),
-        (r#"layers = [{ linear = 4, conv = 3 }]"#, "layers[0]", "several kinds"),
-        (r#"layers = [{ linear = 4, colour = "red" }]"#, "layers[0].colour", "unknown key"),
-        (r#"layers = [{ dropout = 1.5 }]"#, "layers[0].dropout", "a rate in [0, 1)"),
+        (
+            r#"layers = [{ linear = 8 }, { lstm = 4 }]"#,
+            "layers[1].lstm",
+            "unknown layer kind",
+        ),
+        (
+            r#"layers = [{ linear = 4, act = "swish" }]"#,
+            "layers[0].act",
+            "expected \"relu\"",
+        ),
+        (
+            r#"layers = [{ linear = 4, conv = 3 }]"#,
+            "layers[0]",
+            "several kinds",
+        ),
+        (
+            r#"layers = [{ linear = 4, colour = "red" }]"#,
+            "layers[0].colour",
+            "unknown key",
+        ),
+        (
+            r#"layers = [{ dropout = 1.5 }]"#,
+            "layers[0].dropout",
+            "a rate in [0, 1)",
+        ),
     ];
     for (toml, key, want) in read {
         let e = ModelSpec::from_toml(toml).unwrap_err();
         assert_eq!(e.key, key, "{toml}");
-        assert!(e.message.contains(want), "{toml}: got `{e}`, want `{want}..`");
+        assert!(
+            e.message.contains(want),
+            "{toml}: got `{e}`, want `{want}..`"
+        );
     }
     // Written right but not fitting the input: the builder names the layer.
     let build = [

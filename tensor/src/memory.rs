@@ -71,6 +71,8 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     fn stats(&self) -> MemoryReport;
     /// One tenant's statistics.
     fn tenant_stats(&self, id: TenantId) -> Option<TenantReport>;
+    /// Starts a tenant's peak afresh from what it holds now; `false` for an unknown tenant.
+    fn reset_tenant_peak(&self, id: TenantId) -> bool;
 }
 
 impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
@@ -104,6 +106,9 @@ impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
     }
     fn tenant_stats(&self, id: TenantId) -> Option<TenantReport> {
         Bfc::tenant_stats(self, id)
+    }
+    fn reset_tenant_peak(&self, id: TenantId) -> bool {
+        Bfc::reset_tenant_peak(self, id)
     }
 }
 

@@ -8,6 +8,32 @@
 //! activations of each step (every layer's output and its gradient for the batch) while the step runs. Limits,
 //! peaks and out-of-memory errors then behave the same on both devices, and the OOM recovery path is tested on the
 //! CPU.
+//!
+//! A program that trains models of its own outside a [`Cohort`](crate::cohort::Cohort) uses the same pattern: one
+//! tenant per model, the model built and stepped inside [`Tenant::scope`], its bytes read back per model:
+//!
+//! ```
+//! use cohort_alloc::TenantLimits;
+//! use cohort_autograd::{BuildOptions, ModelSpec};
+//! use cohort_tensor::Device;
+//! use cohort_trainer::memory::Tenant;
+//!
+//! let dev = Device::Cpu; // or Device::Cuda(0): there every tensor the scope allocates is charged
+//! let mut tenant = Tenant::new(&dev, "small", TenantLimits::limit(64 << 20).with_reserve(8 << 20))?;
+//! let spec = ModelSpec::from_toml(r#"layers = [{ linear = 32, act = "relu" }, { linear = 10 }]"#).unwrap();
+//! let model = tenant.scope(|| spec.build(&[784], &BuildOptions::new(1, 0, dev)))?;
+//! // On the CPU the working set is charged by hand: parameters, gradients and Adam's two moments.
+//! tenant.charge_persistent(model.member_param_count() as u64 * 4 * 4)?;
+//! {
+//!     let _step = tenant.charge_step(1 << 20)?; // one step's activations, while it runs
+//!     assert!(tenant.usage().0 >= 25_450 * 16 + (1 << 20)); // 25,450 parameters, and the step
+//! }
+//! let (now, peak) = tenant.usage();
+//! assert!(peak > now, "the step's bytes are gone, its peak is not");
+//! tenant.reset_peak(); // measure the next phase's peak on its own
+//! assert_eq!(tenant.usage(), (now, now));
+//! # Ok::<(), cohort_trainer::Error>(())
+//! ```
 
 use std::sync::{Arc, OnceLock};
 
@@ -133,6 +159,14 @@ impl Tenant {
             Accounting::Host(b) => b.tenant_stats(self.id),
         };
         r.map_or((0, 0), |r| (r.in_use, r.peak_in_use))
+    }
+
+    /// Starts the tenant's peak afresh from what it holds now.
+    pub fn reset_peak(&self) {
+        match &self.accounting {
+            Accounting::Device(a) => a.reset_tenant_peak(self.id),
+            Accounting::Host(b) => b.reset_tenant_peak(self.id),
+        };
     }
 
     /// Returns the cache's unused regions to the device (a GPU's; nothing to do for host accounting).

@@ -129,7 +129,8 @@ fn unknown_keys_list_what_is_accepted() {
 fn a_bad_layer_and_missing_data_say_what_is_accepted() {
     let e = parse("[[member]]\nname = \"m\"\nmodel = { layers = [{ lstm = 10 }] }\n").unwrap_err();
     assert!(
-        e.contains("key \"model.layers[0].lstm\": unknown layer kind") && e.contains("linear, conv, maxpool"),
+        e.contains("key \"model.layers[0].lstm\": unknown layer kind")
+            && e.contains("linear, conv, maxpool"),
         "{e}"
     );
     let e = parse(&format!("{MEMBER}data = \"cifar\"\n")).unwrap_err();

@@ -211,13 +211,17 @@ impl LayerSpec {
     /// [`SpecError`] naming the key: no kind or several, an unknown kind or option, a value out of range.
     pub fn read(f: &Fields<'_>) -> SpecResult<LayerSpec> {
         let t = f.table();
+        // `act` and `dropout` are also options of other kinds (`{ linear = 8, act = "relu" }`,
+        // `{ transformer = 4, dropout = 0.1 }`): kinds of their own only when alone.
+        let alone = ["act", "dropout"];
         let kinds: Vec<&str> = LAYER_KINDS
             .iter()
             .copied()
-            .filter(|k| *k != "act" && t.contains_key(*k))
+            .filter(|k| !alone.contains(k) && t.contains_key(*k))
             .collect();
         let kind = match kinds[..] {
             [k] => k,
+            [] if t.contains_key("dropout") => "dropout",
             [] if t.contains_key("act") => "act",
             [] => {
                 let known = LAYER_KINDS.join(", ");

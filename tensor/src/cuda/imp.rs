@@ -1530,6 +1530,9 @@ impl DeviceAllocator for GpuAllocator {
     fn tenant_stats(&self, id: TenantId) -> Option<TenantReport> {
         self.bfc.tenant_stats(id)
     }
+    fn reset_tenant_peak(&self, id: TenantId) -> bool {
+        self.bfc.reset_tenant_peak(id)
+    }
 }
 
 /// Creates the allocator of device `ordinal` from the environment's configuration
