@@ -138,7 +138,10 @@ impl FromStr for Limit {
     }
 }
 
-/// Parses `12GiB`, `512 MiB`, `1.5GB`, `64k`, `1048576`; `None` when it is not a positive size.
+/// Parses a size, the one syntax of every size cohort reads (`COHORT_MEMORY_LIMIT`, a config's `limit` and
+/// `reserve`, `cohort replay --limit`): `12GiB`, `512 MiB`, `64k`, `1g` (a bare `k`, `m`, `g`, `t` is binary, as
+/// `KiB` ...), `1.5GB`, `500kB` (decimal), `1048576` (bytes); case does not matter. `None` when it is not a
+/// positive size.
 pub fn parse_bytes(s: &str) -> Option<u64> {
     let t = s.trim();
     let split = t

@@ -387,6 +387,11 @@ impl Cohort {
         for cfg in &config.members {
             let shape = &data[&cfg.data].shape;
             let reason = match &cfg.model {
+                // Every data source a config can name holds float features.
+                MemberModel::Spec(s) if s.takes_tokens() => Some(
+                    "layer 0 takes token ids, but the config's data sources (idx, synthetic) hold float features"
+                        .to_string(),
+                ),
                 MemberModel::Spec(s) => s.shapes(&s.input_for(shape)).err().map(|e| e.to_string()),
                 MemberModel::Custom(name) => {
                     (!opts.models.contains(name)).then(|| opts.models.unknown(name))

@@ -4,6 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+mod common;
+
+use common::{assert_close, final_tensors};
+
 use cohort_trainer::Error;
 use cohort_trainer::checkpoint::CheckpointDir;
 use cohort_trainer::cohort::{Cohort, RunOptions, resume, train};
@@ -57,31 +61,9 @@ fn records(run: &Path, member: &str) -> Vec<MetricRecord> {
     metrics::read(&run.join(member).join("metrics.jsonl")).unwrap()
 }
 
-fn final_tensors(run: &Path, member: &str) -> BTreeMap<String, Vec<u8>> {
-    let ck = CheckpointDir::new(run.join(member).join("checkpoints"), 100).unwrap();
-    let latest = ck.load_latest().unwrap().expect("a checkpoint");
-    latest
-        .checkpoint
-        .tensors
-        .into_iter()
-        .map(|(k, v)| (k, v.data))
-        .collect()
-}
-
 /// Member `m`'s last checkpoints in runs `a` and `b` hold the same tensors within a relative 1e-4.
 fn assert_same_tensors(a: &Path, b: &Path, m: &str) {
-    let (a, b) = (final_tensors(a, m), final_tensors(b, m));
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    for (k, va) in &a {
-        let fa: &[f32] = bytemuck::cast_slice(va);
-        let fb: &[f32] = bytemuck::cast_slice(&b[k]);
-        let worst = fa
-            .iter()
-            .zip(fb)
-            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
-    }
+    assert_close(&final_tensors(a, m), &final_tensors(b, m), m);
 }
 
 #[test]

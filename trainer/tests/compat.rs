@@ -1,7 +1,11 @@
 //! Runs written by earlier versions still resume: `tests/fixtures/v0.1` is a run that cohort 0.1 interrupted at
 //! step 12, with the step-16 checkpoints that version wrote when it went on.
 
+mod common;
+
 use std::path::Path;
+
+use common::assert_close;
 
 use cohort_trainer::checkpoint::CheckpointDir;
 use cohort_trainer::cohort::{RunOptions, resume};
@@ -46,19 +50,9 @@ fn a_v0_1_run_resumes_to_the_parameters_it_would_have_reached() {
             .checkpoint;
         assert_eq!(got.manifest.step, 16);
         assert_eq!(got.manifest.config_hash, want.manifest.config_hash, "{m}");
-        let names = |c: &cohort_trainer::checkpoint::Checkpoint| {
-            c.tensors.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>()
+        let tensors = |c: cohort_trainer::checkpoint::Checkpoint| {
+            c.tensors.into_iter().map(|(k, v)| (k, v.data)).collect()
         };
-        assert_eq!(names(&got), names(&want), "{m}");
-        for ((k, a), (_, b)) in got.tensors.iter().zip(&want.tensors) {
-            let (a, b): (&[f32], &[f32]) =
-                (bytemuck::cast_slice(&a.data), bytemuck::cast_slice(&b.data));
-            let worst = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
-        }
+        assert_close(&tensors(got), &tensors(want), m);
     }
 }

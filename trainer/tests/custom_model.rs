@@ -2,13 +2,15 @@
 //! and logs, resumes exactly, and a name nobody registered or a layer that does not fit the data is refused before
 //! anything is written.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path;
+
+use common::final_tensors;
 
 use cohort_autograd::nn::{Features, Linear, Module};
 use cohort_autograd::{BuildOptions, Model, Param, Result, Tape};
 use cohort_trainer::Error;
-use cohort_trainer::checkpoint::CheckpointDir;
 use cohort_trainer::cohort::{RunOptions, resume, train};
 use cohort_trainer::config::Config;
 use cohort_trainer::models::Models;
@@ -107,12 +109,6 @@ fn opts() -> RunOptions {
     }
 }
 
-fn latest(run: &Path, member: &str) -> BTreeMap<String, Vec<u8>> {
-    let ck = CheckpointDir::new(run.join(member).join("checkpoints"), 100).unwrap();
-    let c = ck.load_latest().unwrap().expect("a checkpoint").checkpoint;
-    c.tensors.into_iter().map(|(k, v)| (k, v.data)).collect()
-}
-
 #[test]
 fn a_custom_model_trains_checkpoints_and_resumes_beside_a_config_member() {
     let tmp = tempfile::tempdir().unwrap();
@@ -130,7 +126,7 @@ fn a_custom_model_trains_checkpoints_and_resumes_beside_a_config_member() {
         "{:?}",
         mine.test_accuracy
     );
-    let names: Vec<String> = latest(&full.run_dir, "mine").into_keys().collect();
+    let names: Vec<String> = final_tensors(&full.run_dir, "mine").into_keys().collect();
     for want in [
         "model.a.weight",
         "model.out.bias",
@@ -154,8 +150,8 @@ fn a_custom_model_trains_checkpoints_and_resumes_beside_a_config_member() {
     assert!(resumed.summary.is_some());
     for m in ["mine", "spec"] {
         assert_eq!(
-            latest(&full.run_dir, m),
-            latest(&resumed.run_dir, m),
+            final_tensors(&full.run_dir, m),
+            final_tensors(&resumed.run_dir, m),
             "member {m}"
         );
     }

@@ -1,10 +1,12 @@
 //! Members built from the new layer kinds train fused, save their batch-norm statistics as checkpoint buffers and
 //! resume where the uninterrupted run goes.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path;
 
-use cohort_trainer::checkpoint::CheckpointDir;
+use common::{assert_close, final_tensors};
+
 use cohort_trainer::cohort::{RunOptions, resume, train};
 use cohort_trainer::config::Config;
 
@@ -51,12 +53,6 @@ checkpoint = {{ every = 4 }}
     Config::parse(&text, &format!("{name}.toml")).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn latest(run: &Path, member: &str) -> BTreeMap<String, Vec<u8>> {
-    let ck = CheckpointDir::new(run.join(member).join("checkpoints"), 100).unwrap();
-    let c = ck.load_latest().unwrap().expect("a checkpoint").checkpoint;
-    c.tensors.into_iter().map(|(k, v)| (k, v.data)).collect()
-}
-
 #[test]
 fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -72,7 +68,7 @@ fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactl
             m.name
         );
     }
-    let res = latest(&full.run_dir, "res-lr0.01");
+    let res = final_tensors(&full.run_dir, "res-lr0.01");
     for buffer in [
         "model.layers.1.running_mean",
         "model.layers.3.inner.layers.1.running_var",
@@ -92,7 +88,7 @@ fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactl
     // Each fused member's statistics are its own.
     assert_ne!(
         res["model.layers.1.running_mean"],
-        latest(&full.run_dir, "res-lr3e-3")["model.layers.1.running_mean"]
+        final_tensors(&full.run_dir, "res-lr3e-3")["model.layers.1.running_mean"]
     );
 
     let halted = train(
@@ -107,23 +103,17 @@ fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactl
     assert!(resumed.summary.is_some());
     for m in ["rows-lr0.01", "rows-lr3e-3"] {
         assert_eq!(
-            latest(&full.run_dir, m),
-            latest(&resumed.run_dir, m),
+            final_tensors(&full.run_dir, m),
+            final_tensors(&resumed.run_dir, m),
             "member {m}"
         );
     }
     // A convolution's weight gradient sums in a thread-dependent order on the CPU (issue 17): within 1e-4.
     for m in ["res-lr0.01", "res-lr3e-3"] {
-        let (a, b) = (latest(&full.run_dir, m), latest(&resumed.run_dir, m));
-        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-        for (k, va) in &a {
-            let (x, y): (&[f32], &[f32]) = (bytemuck::cast_slice(va), bytemuck::cast_slice(&b[k]));
-            let worst = x
-                .iter()
-                .zip(y)
-                .map(|(p, q)| (p - q).abs() / (1.0 + q.abs()))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{m} {k}: max relative difference {worst}");
-        }
+        assert_close(
+            &final_tensors(&full.run_dir, m),
+            &final_tensors(&resumed.run_dir, m),
+            m,
+        );
     }
 }

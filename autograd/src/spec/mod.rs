@@ -498,6 +498,14 @@ impl ModelSpec {
         }
     }
 
+    /// Whether the model takes token ids (it starts with an embedding).
+    pub fn takes_tokens(&self) -> bool {
+        matches!(
+            self.first(),
+            Some(LayerSpec::Embedding(_) | LayerSpec::EmbeddingBag(_))
+        )
+    }
+
     /// The first layer that is not a dropout or an activation (which take any shape).
     fn first(&self) -> Option<&LayerSpec> {
         self.layers
