@@ -4,6 +4,10 @@
 //! the [`Param`]s that entered the tape. Every layer carries a leading member dimension `M`, so `M` models of one
 //! [`ModelSpec`] train as one batched model; `M = 1` is the ordinary case.
 //!
+//! [`spec`] is the layer vocabulary: a model written as TOML (`layers = [{ conv = 16 }, ...]`), read once into typed
+//! specs that sit beside their layers in [`nn`] (`LinearSpec` next to `Linear`), checked against the input's shape
+//! and built. A network of one's own is any [`nn::Module`] wrapped by [`Model::new`].
+//!
 //! ```
 //! use cohort_autograd::{BuildOptions, ModelSpec, Tape, loss};
 //! use cohort_tensor::{Device, Tensor};
