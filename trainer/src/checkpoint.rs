@@ -96,6 +96,10 @@ pub struct Manifest {
     pub config_hash: String,
     /// The member's config identity, to say what differs on an incompatible resume.
     pub config: serde_json::Value,
+    /// For a member trained on text: the vocabulary its token ids mean, so that the checkpoint alone can encode
+    /// new text, and a resume can refuse a changed training file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<cohort_data::Vocabulary>,
     /// The trainer's own state: counters, loss history for the summary, OOM events.
     pub trainer_state: serde_json::Value,
     /// The tensors file's name.
@@ -395,6 +399,7 @@ mod tests {
             manifest: Manifest {
                 format: FORMAT,
                 member: member.to_string(),
+                vocabulary: None,
                 step,
                 epoch: 0,
                 batch: 32,

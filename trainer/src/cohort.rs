@@ -145,6 +145,37 @@ struct StepOutcome {
 /// One member's parameters and optimizer state, without the member dimension.
 type MemberState = (Vec<(String, Tensor)>, OptimizerState);
 
+/// Why a member's model cannot train on its data, if it cannot: a layer that does not fit, token ids against float
+/// features or the other way round, an embedding smaller than the vocabulary, a custom model nobody registered.
+fn misfit(cfg: &MemberConfig, data: &DataSet, models: &Models) -> Option<String> {
+    let (name, shape) = (&data.name, &data.shape);
+    let reason = match (&cfg.model, &data.vocabulary) {
+        (MemberModel::Custom(model), _) => {
+            return (!models.contains(model)).then(|| models.unknown(model));
+        }
+        (MemberModel::Spec(s), None) if s.vocab().is_some() => {
+            format!(
+                "layer 0 takes token ids, but [data.{name}] holds float features (give it a text source)"
+            )
+        }
+        (MemberModel::Spec(s), Some(words)) => match s.vocab() {
+            None => format!(
+                "[data.{name}] holds token ids: start the model with {{ embedding = D, vocab = {} }}",
+                words.len()
+            ),
+            Some(v) if v < words.len() => format!(
+                "layer 0 (embedding): vocab = {v} is smaller than the {} ids of [data.{name}]'s vocabulary",
+                words.len()
+            ),
+            Some(_) => s.shapes(&s.input_for(shape)).err()?.to_string(),
+        },
+        (MemberModel::Spec(s), None) => s.shapes(&s.input_for(shape)).err()?.to_string(),
+    };
+    Some(format!(
+        "{reason} (the data \"{name}\" has examples of shape {shape:?})"
+    ))
+}
+
 /// Bytes of one example's activations and their gradients (f32) for host accounting: the spec's estimate, none for a
 /// custom model (whose activations the spec cannot see).
 fn activation_bytes(cfg: &MemberConfig, data: &[usize]) -> u64 {
@@ -383,28 +414,18 @@ impl Cohort {
                 data.insert(m.data.clone(), Arc::new(d));
             }
         }
-        // Every model fits its data before anything is written.
+        // Every model fits its data before a member starts.
         for cfg in &config.members {
-            let shape = &data[&cfg.data].shape;
-            let reason = match &cfg.model {
-                // Every data source a config can name holds float features.
-                MemberModel::Spec(s) if s.takes_tokens() => Some(
-                    "layer 0 takes token ids, but the config's data sources (idx, synthetic) hold float features"
-                        .to_string(),
-                ),
-                MemberModel::Spec(s) => s.shapes(&s.input_for(shape)).err().map(|e| e.to_string()),
-                MemberModel::Custom(name) => {
-                    (!opts.models.contains(name)).then(|| opts.models.unknown(name))
-                }
-            };
-            if let Some(reason) = reason {
+            if let Some(reason) = misfit(cfg, &data[&cfg.data], &opts.models) {
                 return Err(Error::Model {
                     member: cfg.name.clone(),
-                    reason: format!(
-                        "{reason} (the data \"{}\" has examples of shape {shape:?})",
-                        cfg.data
-                    ),
+                    reason,
                 });
+            }
+        }
+        for d in data.values() {
+            if let Some(words) = &d.vocabulary {
+                run.write_vocabulary(&d.name, words)?;
             }
         }
         // Lock every member directory first: two members (or runs) never share one.
@@ -430,6 +451,16 @@ impl Cohort {
                         return Err(Error::IncompatibleResume {
                             member: cfg.name.clone(),
                             differences: differences(&m.config, &cfg.identity()),
+                        });
+                    }
+                    let words = m.vocabulary.clone().map(cohort_data::Vocabulary::reindexed);
+                    if words.is_some() && words != data[&cfg.data].vocabulary {
+                        return Err(Error::IncompatibleResume {
+                            member: cfg.name.clone(),
+                            differences: vec![format!(
+                                "the vocabulary of [data.{}]: its training text changed",
+                                cfg.data
+                            )],
                         });
                     }
                     Some(l.checkpoint)
@@ -745,10 +776,11 @@ impl Cohort {
         let prefetch = self.config.data[&first.data].prefetch * batch;
         let feed = Feed::open(data, pos, prefetch)?.with_device_prefetch(&device)?;
         // A replay would draw a dropout layer's captured mask again.
+        // An embedding reads its ids back to check them, which a graph cannot replay.
         let graphs = Graphs::new(
             device.is_cuda()
                 && self.config.run.cuda_graphs
-                && spec.is_some_and(|s| !s.draws_masks()),
+                && spec.is_some_and(|s| !s.draws_masks() && s.vocab().is_none()),
         );
         Ok(Unit {
             act_bytes_per_example,
@@ -1117,6 +1149,7 @@ impl Cohort {
                 }),
                 config_hash: m.cfg.config_hash(),
                 config: m.cfg.identity(),
+                vocabulary: self.data[&m.cfg.data].vocabulary.clone(),
                 trainer_state,
                 tensors_file: String::new(),
                 tensors_bytes: 0,

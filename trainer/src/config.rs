@@ -115,6 +115,20 @@ pub struct MemoryConfig {
 pub enum DataSource {
     /// A directory holding MNIST-layout IDX files (`train-images-idx3-ubyte[.gz]`, `t10k-…`).
     Idx(PathBuf),
+    /// `label<TAB>text` files: each text tokenized, its tokens' ids (a vocabulary built on the training file only)
+    /// cut or padded to `max_len`.
+    Text {
+        /// The training file.
+        train: PathBuf,
+        /// The test file.
+        test: PathBuf,
+        /// Tokens per example; longer texts are cut, shorter ones padded with id 0.
+        max_len: usize,
+        /// Ids in the vocabulary at most, `<pad>` (0) and `<unk>` (1) included.
+        vocab: usize,
+        /// A token is in the vocabulary when the training file holds it at least this often.
+        min_count: usize,
+    },
     /// Deterministic random examples, for tests and benchmarks.
     Synthetic {
         /// Training examples.
@@ -750,9 +764,9 @@ fn parse_memory(s: &Section<'_>) -> CResult<MemoryConfig> {
 }
 
 fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
-    let accepted =
-        "{ idx = \"DIR\" } or { synthetic = { train = N, test = N, classes = N, shape = [..] } }";
-    let source = match s.variant("source", "idx, synthetic")? {
+    let accepted = "{ idx = \"DIR\" }, { text = { train = \"FILE\", test = \"FILE\" } } or \
+                    { synthetic = { train = N, test = N, classes = N, shape = [..] } }";
+    let source = match s.variant("source", "idx, text, synthetic")? {
         None => {
             if name == "mnist" {
                 DataSource::Idx(PathBuf::from("data/mnist"))
@@ -761,6 +775,23 @@ fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
             }
         }
         Some(("idx", Value::String(p))) => DataSource::Idx(PathBuf::from(p)),
+        Some(("text", Value::Table(t))) => {
+            let sub = s.sub("source.text", t);
+            let file = |k: &str| -> CResult<PathBuf> {
+                sub.str(k, "a file of label<TAB>text lines")?
+                    .map(PathBuf::from)
+                    .ok_or_else(|| sub.error(k, "missing: a file of label<TAB>text lines".into()))
+            };
+            let text = DataSource::Text {
+                train: file("train")?,
+                test: file("test")?,
+                max_len: sub.u64("max_len", 1)?.unwrap_or(64) as usize,
+                vocab: sub.u64("vocab", 3)?.unwrap_or(20_000) as usize,
+                min_count: sub.u64("min_count", 1)?.unwrap_or(1) as usize,
+            };
+            sub.finish()?;
+            text
+        }
         Some(("synthetic", Value::Table(t))) => {
             let sub = s.sub("source.synthetic", t);
             let train = sub.u64("train", 1)?.unwrap_or(1024) as usize;

@@ -16,7 +16,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cohort_data::{Array, Dataset, Iter, Position, Split, Staged, ToDevice, TrainBatch};
+use cohort_data::{
+    Array, Dataset, Iter, LabeledText, Position, Split, Staged, ToDevice, TrainBatch, Vocabulary,
+};
 use cohort_tensor::cuda::Uploader;
 use cohort_tensor::{Device, Tensor};
 
@@ -40,47 +42,38 @@ pub struct DataSet {
     pub test_x: Vec<f32>,
     /// Test labels.
     pub test_y: Vec<i32>,
+    /// For text: the vocabulary its examples' token ids come from (`None`: float features).
+    pub vocabulary: Option<Vocabulary>,
 }
 
-/// Finds an IDX directory: as given (relative to the working directory), then relative to the config file's
-/// directory, then under `COHORT_DATA_DIR`, then the bundled digits.
-fn find_idx_dir(dir: &Path, config_dir: Option<&Path>) -> Result<PathBuf> {
-    if dir.is_absolute() || dir.is_dir() {
-        return Ok(dir.to_path_buf());
+/// Finds a data file or directory: as given (relative to the working directory), then relative to the config
+/// file's directory, then under `COHORT_DATA_DIR`, then in this repository (the bundled data).
+fn find_data(path: &Path, config_dir: Option<&Path>) -> Result<PathBuf> {
+    if path.is_absolute() || path.exists() {
+        return Ok(path.to_path_buf());
     }
-    let mut tried = vec![dir.to_path_buf()];
+    let mut tried = vec![path.to_path_buf()];
     if let Some(c) = config_dir {
-        let p = c.join(dir);
-        if p.is_dir() {
-            return Ok(p);
-        }
-        tried.push(p);
+        tried.push(c.join(path));
     }
     if let Ok(d) = std::env::var("COHORT_DATA_DIR") {
         let base = PathBuf::from(d);
-        for p in [
-            base.join(dir),
-            base.join(dir.file_name().unwrap_or_default()),
-        ] {
-            if p.is_dir() {
-                return Ok(p);
-            }
-            tried.push(p);
-        }
+        tried.push(base.join(path));
+        tried.push(base.join(path.file_name().unwrap_or_default()));
     }
-    if dir.ends_with("data/mnist") || dir == Path::new("mnist") {
-        let b = cohort_data::bundled_mnist_dir();
-        if b.is_dir() {
-            return Ok(b);
-        }
-        tried.push(b);
+    if path.ends_with("data/mnist") || path == Path::new("mnist") {
+        tried.push(cohort_data::bundled_mnist_dir());
+    }
+    tried.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path));
+    if let Some(found) = tried[1..].iter().find(|p| p.exists()) {
+        return Ok(found.clone());
     }
     Err(Error::Io {
-        path: dir.to_path_buf(),
+        path: path.to_path_buf(),
         source: std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!(
-                "no such data directory (tried {}); set COHORT_DATA_DIR or give an absolute path",
+                "no such data file or directory (tried {}); set COHORT_DATA_DIR or give an absolute path",
                 tried
                     .iter()
                     .map(|p| p.display().to_string())
@@ -97,9 +90,10 @@ impl DataSet {
     /// # Errors
     /// When the files cannot be found or read.
     pub fn load(cfg: &DataConfig, config_dir: Option<&Path>) -> Result<DataSet> {
+        let mut tokens = None;
         let (train_x, train_y, test_x, test_y, shape, classes) = match &cfg.source {
             DataSource::Idx(dir) => {
-                let dir = find_idx_dir(dir, config_dir)?;
+                let dir = find_data(dir, config_dir)?;
                 let train = cohort_data::Mnist::load(&dir, Split::Train)?;
                 let test = cohort_data::Mnist::load(&dir, Split::Test)?;
                 let shape = vec![1, train.rows, train.cols];
@@ -116,6 +110,57 @@ impl DataSet {
                     test.images_f32(),
                     test.labels_i32(),
                     shape,
+                    classes,
+                )
+            }
+            DataSource::Text {
+                train,
+                test,
+                max_len,
+                vocab,
+                min_count,
+            } => {
+                let train = LabeledText::read(find_data(train, config_dir)?)?;
+                let test = LabeledText::read(find_data(test, config_dir)?)?;
+                // The vocabulary is the training file's alone: the test texts' other words are unknown.
+                let words = train.vocabulary(*min_count, *vocab);
+                let encode = |t: &LabeledText| -> Vec<f32> {
+                    t.texts
+                        .iter()
+                        .flat_map(|text| {
+                            let ids = words.encode(text, *max_len);
+                            let ids = ids.as_i32().unwrap_or_default().to_vec();
+                            let pad = max_len - ids.len();
+                            // Token ids travel as exact f32 values (below 2^24) beside the images' pixels.
+                            ids.into_iter()
+                                .chain(std::iter::repeat_n(Vocabulary::PAD, pad))
+                                .map(|i| i as f32)
+                        })
+                        .collect()
+                };
+                let classes = train
+                    .labels
+                    .iter()
+                    .chain(&test.labels)
+                    .map(|&l| l.max(0) as usize + 1)
+                    .max()
+                    .unwrap_or(2);
+                if let Some(bad) = train.labels.iter().chain(&test.labels).find(|&&l| l < 0) {
+                    return Err(Error::Io {
+                        path: PathBuf::from(format!("[data.{}]", cfg.name)),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("label {bad} is negative: labels are class numbers 0, 1, .."),
+                        ),
+                    });
+                }
+                tokens = Some(words.clone());
+                (
+                    encode(&train),
+                    train.labels.clone(),
+                    encode(&test),
+                    test.labels.clone(),
+                    vec![*max_len],
                     classes,
                 )
             }
@@ -189,6 +234,7 @@ impl DataSet {
             classes,
             test_x,
             test_y,
+            vocabulary: tokens,
         })
     }
 

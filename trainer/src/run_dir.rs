@@ -126,6 +126,16 @@ impl RunDir {
         self.root.join(CONFIG_FILE)
     }
 
+    /// Writes the vocabulary of the text data set `data` as `vocab-<data>.json`: what its token ids mean.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn write_vocabulary(&self, data: &str, words: &cohort_data::Vocabulary) -> Result<()> {
+        let path = self.root.join(format!("vocab-{data}.json"));
+        let text = serde_json::to_string(words).map_err(|e| Error::json("vocabulary", e))?;
+        std::fs::write(&path, text).map_err(|source| Error::Io { path, source })
+    }
+
     /// The control file.
     pub fn control_path(&self) -> PathBuf {
         self.root.join(CONTROL_FILE)

@@ -24,6 +24,7 @@ fn checkpoint(step: u64, elems: usize) -> Checkpoint {
         manifest: Manifest {
             format: FORMAT,
             member: "m".into(),
+            vocabulary: None,
             step,
             epoch: 0,
             batch: 64,

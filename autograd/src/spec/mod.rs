@@ -498,12 +498,12 @@ impl ModelSpec {
         }
     }
 
-    /// Whether the model takes token ids (it starts with an embedding).
-    pub fn takes_tokens(&self) -> bool {
-        matches!(
-            self.first(),
-            Some(LayerSpec::Embedding(_) | LayerSpec::EmbeddingBag(_))
-        )
+    /// For a model that takes token ids (it starts with an embedding): the number of ids its embedding has.
+    pub fn vocab(&self) -> Option<usize> {
+        match self.first() {
+            Some(LayerSpec::Embedding(e) | LayerSpec::EmbeddingBag(e)) => Some(e.vocab),
+            _ => None,
+        }
     }
 
     /// The first layer that is not a dropout or an activation (which take any shape).

@@ -55,6 +55,16 @@ impl Model {
         self
     }
 
+    /// `x` as the model takes it: token ids that come as exact float values (a pipeline of f32 arrays) as i32.
+    fn input(&self, x: &Tensor) -> Result<Tensor> {
+        let tokens = self.spec.as_ref().is_some_and(|s| s.vocab().is_some());
+        Ok(if tokens && x.dtype().is_float() {
+            x.to_dtype(DType::I32)?
+        } else {
+            x.clone()
+        })
+    }
+
     /// The spec it was built from; `None` for a module of one's own.
     pub fn spec(&self) -> Option<&ModelSpec> {
         self.spec.as_ref()
@@ -123,7 +133,7 @@ impl Model {
         }
         let mut shape = vec![s[0]];
         shape.extend_from_slice(&self.input);
-        let xv = Var::constant(x.reshape(&shape)?);
+        let xv = Var::constant(self.input(x)?.reshape(&shape)?);
         self.net
             .forward(tape, Features::shared(xv))?
             .into_members(self.members)
@@ -147,7 +157,7 @@ impl Model {
         }
         let mut shape = vec![s[0], s[1]];
         shape.extend_from_slice(&self.input);
-        let xv = Var::constant(x.reshape(&shape)?);
+        let xv = Var::constant(self.input(x)?.reshape(&shape)?);
         self.net
             .forward(tape, Features::members(xv))?
             .into_members(self.members)
