@@ -1,7 +1,9 @@
 //! Config parsing: grid expansion, errors that name the file, the key and what is accepted, and the refusal of two
 //! members sharing a directory.
 
+use cohort_autograd::BuildOptions;
 use cohort_optim::OptimConfig;
+use cohort_tensor::Device;
 use cohort_trainer::Error;
 use cohort_trainer::config::{Config, ScheduleKind};
 use cohort_trainer::run_dir::RunDir;
@@ -198,4 +200,50 @@ fn two_members_with_one_directory_are_refused() {
         RunDir::create(&c),
         Err(Error::SharedDirectory { .. })
     ));
+}
+
+#[test]
+fn every_layer_kind_reads_from_a_config_and_counts_its_parameters() {
+    let c = parse(
+        r#"
+[[member]]
+name = "img"
+model = { layers = [
+  { conv = 8, kernel = 3, padding = "same", bias = false }, { batchnorm = true, momentum = 0.05, act = "relu" },
+  { residual = [{ conv = 8, padding = 1 }, { batchnorm = true }, { act = "gelu" }], act = "relu" },
+  { residual = [{ conv = 16, stride = 2, padding = 1 }], act = "relu" },
+  { maxpool = 2, stride = 1 }, { avgpool = 2 }, { dropout = 0.1 }, { global_avgpool = true },
+  { linear = 12, act = "sigmoid" }, { layernorm = true }, { linear = 10, bias = false },
+] }
+
+[[member]]
+name = "rows"
+model = { layers = [
+  { sequence = 28 }, { linear = 32 }, { positional = 28 }, { attention = 4, causal = true },
+  { transformer = 2, hidden = 64, dropout = 0.1 }, { pool = "first" }, { linear = 10 },
+] }
+"#,
+    )
+    .unwrap();
+    for m in &c.members {
+        let spec = m.model.spec().unwrap();
+        let input = spec.input_for(&[1, 28, 28]);
+        let want = spec.param_count(&input).unwrap();
+        let model = spec
+            .build(&input, &BuildOptions::new(2, 0, Device::Cpu))
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        assert_eq!(model.member_param_count(), want, "{}", m.name);
+        assert_eq!(model.output_shape(), &[10], "{}", m.name);
+    }
+    // Conv 8·9 + BN 16 + residual (8·8·9 + 8 + 16) + residual (16·8·9 + 16 + projection 16·8 + 16)
+    // + linear 16·12 + 12 + layernorm 24 + linear 12·10.
+    assert_eq!(
+        c.members[0]
+            .model
+            .spec()
+            .unwrap()
+            .param_count(&[1, 28, 28])
+            .unwrap(),
+        72 + 16 + 600 + 1312 + 204 + 24 + 120
+    );
 }
