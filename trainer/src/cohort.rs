@@ -918,7 +918,9 @@ impl Cohort {
         if n_total == 0 {
             return Ok(vec![0.0; m]);
         }
-        let chunk = 500;
+        // In batches no larger than the training step's, which fits the member's budget (after an OOM its batch
+        // has shrunk) and holds more than an inference pass.
+        let chunk = u.batch.clamp(1, 500);
         u.tenant.scope(|| -> Result<()> {
             let mut at = 0;
             while at < n_total {
