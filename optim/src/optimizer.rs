@@ -108,28 +108,14 @@ impl OptimConfig {
     /// # Errors
     /// [`cohort_autograd::SpecError`] naming the key: an unknown optimizer or option, a value out of range.
     pub fn read(f: &Fields<'_>, key: &str) -> SpecResult<OptimConfig> {
-        let empty = toml::Table::new();
-        let (kind, table) = match f.take(key) {
+        let (kind, table) = match f.variant(key, Self::ACCEPTED)? {
             None => return Ok(OptimConfig::adam(1e-3)),
-            Some(Value::String(s)) => (s.as_str(), &empty),
-            Some(Value::Table(t)) if t.len() == 1 => match t.iter().next().expect("one entry") {
-                (k, Value::Table(o)) => (k.as_str(), o),
-                (k, v) => {
-                    return Err(f.error(
-                        &format!("{key}.{k}"),
-                        format!(
-                            "expected a table of options such as {{ lr = 1e-3 }}, found {}",
-                            describe(v)
-                        ),
-                    ));
-                }
-            },
-            Some(v) => {
+            Some((kind, Value::Table(t))) => (kind, t),
+            Some((kind, v)) => {
                 return Err(f.error(
-                    key,
+                    &format!("{key}.{kind}"),
                     format!(
-                        "expected a table with one of {}, e.g. {{ adam = {{ lr = 1e-3 }} }}, found {}",
-                        Self::ACCEPTED,
+                        "expected a table of options such as {{ lr = 1e-3 }}, found {}",
                         describe(v)
                     ),
                 ));

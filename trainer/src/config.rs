@@ -678,26 +678,9 @@ impl<'a> Section<'a> {
 
     /// A single-key table such as `{ cosine = { … } }` (or the bare string `"constant"`): the key and its value.
     fn variant(&self, k: &str, accepted: &str) -> CResult<Option<(&'a str, &'a Value)>> {
-        match self.take(k) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some((s.as_str(), &*EMPTY_TABLE_VALUE))),
-            Some(Value::Table(t)) if t.len() == 1 => {
-                let (name, v) = t.iter().next().expect("one entry");
-                Ok(Some((name.as_str(), v)))
-            }
-            Some(v) => Err(self.error(
-                k,
-                format!(
-                    "expected a table with one of {accepted}, found {}",
-                    describe(v)
-                ),
-            )),
-        }
+        self.fields.variant(k, accepted).map_err(|e| self.wrap(e))
     }
 }
-
-static EMPTY_TABLE_VALUE: std::sync::LazyLock<Value> =
-    std::sync::LazyLock::new(|| Value::Table(Table::new()));
 
 fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     let name = s.str("name", "a run name")?.map(str::to_string);

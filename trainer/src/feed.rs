@@ -138,14 +138,8 @@ impl DataSet {
                         })
                         .collect()
                 };
-                let classes = train
-                    .labels
-                    .iter()
-                    .chain(&test.labels)
-                    .map(|&l| l.max(0) as usize + 1)
-                    .max()
-                    .unwrap_or(2);
-                if let Some(bad) = train.labels.iter().chain(&test.labels).find(|&&l| l < 0) {
+                let labels = || train.labels.iter().chain(&test.labels);
+                if let Some(bad) = labels().find(|&&l| l < 0) {
                     return Err(Error::Io {
                         path: PathBuf::from(format!("[data.{}]", cfg.name)),
                         source: std::io::Error::new(
@@ -154,12 +148,14 @@ impl DataSet {
                         ),
                     });
                 }
-                tokens = Some(words.clone());
+                let classes = labels().map(|&l| l as usize + 1).max().unwrap_or(2);
+                let (train_x, test_x) = (encode(&train), encode(&test));
+                tokens = Some(words);
                 (
-                    encode(&train),
-                    train.labels.clone(),
-                    encode(&test),
-                    test.labels.clone(),
+                    train_x,
+                    train.labels,
+                    test_x,
+                    test.labels,
                     vec![*max_len],
                     classes,
                 )

@@ -283,7 +283,7 @@ impl PoolSpec {
 }
 
 impl PoolSpec {
-    /// Elements a window pool keeps for its backward pass (the argmax, or nothing for an average).
+    /// Elements a max pool keeps for its backward pass: the argmax of each window.
     pub(crate) fn scratch(&self, output: &Shape) -> usize {
         output.elems()
     }

@@ -190,6 +190,31 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A single-key table such as `{ adam = { lr = 1e-3 } }` or `{ idx = "DIR" }`, or a bare string standing for
+    /// its key with an empty table (`"adam"`): the key and its value. `accepted` names the keys for the message.
+    ///
+    /// # Errors
+    /// When the value is neither.
+    pub fn variant(&self, k: &str, accepted: &str) -> SpecResult<Option<(&'a str, &'a Value)>> {
+        static EMPTY: std::sync::LazyLock<Value> =
+            std::sync::LazyLock::new(|| Value::Table(Table::new()));
+        match self.take(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some((s.as_str(), &*EMPTY))),
+            Some(Value::Table(t)) if t.len() == 1 => {
+                let (name, v) = t.iter().next().expect("one entry");
+                Ok(Some((name.as_str(), v)))
+            }
+            Some(v) => Err(self.error(
+                k,
+                format!(
+                    "expected a table with one of {accepted}, found {}",
+                    describe(v)
+                ),
+            )),
+        }
+    }
+
     /// Fails on keys that were never asked for, listing the accepted ones.
     ///
     /// # Errors
