@@ -29,10 +29,10 @@ seed = 5
 name = "res"
 model = {{ layers = [
   {{ conv = 4, padding = 1, bias = false }}, {{ batchnorm = true, act = "relu" }},
-  {{ residual = [{{ conv = 8, stride = 2, padding = 1 }}, {{ batchnorm = true }}], act = "relu" }},
+  {{ residual = [{{ conv = 8, stride = 2, padding = 1, bias = false }}, {{ batchnorm = true }}], act = "relu" }},
   {{ avgpool = 2 }}, {{ global_avgpool = true }}, {{ linear = 3 }},
 ] }}
-optimizer = {{ adam = {{ lr = [1e-2, 3e-3] }} }}
+optimizer = {{ sgd = {{ lr = [0.05, 0.02], momentum = 0.9 }} }}
 data = "images"
 batch = 32
 checkpoint = {{ every = 4 }}
@@ -68,7 +68,7 @@ fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactl
             m.name
         );
     }
-    let res = final_tensors(&full.run_dir, "res-lr0.01");
+    let res = final_tensors(&full.run_dir, "res-lr0.05");
     for buffer in [
         "model.layers.1.running_mean",
         "model.layers.3.inner.layers.1.running_var",
@@ -88,7 +88,7 @@ fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactl
     // Each fused member's statistics are its own.
     assert_ne!(
         res["model.layers.1.running_mean"],
-        final_tensors(&full.run_dir, "res-lr3e-3")["model.layers.1.running_mean"]
+        final_tensors(&full.run_dir, "res-lr0.02")["model.layers.1.running_mean"]
     );
 
     let halted = train(
@@ -108,8 +108,9 @@ fn residual_batch_norm_and_transformer_members_fuse_checkpoint_and_resume_exactl
             "member {m}"
         );
     }
-    // A convolution's weight gradient sums in a thread-dependent order on the CPU (issue 17): within 1e-4.
-    for m in ["res-lr0.01", "res-lr3e-3"] {
+    // A convolution's weight gradient sums in a thread-dependent order on the CPU (issue 17): within 1e-4. (Hence
+    // SGD and no bias before a batch norm: Adam would turn that noise on a near-zero gradient into whole steps.)
+    for m in ["res-lr0.05", "res-lr0.02"] {
         assert_close(
             &final_tensors(&full.run_dir, m),
             &final_tensors(&resumed.run_dir, m),
