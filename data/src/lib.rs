@@ -32,6 +32,7 @@
 //! ```
 
 pub mod array;
+pub mod augment;
 pub mod csv;
 pub mod dataset;
 pub mod device;
@@ -42,6 +43,8 @@ pub mod mnist;
 pub mod prefetch;
 pub mod rng;
 pub mod share;
+pub mod source;
+pub mod split;
 pub mod synthetic;
 pub mod text;
 
@@ -54,4 +57,5 @@ pub use idx::{IdxArray, IdxData, IdxType, read_idx};
 pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};
 pub use rng::Rng;
 pub use share::{ShareOptions, SharedIter};
+pub use source::{Examples, SharedExamples, Task};
 pub use text::{LabeledText, Vocabulary, text_lines, tokenize};
