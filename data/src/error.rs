@@ -107,6 +107,15 @@ pub enum Error {
     /// Free-form error from user code (for map functions).
     #[error("{0}")]
     Message(String),
+    /// An image file or image record that cannot be used: it does not decode (truncated, corrupt, not an image),
+    /// it has another size than its data set's images, or a file of image records (CIFAR batches) is malformed.
+    #[error("{}: {reason}", path.display())]
+    Image {
+        /// The file (or folder).
+        path: PathBuf,
+        /// What is wrong and what to do about it.
+        reason: String,
+    },
 }
 
 impl Error {

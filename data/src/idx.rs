@@ -123,9 +123,13 @@ impl IdxArray {
 /// [`Error::Io`] when the file cannot be read; [`Error::Idx`] naming the file and byte offset when it is truncated,
 /// has a wrong magic number, an unknown type code, trailing bytes, or (for `.gz`) a corrupt compressed stream.
 pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
-    let path = path.as_ref();
+    read_idx_gz(path.as_ref()).map(|(a, _)| a)
+}
+
+/// [`read_idx`], and whether the file was gzip-compressed (for errors that name a byte offset in it).
+pub(crate) fn read_idx_gz(path: &Path) -> Result<(IdxArray, bool)> {
     let (bytes, compressed) = read_maybe_gz(path)?;
-    parse_idx(&bytes, path, compressed)
+    Ok((parse_idx(&bytes, path, compressed)?, compressed))
 }
 
 /// Read a whole file, decompressing it when it starts with the gzip magic bytes.

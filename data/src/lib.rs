@@ -33,13 +33,13 @@
 
 pub mod array;
 pub mod augment;
-pub mod csv;
 pub mod dataset;
 pub mod device;
 pub mod error;
 pub mod idx;
 pub mod map;
 pub mod mnist;
+pub mod normalize;
 pub mod prefetch;
 pub mod rng;
 pub mod share;
@@ -49,13 +49,14 @@ pub mod synthetic;
 pub mod text;
 
 pub use array::{Array, ArrayData, Slices, Stack};
-pub use csv::{CsvOptions, CsvTable, read_csv};
 pub use dataset::{Cardinality, Dataset, Iter, Position};
 pub use device::{DeviceTransfer, PinnedTransfer, Staged, TensorCopy, ToDevice, TrainBatch};
 pub use error::{Error, Result};
 pub use idx::{IdxArray, IdxData, IdxType, read_idx};
 pub use mnist::{Layout, Mnist, MnistConfig, Split, bundled_mnist_dir, load_mnist};
+pub use normalize::Normalize;
 pub use rng::Rng;
 pub use share::{ShareOptions, SharedIter};
+pub use source::csv::{CsvTable, read_csv};
 pub use source::{Examples, SharedExamples, Task};
 pub use text::{LabeledText, Vocabulary, text_lines, tokenize};

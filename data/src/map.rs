@@ -1,5 +1,6 @@
-//! `map` (inline or on worker threads, order preserved) and `filter`. A user function that returns an error or
-//! panics ends the stream with that error; worker threads stop and are joined when the iterator is dropped.
+//! `map` (inline or on worker threads, order preserved), `map_seeded` (a map that draws random numbers: data
+//! augmentation) and `filter`. A user function that returns an error or panics ends the stream with that error;
+//! worker threads stop and are joined when the iterator is dropped.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -10,6 +11,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 
 use crate::dataset::{BoxIter, Cardinality, Dataset, Node, skip_by_pulling};
 use crate::error::{Error, Result};
+use crate::rng::{Rng, mix};
 
 type MapFn<T, U> = dyn Fn(T) -> Result<U> + Send + Sync;
 type FilterFn<T> = dyn Fn(&T) -> Result<bool> + Send + Sync;
@@ -82,6 +84,30 @@ impl<T: Send + 'static, U: Send + 'static> Node<U> for MapNode<T, U> {
     }
     fn describe(&self) -> String {
         format!("map({}) <- {}", self.name, self.input.describe())
+    }
+}
+
+/// Pairs every element with a generator of its own, seeded by the stage's seed, the epoch's key and the
+/// element's index: the draws of element `i` are the same whichever worker runs it and wherever a resumed
+/// iterator starts.
+struct SeedNode<T> {
+    input: Dataset<T>,
+    seed: u64,
+}
+
+impl<T: Send + 'static> Node<(T, Rng)> for SeedNode<T> {
+    fn open(&self, key: u64, skip: u64) -> Result<BoxIter<(T, Rng)>> {
+        let stream = mix(self.seed, key);
+        let input = self.input.node.open(key, skip)?;
+        Ok(Box::new(input.zip(skip..).map(move |(x, i)| {
+            x.map(|x| (x, Rng::new(mix(stream, i))))
+        })))
+    }
+    fn cardinality(&self) -> Cardinality {
+        self.input.cardinality()
+    }
+    fn describe(&self) -> String {
+        format!("seeded({}) <- {}", self.seed, self.input.describe())
     }
 }
 
@@ -329,6 +355,23 @@ impl<T: Send + 'static> Dataset<T> {
                 name: name.to_string(),
             }),
         }
+    }
+
+    /// [`map_named`](Self::map_named) for a function that draws random numbers (random crops and flips): `f` gets
+    /// a generator of the element's own, derived from `seed`, the epoch and the element's index, so the output is
+    /// the same on any number of workers, every epoch draws anew, and a resumed iterator continues exactly.
+    pub fn map_seeded<U, F>(&self, name: &str, workers: usize, seed: u64, f: F) -> Dataset<U>
+    where
+        U: Send + 'static,
+        F: Fn(T, &mut Rng) -> Result<U> + Send + Sync + 'static,
+    {
+        let seeded = Dataset {
+            node: Arc::new(SeedNode {
+                input: self.clone(),
+                seed,
+            }) as Arc<dyn Node<(T, Rng)>>,
+        };
+        seeded.map_named(name, workers, move |(x, mut rng)| f(x, &mut rng))
     }
 
     /// Keep the elements for which `f` returns `Ok(true)`; an error or a panic ends the stream.

@@ -114,7 +114,7 @@ pub fn bundled_mnist_dir() -> PathBuf {
 }
 
 /// `dir/<name>.gz` when it exists, else `dir/<name>`.
-fn find(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn find(dir: &Path, name: &str) -> PathBuf {
     let gz = dir.join(format!("{name}.gz"));
     if gz.exists() { gz } else { dir.join(name) }
 }

@@ -20,9 +20,7 @@ pub fn classification(
 ) -> Result<(Array, Array)> {
     let mut rng = Rng::new(seed);
     let classes = classes.max(1);
-    let centres: Vec<f64> = (0..classes * features)
-        .map(|_| (rng.uniform() * 2.0 - 1.0) * spread)
-        .collect();
+    let centres = draw_centres(&mut rng, classes * features, spread);
     let mut x = Vec::with_capacity(n * features);
     let mut y = Vec::with_capacity(n);
     for i in 0..n {
@@ -36,6 +34,46 @@ pub fn classification(
         Array::from_f32(x, &[n, features])?,
         Array::from_i32(y, &[n])?,
     ))
+}
+
+fn draw_centres(rng: &mut Rng, n: usize, spread: f64) -> Vec<f64> {
+    (0..n)
+        .map(|_| (rng.uniform() * 2.0 - 1.0) * spread)
+        .collect()
+}
+
+/// The class blobs of [`classification`], generated one example at a time: the centres are drawn from `seed` as
+/// there, and example `i`'s noise from its own generator, so any example is made on demand, from any thread, and
+/// always the same.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blobs {
+    features: usize,
+    classes: usize,
+    centres: Vec<f64>,
+    seed: u64,
+}
+
+impl Blobs {
+    /// Blobs of `features` dimensions around `classes` (at least 1) centres uniform in `[-spread, spread]`.
+    pub fn new(features: usize, classes: usize, spread: f64, seed: u64) -> Self {
+        let classes = classes.max(1);
+        let centres = draw_centres(&mut Rng::new(seed), classes * features, spread);
+        Blobs {
+            features,
+            classes,
+            centres,
+            seed,
+        }
+    }
+
+    /// Example `i`: its features and its class, `i % classes` (so every class has its share).
+    pub fn example(&self, i: u64) -> (Vec<f32>, i32) {
+        let c = (i % self.classes as u64) as usize;
+        let mut rng = Rng::new(crate::rng::mix(self.seed, i));
+        let centre = &self.centres[c * self.features..(c + 1) * self.features];
+        let x = centre.iter().map(|m| (m + rng.normal()) as f32).collect();
+        (x, c as i32)
+    }
 }
 
 /// `n` examples of `y = x . w + b + noise * N(0, 1)` with `x` uniform in `[-1, 1]^features` and random `w`, `b`.

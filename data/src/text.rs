@@ -57,12 +57,32 @@ impl Vocabulary {
         min_count: usize,
         max_size: usize,
     ) -> Self {
+        Self::build_tokens(texts.into_iter().flat_map(tokenize), min_count, max_size)
+    }
+
+    /// As [`build`](Vocabulary::build), over tokens already split (characters of a corpus, a tokenizer's output):
+    /// every item is one token.
+    pub fn build_tokens<S: AsRef<str>>(
+        tokens: impl IntoIterator<Item = S>,
+        min_count: usize,
+        max_size: usize,
+    ) -> Self {
         let mut counts: HashMap<String, usize> = HashMap::new();
-        for t in texts {
-            for tok in tokenize(t) {
-                *counts.entry(tok).or_default() += 1;
+        for tok in tokens {
+            let tok = tok.as_ref();
+            match counts.get_mut(tok) {
+                Some(c) => *c += 1,
+                None => {
+                    counts.insert(tok.to_string(), 1);
+                }
             }
         }
+        Self::from_counts(counts, min_count, max_size)
+    }
+
+    /// A vocabulary of counted tokens: `<pad>`, `<unk>`, then the tokens seen at least `min_count` times by
+    /// decreasing count (ties alphabetical), at most `max_size` ids in all.
+    pub fn from_counts(counts: HashMap<String, usize>, min_count: usize, max_size: usize) -> Self {
         let mut by_freq: Vec<(String, usize)> = counts
             .into_iter()
             .filter(|(_, c)| *c >= min_count.max(1))

@@ -16,7 +16,8 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use cohort_alloc::TenantLimits;
-use cohort_autograd::{BuildOptions, Model, Tape, loss};
+use cohort_autograd::{BuildOptions, Model, Shape, Tape};
+use cohort_data::Task;
 use cohort_data::Position;
 use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
 use cohort_tensor::{DType, Device, HostRead, Tensor};
@@ -28,11 +29,13 @@ use crate::config::{
 };
 use crate::control::ControlFile;
 use crate::error::{Error, Result};
-use crate::feed::{DataSet, Feed};
+use crate::dataset::{DataSet, EvalSplit};
+use crate::feed::Feed;
 use crate::graph::{Graphs, StepGraph};
 use crate::memory::{Tenant, device_total_bytes};
 use crate::metrics::{MetricRecord, MetricsWriter};
 use crate::models::Models;
+use crate::objective::{Scores, Tally};
 use crate::progress::{MemberStatus, Progress};
 use crate::report::{MemberSummary, Summary};
 use crate::run_dir::{MemberLock, RunDir};
@@ -69,6 +72,7 @@ enum State {
 
 /// A member's trainer-side state (saved in its checkpoints' `trainer_state`).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 struct Counters {
     loss_sum: f64,
     loss_n: u64,
@@ -78,6 +82,10 @@ struct Counters {
     oom_events: u64,
     peak_mem: u64,
     test_accuracy: Option<f64>,
+    val: Option<Scores>,
+    /// The step of the last validation.
+    val_step: Option<u64>,
+    test: Option<Scores>,
     time: f64,
     stopped: Option<String>,
 }
@@ -149,31 +157,61 @@ type MemberState = (Vec<(String, Tensor)>, OptimizerState);
 /// features or the other way round, an embedding smaller than the vocabulary, a custom model nobody registered.
 fn misfit(cfg: &MemberConfig, data: &DataSet, models: &Models) -> Option<String> {
     let (name, shape) = (&data.name, &data.shape);
-    let reason = match (&cfg.model, &data.vocabulary) {
+    let spec = match (&cfg.model, data.token_ids) {
         (MemberModel::Custom(model), _) => {
             return (!models.contains(model)).then(|| models.unknown(model));
         }
         (MemberModel::Spec(s), None) if s.vocab().is_some() => {
-            format!(
-                "layer 0 takes token ids, but [data.{name}] holds float features (give it a text source)"
-            )
+            return Some(format!(
+                "layer 0 takes token ids, but [data.{name}] holds float features (give it a text or tokens \
+                 source) (the data \"{name}\" has examples of shape {shape:?})"
+            ));
         }
-        (MemberModel::Spec(s), Some(words)) => match s.vocab() {
-            None => format!(
-                "[data.{name}] holds token ids: start the model with {{ embedding = D, vocab = {} }}",
-                words.len()
-            ),
-            Some(v) if v < words.len() => format!(
-                "layer 0 (embedding): vocab = {v} is smaller than the {} ids of [data.{name}]'s vocabulary",
-                words.len()
-            ),
-            Some(_) => s.shapes(&s.input_for(shape)).err()?.to_string(),
+        (MemberModel::Spec(s), Some(ids)) => match s.vocab() {
+            None => Err(format!(
+                "[data.{name}] holds token ids: start the model with {{ embedding = D, vocab = {ids} }}"
+            )),
+            Some(v) if v < ids => Err(format!(
+                "layer 0 (embedding): vocab = {v} is smaller than the {ids} ids of [data.{name}]'s vocabulary"
+            )),
+            Some(_) => Ok(s),
         },
-        (MemberModel::Spec(s), None) => s.shapes(&s.input_for(shape)).err()?.to_string(),
+        (MemberModel::Spec(s), None) => Ok(s),
+    };
+    let reason = match spec.and_then(|s| {
+        let shapes = s.shapes(&s.input_for(shape)).map_err(|e| e.to_string())?;
+        Ok(shapes.last().map(Shape::dims).unwrap_or_default())
+    }) {
+        Err(reason) => reason,
+        Ok(out) => output_misfit(&out, data.objective.task(), name)?,
     };
     Some(format!(
         "{reason} (the data \"{name}\" has examples of shape {shape:?})"
     ))
+}
+
+/// Why a model's output of shape `out` (one example's) cannot be scored against `task`'s targets, if it cannot.
+fn output_misfit(out: &[usize], task: &Task, name: &str) -> Option<String> {
+    let last = out.last().copied().unwrap_or(0);
+    match task {
+        Task::Classify { classes } if out.len() == 1 && last >= classes.len() => None,
+        Task::Classify { classes } => Some(format!(
+            "the model gives scores of shape {out:?} and [data.{name}] has {} classes: end it with \
+             {{ linear = {} }}",
+            classes.len(),
+            classes.len()
+        )),
+        Task::Regress { width } if out == [*width] => None,
+        Task::Regress { width } => Some(format!(
+            "the model gives outputs of shape {out:?} and [data.{name}]'s targets have {width} values: end it \
+             with {{ linear = {width} }}"
+        )),
+        Task::NextToken { vocab } if out.len() == 2 && last >= *vocab => None,
+        Task::NextToken { vocab } => Some(format!(
+            "the model gives scores of shape {out:?} and [data.{name}] asks for a score per position for \
+             each of {vocab} tokens: end it with {{ linear = {vocab} }} and no pooling"
+        )),
+    }
 }
 
 /// Bytes of one example's activations and their gradients (f32) for host accounting: the spec's estimate, none for a
@@ -234,6 +272,13 @@ fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
         "oom": cfg.oom,
     })
     .to_string()
+}
+
+/// An evaluation batch as tensors on `device`: features `[n, prod(shape)]`, targets as the task has them.
+fn eval_tensors((x, y): (cohort_data::Array, cohort_data::Array), device: &Device) -> Result<(Tensor, Tensor)> {
+    let n = x.shape().first().copied().unwrap_or(0);
+    let per = x.elem_count() / n.max(1);
+    Ok((x.reshape(&[n, per])?.to_tensor(device)?, y.to_tensor(device)?))
 }
 
 /// The allocator's out-of-memory error inside `e`, if that is what it is.
@@ -381,14 +426,7 @@ impl Cohort {
         let sets: Vec<String> = self
             .data
             .values()
-            .map(|d| {
-                format!(
-                    "{} ({} train / {} test)",
-                    d.name,
-                    d.train_len,
-                    d.test_y.len()
-                )
-            })
+            .map(|d| format!("{} ({})", d.name, d.described))
             .collect();
         format!(
             "{} members on {}, schedule: {}{}",
@@ -406,7 +444,9 @@ impl Cohort {
     fn start(config: Config, run: RunDir, opts: RunOptions, resuming: bool) -> Result<Cohort> {
         apply_memory_env(&config);
         let device = Device::parse(&config.run.device)?;
-        let config_dir = Path::new(&config.file).parent().map(Path::to_path_buf);
+        let config_dir = run
+            .config_dir()
+            .or_else(|| Path::new(&config.file).parent().map(Path::to_path_buf));
         let mut data = BTreeMap::new();
         for m in &config.members {
             if !data.contains_key(&m.data) {
@@ -876,18 +916,18 @@ impl Cohort {
     fn warm_up(&mut self) {
         for u in &self.units {
             let d = u.feed.data();
-            let per: usize = d.shape.iter().product();
-            let n = d.test_y.len().min(8);
-            if n == 0 {
+            let Some(split) = d.test.as_ref().or(d.val.as_ref()).filter(|s| !s.is_empty()) else {
                 continue;
-            }
+            };
             let r = u.tenant.scope(|| -> Result<()> {
-                let x = Tensor::from_slice(&d.test_x[..n * per], &[n, per], &u.device)?;
-                let y = Tensor::from_slice(&d.test_y[..n], &[n], &u.device)?;
+                let Some(batch) = split.batches(8).iter().next() else {
+                    return Ok(());
+                };
+                let (x, y) = eval_tensors(batch?, &u.device)?;
                 let tape = Tape::new();
                 // Inference mode: dropout draws no mask, so its sequence (part of exact resume) is untouched.
                 tape.set_training(false);
-                let l = loss::cross_entropy(&u.model.forward(&tape, &x)?, &y)?;
+                let l = d.objective.loss(&u.model.forward(&tape, &x)?, &y)?;
                 tape.backward(&l)?;
                 u.model.zero_grad();
                 u.device.synchronize()?;
@@ -908,38 +948,24 @@ impl Cohort {
         }
     }
 
-    /// Test accuracy of every member of unit `u`.
-    fn evaluate(u: &Unit) -> Result<Vec<f64>> {
-        let d = u.feed.data();
-        let per: usize = d.shape.iter().product();
-        let m = u.members.len();
-        let mut correct = vec![0.0; m];
-        let n_total = d.test_y.len();
-        if n_total == 0 {
-            return Ok(vec![0.0; m]);
-        }
+    /// The scores of every member of unit `u` on `split`.
+    fn evaluate(u: &Unit, split: &EvalSplit) -> Result<Vec<Scores>> {
+        let objective = &u.feed.data().objective;
+        let mut tallies = vec![Tally::default(); u.members.len()];
         // In batches no larger than the training step's, which fits the member's budget (after an OOM its batch
         // has shrunk) and holds more than an inference pass.
         let chunk = u.batch.clamp(1, 500);
         u.tenant.scope(|| -> Result<()> {
-            let mut at = 0;
-            while at < n_total {
-                let n = chunk.min(n_total - at);
-                let x =
-                    Tensor::from_slice(&d.test_x[at * per..(at + n) * per], &[n, per], &u.device)?;
-                let y = Tensor::from_slice(&d.test_y[at..at + n], &[n], &u.device)?;
+            for batch in split.batches(chunk).iter() {
+                let (x, y) = eval_tensors(batch?, &u.device)?;
                 let tape = Tape::new();
                 tape.set_training(false);
-                let logits = tape.no_grad(|| u.model.forward(&tape, &x))?;
-                let acc = loss::accuracy(logits.value(), &y)?;
-                for (c, a) in correct.iter_mut().zip(acc) {
-                    *c += a * n as f64;
-                }
-                at += n;
+                let out = tape.no_grad(|| u.model.forward(&tape, &x))?;
+                objective.tally(&out, &y, &mut tallies)?;
             }
             Ok(())
         })?;
-        Ok(correct.into_iter().map(|c| c / n_total as f64).collect())
+        Ok(tallies.iter().map(|t| objective.scores(t)).collect())
     }
 
     /// One optimizer step of every member of unit `u`: replayed from its CUDA graph where it has one
@@ -951,10 +977,10 @@ impl Cohort {
         let n = y.shape().first().copied().unwrap_or(0);
         let mut note = None;
         if u.graphs.should_capture(n, u.batch, &u.opt) {
-            let (model, opt) = (&u.model, &mut u.opt);
-            let captured = u
-                .tenant
-                .scope(|| StepGraph::capture(model, opt, &device, x.copy()?, y.copy()?));
+            let (model, opt, objective) = (&u.model, &mut u.opt, &u.feed.data().objective);
+            let captured = u.tenant.scope(|| {
+                StepGraph::capture(model, opt, objective, &device, x.copy()?, y.copy()?)
+            });
             u.graphs = match captured {
                 Ok(g) => {
                     note = Some(format!(
@@ -986,11 +1012,12 @@ impl Cohort {
         }
         let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
         let (model, opt, tenant, forwards) = (&u.model, &mut u.opt, &u.tenant, &mut u.forwards);
+        let objective = &u.feed.data().objective;
         let (losses, in_step) = tenant.scope(|| -> Result<(HostRead, u64)> {
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
             *forwards += 1;
-            let l = loss::cross_entropy(&logits, &y)?;
+            let l = objective.loss(&logits, &y)?;
             let result = tape
                 .backward(&l)
                 .map_err(Error::from)
@@ -1089,6 +1116,7 @@ impl Cohort {
             loss: m.c.last_loss,
             steps_per_s: sps,
             mem_bytes: m.mem_now,
+            scores: m.c.val.as_ref().map(|v| format!("val {}", v.headline())),
             note,
         }
     }
@@ -1105,6 +1133,8 @@ impl Cohort {
             steps_per_s: 0.0,
             mem_bytes: m.mem_now,
             test_accuracy: None,
+            val: None,
+            test: None,
             event: Some(text.clone()),
         };
         m.metrics.write(&r)?;
@@ -1166,7 +1196,7 @@ impl Cohort {
     }
 
     /// Logs member `i` (a metrics record and TensorBoard scalars).
-    fn log(&mut self, i: usize, lr: f64, test_accuracy: Option<f64>) -> Result<()> {
+    fn log(&mut self, i: usize, lr: f64, val: Option<Scores>, test: Option<Scores>) -> Result<()> {
         let time = self.elapsed();
         let m = &mut self.members[i];
         let loss = if m.c.loss_n > 0 {
@@ -1189,7 +1219,9 @@ impl Cohort {
             batch: m.batch,
             steps_per_s: sps,
             mem_bytes: m.mem_now,
-            test_accuracy,
+            test_accuracy: test.as_ref().and_then(|t| t.accuracy),
+            val,
+            test,
             event: None,
         };
         m.metrics.write(&r)?;
@@ -1200,9 +1232,22 @@ impl Cohort {
             ("train/steps_per_s", sps as f32),
             ("memory/bytes", m.mem_now as f32),
         ];
-        if let Some(a) = test_accuracy {
-            scalars.push(("test/accuracy", a as f32));
+        let mut scored = Vec::new();
+        for (split, s) in [("val", &r.val), ("test", &r.test)] {
+            let Some(s) = s else { continue };
+            let named = [
+                ("loss", Some(s.loss)),
+                ("accuracy", s.accuracy),
+                ("top_k", s.top_k),
+                ("perplexity", s.perplexity),
+            ];
+            for (name, v) in named {
+                if let Some(v) = v {
+                    scored.push((format!("{split}/{name}"), v as f32));
+                }
+            }
         }
+        scalars.extend(scored.iter().map(|(t, v)| (t.as_str(), *v)));
         m.events.scalars(m.step, &scalars)?;
         m.c.loss_sum = 0.0;
         m.c.loss_n = 0;
@@ -1261,19 +1306,30 @@ impl Cohort {
                 self.event(i, note.clone())?;
             }
         }
-        let accs = if epoch_ended {
-            Some(Cohort::evaluate(&self.units[ui])?)
-        } else {
-            None
+        // Validation at every epoch's end, and every `eval_every` steps if asked.
+        let step_now = self.members[members[0]].step;
+        let eval_due = epoch_ended
+            || self
+                .config
+                .run
+                .eval_every
+                .is_some_and(|n| step_now % n == 0);
+        let u = &self.units[ui];
+        let scores = match &u.feed.data().val {
+            Some(val) if eval_due => Some(Cohort::evaluate(u, val)?),
+            _ => None,
         };
         for (j, (&i, due)) in members.iter().zip(dues).enumerate() {
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
-            let acc = accs.as_ref().map(|a| a[j]);
-            if let Some(a) = acc {
-                self.members[i].c.test_accuracy = Some(a);
+            let val = scores.as_ref().map(|s| s[j].clone());
+            if val.is_some() {
+                let m = &mut self.members[i];
+                m.c.val.clone_from(&val);
+                m.c.val_step = Some(m.step);
             }
-            if due.log {
-                self.log(i, lr, acc)?;
+            // A member's last record is written when it is finalized, with its test scores.
+            if (due.log || val.is_some()) && !due.complete {
+                self.log(i, lr, val, None)?;
             }
             if due.checkpoint {
                 self.checkpoint(ui, i)?;
@@ -1306,13 +1362,35 @@ impl Cohort {
         }
         self.take_losses(ui, true)?;
         let u = &self.units[ui];
-        let accs = Cohort::evaluate(u)?;
+        let data = u.feed.data().clone();
+        // The test split, once, at the end; and validation where the last epoch's did not already score it.
+        let test = data.test.as_ref().map(|t| Cohort::evaluate(u, t)).transpose()?;
+        let val_missing = done.iter().any(|&i| {
+            let m = &self.members[i];
+            m.c.val_step != Some(m.step)
+        });
+        let val = match &data.val {
+            Some(v) if val_missing => Some(Cohort::evaluate(u, v)?),
+            _ => None,
+        };
         let members = u.members.clone();
+        let lrs = u.opt.current_lrs();
         for (j, &i) in members.iter().enumerate() {
             if !done.contains(&i) {
                 continue;
             }
-            self.members[i].c.test_accuracy = Some(accs[j]);
+            let m = &mut self.members[i];
+            if let Some(v) = &val
+                && m.c.val_step != Some(m.step)
+            {
+                m.c.val = Some(v[j].clone());
+                m.c.val_step = Some(m.step);
+            }
+            m.c.test = test.as_ref().map(|t| t[j].clone());
+            m.c.test_accuracy = m.c.test.as_ref().and_then(|t| t.accuracy);
+            let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
+            let (val, test) = (m.c.val.clone(), m.c.test.clone());
+            self.log(i, lr, val, test)?;
             let m = &self.members[i];
             if m.cfg.checkpoint.every != CheckpointEvery::Never && m.last_ckpt_step != Some(m.step)
             {
@@ -1696,6 +1774,10 @@ impl Cohort {
                     epochs: m.epochs_done,
                     final_loss: m.c.last_loss,
                     test_accuracy: m.c.test_accuracy,
+                    val_accuracy: m.c.val.as_ref().and_then(|v| v.accuracy),
+                    val_loss: m.c.val.as_ref().map(|v| v.loss),
+                    val: m.c.val.clone(),
+                    test: m.c.test.clone(),
                     peak_memory_bytes: m.c.peak_mem,
                     model_steps_per_s: if m.c.train_time > 0.0 {
                         m.c.steps_timed as f64 / m.c.train_time

@@ -153,6 +153,14 @@ pub enum Error {
     /// The input pipeline failed.
     #[error(transparent)]
     Data(#[from] cohort_data::Error),
+    /// A data set whose examples, splits or preparation do not fit together.
+    #[error("[data.{data}]: {reason}")]
+    DataSet {
+        /// The data set's name.
+        data: String,
+        /// What does not fit, and what to do.
+        reason: String,
+    },
 
     /// The allocator failed.
     #[error(transparent)]

@@ -1,9 +1,7 @@
-//! Data sets of a run and the per-member feeds that batch them.
+//! The per-member feeds that batch a [`DataSet`]'s training pipeline.
 //!
-//! A `[data.NAME]` is loaded once into a [`DataSet`]: the training examples as one shuffled
-//! [`cohort_data::Dataset`] pipeline (shared by every member naming it: the arrays are loaded once and every
-//! iterator reads the same copy) and the test split in memory. Each member (or fused group) reads the pipeline
-//! through its own [`Feed`], which stacks examples into batches of whatever size the member has now: a batch that
+//! Each member (or fused group) reads its data set's pipeline (shared by every member naming it: the examples
+//! are opened once) through its own [`Feed`], which stacks examples into batches of whatever size the member has now: a batch that
 //! shrinks after an OOM, or changes through the control file, continues from the very next example. The feed's
 //! [`Position`] (epoch, examples taken) goes into checkpoints, so a resumed member sees exactly the batches it would
 //! have seen.
@@ -13,241 +11,14 @@
 //! consumed until it is taken: the feed's position, saved in checkpoints and restored after an OOM, stays the one
 //! of the next batch to be used.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cohort_data::{
-    Array, Dataset, Iter, LabeledText, Position, Split, Staged, ToDevice, TrainBatch, Vocabulary,
-};
+use cohort_data::{Array, Iter, Position, Staged, ToDevice, TrainBatch};
 use cohort_tensor::cuda::Uploader;
 use cohort_tensor::{Device, Tensor};
 
-use crate::config::{DataConfig, DataSource};
-use crate::error::{Error, Result};
-
-/// One loaded data set.
-#[derive(Debug)]
-pub struct DataSet {
-    /// Its name in the config.
-    pub name: String,
-    /// Shuffled training examples `(x f32 [..shape], y i32 [])`, prefetched.
-    pub train: Dataset<(Array, Array)>,
-    /// Training examples per epoch.
-    pub train_len: u64,
-    /// The shape of one example, e.g. `[1, 28, 28]`.
-    pub shape: Vec<usize>,
-    /// Number of classes.
-    pub classes: usize,
-    /// Test features, row-major `[test_len, prod(shape)]`.
-    pub test_x: Vec<f32>,
-    /// Test labels.
-    pub test_y: Vec<i32>,
-    /// For text: the vocabulary its examples' token ids come from (`None`: float features).
-    pub vocabulary: Option<Vocabulary>,
-}
-
-/// Finds a data file or directory: as given (relative to the working directory), then relative to the config
-/// file's directory, then under `COHORT_DATA_DIR`, then in this repository (the bundled data).
-fn find_data(path: &Path, config_dir: Option<&Path>) -> Result<PathBuf> {
-    if path.is_absolute() || path.exists() {
-        return Ok(path.to_path_buf());
-    }
-    let mut tried = vec![path.to_path_buf()];
-    if let Some(c) = config_dir {
-        tried.push(c.join(path));
-    }
-    if let Ok(d) = std::env::var("COHORT_DATA_DIR") {
-        let base = PathBuf::from(d);
-        tried.push(base.join(path));
-        tried.push(base.join(path.file_name().unwrap_or_default()));
-    }
-    if path.ends_with("data/mnist") || path == Path::new("mnist") {
-        tried.push(cohort_data::bundled_mnist_dir());
-    }
-    tried.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path));
-    if let Some(found) = tried[1..].iter().find(|p| p.exists()) {
-        return Ok(found.clone());
-    }
-    Err(Error::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!(
-                "no such data file or directory (tried {}); set COHORT_DATA_DIR or give an absolute path",
-                tried
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
-    })
-}
-
-impl DataSet {
-    /// Loads a `[data.NAME]`.
-    ///
-    /// # Errors
-    /// When the files cannot be found or read.
-    pub fn load(cfg: &DataConfig, config_dir: Option<&Path>) -> Result<DataSet> {
-        let mut tokens = None;
-        let (train_x, train_y, test_x, test_y, shape, classes) = match &cfg.source {
-            DataSource::Idx(dir) => {
-                let dir = find_data(dir, config_dir)?;
-                let train = cohort_data::Mnist::load(&dir, Split::Train)?;
-                let test = cohort_data::Mnist::load(&dir, Split::Test)?;
-                let shape = vec![1, train.rows, train.cols];
-                let classes = train
-                    .labels
-                    .iter()
-                    .map(|&l| l as usize + 1)
-                    .max()
-                    .unwrap_or(10)
-                    .max(10);
-                (
-                    train.images_f32(),
-                    train.labels_i32(),
-                    test.images_f32(),
-                    test.labels_i32(),
-                    shape,
-                    classes,
-                )
-            }
-            DataSource::Text {
-                train,
-                test,
-                max_len,
-                vocab,
-                min_count,
-            } => {
-                let train = LabeledText::read(find_data(train, config_dir)?)?;
-                let test = LabeledText::read(find_data(test, config_dir)?)?;
-                // The vocabulary is the training file's alone: the test texts' other words are unknown.
-                let words = train.vocabulary(*min_count, *vocab);
-                let encode = |t: &LabeledText| -> Vec<f32> {
-                    t.texts
-                        .iter()
-                        .flat_map(|text| {
-                            let ids = words.encode(text, *max_len);
-                            let ids = ids.as_i32().unwrap_or_default().to_vec();
-                            let pad = max_len - ids.len();
-                            // Token ids travel as exact f32 values (below 2^24) beside the images' pixels.
-                            ids.into_iter()
-                                .chain(std::iter::repeat_n(Vocabulary::PAD, pad))
-                                .map(|i| i as f32)
-                        })
-                        .collect()
-                };
-                let labels = || train.labels.iter().chain(&test.labels);
-                if let Some(bad) = labels().find(|&&l| l < 0) {
-                    return Err(Error::Io {
-                        path: PathBuf::from(format!("[data.{}]", cfg.name)),
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            format!("label {bad} is negative: labels are class numbers 0, 1, .."),
-                        ),
-                    });
-                }
-                let classes = labels().map(|&l| l as usize + 1).max().unwrap_or(2);
-                let (train_x, test_x) = (encode(&train), encode(&test));
-                tokens = Some(words);
-                (
-                    train_x,
-                    train.labels,
-                    test_x,
-                    test.labels,
-                    vec![*max_len],
-                    classes,
-                )
-            }
-            DataSource::Synthetic {
-                train,
-                test,
-                classes,
-                shape,
-            } => {
-                let features: usize = shape.iter().product();
-                let (x, y) = cohort_data::synthetic::classification(
-                    train + test,
-                    features,
-                    *classes,
-                    2.0,
-                    cfg.seed.wrapping_add(0x5157),
-                )?;
-                let x = x.into_f32().unwrap_or_default();
-                let y = y.into_i32().unwrap_or_default();
-                let (trx, tex) = x.split_at(train * features);
-                let (try_, tey) = y.split_at(*train);
-                (
-                    trx.to_vec(),
-                    try_.to_vec(),
-                    tex.to_vec(),
-                    tey.to_vec(),
-                    shape.clone(),
-                    *classes,
-                )
-            }
-        };
-        let per: usize = shape.iter().product();
-        let mut n = train_y.len();
-        let (mut train_x, mut train_y) = (train_x, train_y);
-        if let Some(l) = cfg.limit
-            && l < n
-        {
-            n = l;
-            train_x.truncate(n * per);
-            train_y.truncate(n);
-        }
-        let (mut test_x, mut test_y) = (test_x, test_y);
-        if let Some(l) = cfg.test_limit
-            && l < test_y.len()
-        {
-            test_x.truncate(l * per);
-            test_y.truncate(l);
-        }
-        if n == 0 {
-            return Err(Error::Io {
-                path: PathBuf::from(format!("[data.{}]", cfg.name)),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "no training examples",
-                ),
-            });
-        }
-        let mut xshape = vec![n];
-        xshape.extend_from_slice(&shape);
-        let xs = Array::from_f32(train_x, &xshape)?;
-        let ys = Array::from_i32(train_y, &[n])?;
-        let mut train = Dataset::from_tensor_slices((xs, ys));
-        if cfg.shuffle > 0 {
-            train = train.shuffle(cfg.shuffle, cfg.seed);
-        }
-        Ok(DataSet {
-            name: cfg.name.clone(),
-            train,
-            train_len: n as u64,
-            shape,
-            classes,
-            test_x,
-            test_y,
-            vocabulary: tokens,
-        })
-    }
-
-    /// Batches per epoch at batch size `b` (the last one may be partial).
-    pub fn batches_per_epoch(&self, b: usize) -> u64 {
-        self.train_len.div_ceil(b.max(1) as u64)
-    }
-
-    /// Epochs completed at a feed position.
-    pub fn epochs_done(&self, pos: &Position) -> u64 {
-        if pos.index >= self.train_len {
-            pos.epoch + 1
-        } else {
-            pos.epoch
-        }
-    }
-}
+use crate::dataset::DataSet;
+use crate::error::Result;
 
 /// One member's (or fused group's) reader of a [`DataSet`].
 #[derive(Debug)]
@@ -276,8 +47,8 @@ struct Ahead {
 pub struct Batch {
     /// Features `[n, prod(shape)]`.
     pub x: Vec<f32>,
-    /// Labels `[n]`.
-    pub y: Vec<i32>,
+    /// Targets `[n, ..]`: class ids, real values or next tokens, as the data set's task says.
+    pub y: Array,
     /// Examples in it.
     pub n: usize,
 }
@@ -398,7 +169,7 @@ impl Feed {
         let per: usize = self.data.shape.iter().product();
         Ok(TrainBatch {
             inputs: Tensor::from_vec(batch.x, &[batch.n, per], device)?,
-            labels: Tensor::from_vec(batch.y, &[batch.n], device)?,
+            labels: batch.y.to_tensor(device)?,
         })
     }
 
@@ -409,7 +180,7 @@ impl Feed {
     pub fn next_batch(&mut self, b: usize) -> Result<Batch> {
         let per: usize = self.data.shape.iter().product();
         let mut x = Vec::with_capacity(b * per);
-        let mut y = Vec::with_capacity(b);
+        let mut y: Vec<Array> = Vec::with_capacity(b);
         // An epoch that ended exactly on the previous batch: step into the next one.
         if self.iter.pos().index >= self.data.train_len {
             let _ = self.iter.next().transpose()?;
@@ -420,7 +191,7 @@ impl Feed {
                 Some(item) => {
                     let (xa, ya) = item?;
                     x.extend_from_slice(xa.as_f32().unwrap_or(&[]));
-                    y.push(ya.as_i32().and_then(|v| v.first().copied()).unwrap_or(0));
+                    y.push(ya);
                 }
                 None => {
                     if y.is_empty() {
@@ -434,6 +205,10 @@ impl Feed {
             }
         }
         let n = y.len();
-        Ok(Batch { x, y, n })
+        Ok(Batch {
+            x,
+            y: Array::stack(y)?,
+            n,
+        })
     }
 }

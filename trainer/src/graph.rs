@@ -13,12 +13,13 @@
 //! comes from the shared allocator under the unit's tenant, so it counts against the member's budget.
 //! Cohorts in other threads of the process may share the GPU: their work waits while a step is captured.
 
-use cohort_autograd::{Model, Tape, loss};
+use cohort_autograd::{Model, Tape};
 use cohort_optim::Optimizer;
 use cohort_tensor::cuda::CudaGraph;
 use cohort_tensor::{Device, Tensor};
 
 use crate::error::Result;
+use crate::objective::Objective;
 
 /// A captured step with the tensors its replays read and write.
 pub(crate) struct StepGraph {
@@ -99,6 +100,7 @@ impl StepGraph {
     pub(crate) fn capture(
         model: &Model,
         opt: &mut Optimizer,
+        objective: &Objective,
         device: &Device,
         x: Tensor,
         y: Tensor,
@@ -109,7 +111,7 @@ impl StepGraph {
         let captured = cohort_tensor::cuda::capture(device, || -> Result<Tensor> {
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
-            let l = loss::cross_entropy(&logits, &y)?;
+            let l = objective.loss(&logits, &y)?;
             tape.backward(&l)?;
             opt.step()?;
             opt.zero_grad();

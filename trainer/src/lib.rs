@@ -7,7 +7,9 @@
 //!
 //! - [`config`]: the TOML config, grid expansion, errors naming file, key and what is accepted.
 //! - [`cohort`]: members, units of `M` fused members, schedules, OOM recovery, control, resume.
-//! - [`feed`]: data sets loaded once and per-member batch feeds with a saved position.
+//! - [`dataset`]: each `[data.NAME]` opened once, split into train, validation and test, made into pipelines.
+//! - [`feed`]: per-member batch feeds with a saved position.
+//! - [`objective`]: the loss and the evaluation scores of a data set's task.
 //! - `graph`: a unit's training step captured as a CUDA graph and replayed.
 //! - [`memory`]: member budgets as allocator tenants (host accounting on the CPU).
 //! - [`models`]: models of one's own, registered by name for `model = { custom = "NAME" }` members.
@@ -35,9 +37,11 @@ pub mod checkpoint;
 pub mod cohort;
 pub mod config;
 pub mod control;
+pub mod dataset;
 pub mod error;
 pub mod feed;
 mod graph;
+pub mod objective;
 pub mod memory;
 pub mod metrics;
 pub mod models;

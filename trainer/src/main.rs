@@ -95,6 +95,12 @@ fn main() -> ExitCode {
 
 fn print_summary(summary: &Summary, wall: f64) {
     println!("{summary}");
+    if summary.members.len() > 1
+        && let Some(best) = summary.best()
+    {
+        let val = best.val.as_ref().map(|v| v.headline()).unwrap_or_default();
+        println!("best by validation: {} (val {val})", best.name);
+    }
     let dir = &summary.run_dir;
     println!(
         "{dir}/  (checkpoints, TensorBoard logs, summary.json, loss.png, memory.png)  {wall:.1} s"

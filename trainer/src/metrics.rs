@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::objective::Scores;
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,9 +28,15 @@ pub struct MetricRecord {
     pub steps_per_s: f64,
     /// Bytes the member's tenant holds.
     pub mem_bytes: u64,
-    /// Test accuracy, when evaluated at this step.
+    /// Test accuracy, when evaluated at this step (also in `test`; kept for readers of cohort 0.1's records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
+    /// Validation scores, when evaluated at this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val: Option<Scores>,
+    /// Test scores, at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<Scores>,
     /// An event at this step (OOM recovery, pause, batch change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,

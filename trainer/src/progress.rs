@@ -20,6 +20,8 @@ pub struct MemberStatus {
     pub steps_per_s: f64,
     /// Bytes its tenant holds.
     pub mem_bytes: u64,
+    /// The latest evaluation's headline: `val acc 0.9712`.
+    pub scores: Option<String>,
     /// A note: paused, fused with …, moved to CPU, done.
     pub note: String,
 }
@@ -82,9 +84,9 @@ impl Progress {
             crate::report::thousands(s.steps_per_s.round() as u64),
             crate::report::bytes(s.mem_bytes)
         );
-        if !s.note.is_empty() {
+        for extra in s.scores.iter().chain(Some(&s.note).filter(|n| !n.is_empty())) {
             l.push_str("  ");
-            l.push_str(&s.note);
+            l.push_str(extra);
         }
         l
     }

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::objective::Scores;
 
 /// One member's line of the summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,6 +21,18 @@ pub struct MemberSummary {
     pub final_loss: f64,
     /// Accuracy on the test split at the end.
     pub test_accuracy: Option<f64>,
+    /// Accuracy on the validation split at its last evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_accuracy: Option<f64>,
+    /// Loss on the validation split at its last evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    /// Every validation score at its last evaluation (top-k, perplexity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val: Option<Scores>,
+    /// Every test score at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<Scores>,
     /// Peak bytes held by the member's allocator tenant.
     pub peak_memory_bytes: u64,
     /// Optimizer steps per second of training time (warm-up excluded).
@@ -101,16 +114,14 @@ impl Summary {
         serde_json::from_slice(&text).map_err(|e| Error::json(path.display().to_string(), e))
     }
 
-    /// The member with the best test accuracy.
+    /// The member with the best validation scores (highest accuracy, or lowest loss where there is none): never
+    /// chosen on the test split, which would make its test figure optimistic. `None` without validation scores.
     pub fn best(&self) -> Option<&MemberSummary> {
         self.members
             .iter()
-            .filter(|m| m.test_accuracy.is_some())
-            .max_by(|a, b| {
-                a.test_accuracy
-                    .partial_cmp(&b.test_accuracy)
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            })
+            .filter_map(|m| m.val.as_ref().map(|v| (m, v)))
+            .reduce(|best, m| if m.1.better_than(best.1) { m } else { best })
+            .map(|(m, _)| m)
     }
 }
 
@@ -127,13 +138,11 @@ impl fmt::Display for Summary {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<w$}  {:>7}  {:>10}  {:>8}  {:>10}  {:>8}  {:>10}  device",
-            "member", "steps", "final loss", "test acc", "peak mem", "steps/s", "OOM events",
+            "{:<w$}  {:>7}  {:>10}  {:>11}  {:>11}  {:>10}  {:>8}  {:>10}  device",
+            "member", "steps", "final loss", "val", "test", "peak mem", "steps/s", "OOM events",
         );
         for m in &self.members {
-            let acc = m
-                .test_accuracy
-                .map_or("-".to_string(), |a| format!("{a:.4}"));
+            let score = |s: &Option<Scores>| s.as_ref().map_or("-".to_string(), Scores::headline);
             let mut device = m.device.clone();
             if let Some(s) = &m.stopped {
                 let _ = write!(device, " ({s})");
@@ -143,11 +152,12 @@ impl fmt::Display for Summary {
             }
             let _ = writeln!(
                 out,
-                "{:<w$}  {:>7}  {:>10.4}  {:>8}  {:>10}  {:>8}  {:>10}  {}",
+                "{:<w$}  {:>7}  {:>10.4}  {:>11}  {:>11}  {:>10}  {:>8}  {:>10}  {}",
                 m.name,
                 thousands(m.steps),
                 m.final_loss,
-                acc,
+                score(&m.val),
+                score(&m.test),
                 bytes(m.peak_memory_bytes),
                 thousands(m.model_steps_per_s.round() as u64),
                 m.oom_events,

@@ -3,6 +3,7 @@
 //! ```text
 //! runs/<run>/
 //!   config.toml                 the config the run was started with (what `cohort resume` reads)
+//!   config-dir                  the folder that config was read from: its relative data paths resolve there
 //!   control.toml                optional: pause / resume / batch changes while running (see crate::control)
 //!   summary.json  loss.png  memory.png
 //!   <member>/
@@ -20,6 +21,9 @@ use crate::error::{Error, Result};
 
 /// The config file inside a run directory.
 pub const CONFIG_FILE: &str = "config.toml";
+
+/// The file naming the folder the config was read from (absent for a config that came from no file).
+const CONFIG_DIR_FILE: &str = "config-dir";
 /// The control file inside a run directory.
 pub const CONTROL_FILE: &str = "control.toml";
 /// The summary inside a run directory.
@@ -97,7 +101,22 @@ impl RunDir {
         check_distinct_dirs(&root, config.members.iter().map(|m| m.name.as_str()))?;
         fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
         crate::checkpoint::write_atomic(&root.join(CONFIG_FILE), config.text.as_bytes())?;
+        let from = Path::new(&config.file);
+        if from.is_file()
+            && let Some(dir) = from.parent().and_then(|d| fs::canonicalize(d.join(".")).ok())
+        {
+            let text = dir.to_string_lossy();
+            crate::checkpoint::write_atomic(&root.join(CONFIG_DIR_FILE), text.as_bytes())?;
+        }
         Ok(RunDir { root })
+    }
+
+    /// The folder the run's config was read from, against which its relative data paths resolve: recorded when
+    /// the run was created, so that `cohort resume` finds the same files from anywhere.
+    pub fn config_dir(&self) -> Option<PathBuf> {
+        fs::read_to_string(self.root.join(CONFIG_DIR_FILE))
+            .ok()
+            .map(PathBuf::from)
     }
 
     /// Opens an existing run directory for `cohort resume`.

@@ -1,1 +1,912 @@
-//! (being written)
+//! CSV tables: one example per row, numeric feature columns and a target column (class labels, or real values for
+//! a regression), parsed into memory in one pass.
+//!
+//! The label column may hold any text (`cat`, `dog`; `0` .. `9`): the classes are its distinct values, sorted
+//! (numerically when all are integers, so digit labels keep their ids), or the training file's classes when a
+//! validation or test file is opened with them. Every feature cell must be a number.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::array::Array;
+use crate::error::{Error, Result};
+use crate::source::{Examples, Task};
+
+/// How to read a CSV file as examples.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct CsvSource {
+    /// The target column: a header name, or a 0-based index when there is no header; `None` is the last column.
+    pub label: Option<String>,
+    /// The feature columns (names, or 0-based indices without a header); `None` is every column but the label.
+    pub features: Option<Vec<String>>,
+    /// The first line names the columns.
+    pub header: bool,
+    /// The field separator (`b','`; `b'\t'` for TSV).
+    pub delimiter: u8,
+    /// The target is a real value ([`Task::Regress`] of width 1) rather than a class.
+    pub regression: bool,
+}
+
+impl Default for CsvSource {
+    fn default() -> Self {
+        CsvSource {
+            label: None,
+            features: None,
+            header: true,
+            delimiter: b',',
+            regression: false,
+        }
+    }
+}
+
+/// A table read from CSV: features f32 `[rows, features]` in memory, and each row's target.
+pub struct TableExamples {
+    path: PathBuf,
+    rows: usize,
+    columns: Vec<String>,
+    features: Vec<f32>,
+    shape: Vec<usize>,
+    task: Task,
+    labels: Option<Vec<i32>>,
+    targets: Vec<f32>,
+}
+
+impl fmt::Debug for TableExamples {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TableExamples")
+            .field("path", &self.path)
+            .field("rows", &self.len())
+            .field("columns", &self.columns)
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TableExamples {
+    /// The names of the feature columns, in feature order (from the header, or `c0`, `c1`, .. by column index).
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
+    /// Every row's features, row-major `[rows, features]`.
+    pub fn features(&self) -> &[f32] {
+        &self.features
+    }
+}
+
+impl Examples for TableExamples {
+    fn len(&self) -> usize {
+        self.rows
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn task(&self) -> &Task {
+        &self.task
+    }
+
+    fn labels(&self) -> Option<&[i32]> {
+        self.labels.as_deref()
+    }
+
+    fn example(&self, i: usize) -> Result<(Array, Array)> {
+        let w = self.shape[0];
+        if i >= self.len() {
+            return Err(Error::InvalidArgument {
+                op: "TableExamples::example",
+                reason: format!(
+                    "row {i} of {} which has {} rows",
+                    self.path.display(),
+                    self.len()
+                ),
+            });
+        }
+        let x = Array::from_f32(self.features[i * w..(i + 1) * w].to_vec(), &self.shape)?;
+        let y = match &self.labels {
+            Some(l) => Array::scalar_i32(l[i]),
+            None => Array::from_f32(vec![self.targets[i]], &[1])?,
+        };
+        Ok((x, y))
+    }
+
+    fn describe(&self) -> String {
+        let target = match &self.task {
+            Task::Classify { classes } => format!("{} classes", classes.len()),
+            _ => "regression".to_string(),
+        };
+        format!(
+            "csv {} ({} rows, {} features, {target})",
+            self.path.display(),
+            grouped(self.len()),
+            self.shape[0]
+        )
+    }
+}
+
+/// Read a CSV file as examples: every row one example, its features f32 `[features]`, its target a class id
+/// (`Task::Classify`) or, with `opts.regression`, a real value f32 `[1]` (`Task::Regress { width: 1 }`).
+///
+/// `classes` fixes the class list (pass the training file's classes when opening its validation or test file, so
+/// the ids agree); without it the classes are the sorted distinct labels, numerically sorted when all are integers.
+/// Surrounding spaces of a cell are ignored; fields may be quoted. Blank lines are skipped.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read. [`Error::Csv`], naming the line and column, for a row with another
+/// number of fields than the header (or first row), a feature cell that is not a number, a regression target that
+/// is not a number, a label outside `classes`, an empty file or a header without rows.
+/// [`Error::InvalidArgument`] for a label or feature column that the file does not have (the message lists the
+/// header), or no feature column left.
+pub fn open(path: &Path, opts: &CsvSource, classes: Option<&[String]>) -> Result<TableExamples> {
+    let t = read_table(path, opts, true)?;
+    let width = t.columns.len();
+    let (task, labels, targets) = match t.target {
+        Target::Classes(cells) => {
+            let (classes, ids) = cells.finish(path, classes)?;
+            (Task::Classify { classes }, Some(ids), Vec::new())
+        }
+        Target::Values(v) => (Task::Regress { width: 1 }, None, v),
+        Target::None => unreachable!("read_table with a label always gives a target"),
+    };
+    tracing::debug!(path = %path.display(), rows = t.rows, width, "read csv");
+    Ok(TableExamples {
+        path: path.to_path_buf(),
+        rows: t.rows,
+        columns: t.columns,
+        features: t.features,
+        shape: vec![width],
+        task,
+        labels,
+        targets,
+    })
+}
+
+/// A numeric table read from CSV, every column a feature.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CsvTable {
+    /// Names of the columns (from the header, or `c0`, `c1`, ...).
+    pub columns: Vec<String>,
+    /// The cells, `f32`, shape `[rows, columns]`.
+    pub values: Array,
+}
+
+/// Read a CSV file whose every cell is a number (features to predict on, a table without targets) into memory.
+///
+/// # Errors
+/// As [`open`]: [`Error::Io`] when the file cannot be read, [`Error::Csv`] naming the line and column of a cell
+/// that is not a number, a ragged row, or an empty file.
+pub fn read_csv(path: impl AsRef<Path>, header: bool, delimiter: u8) -> Result<CsvTable> {
+    let path = path.as_ref();
+    let opts = CsvSource {
+        header,
+        delimiter,
+        ..CsvSource::default()
+    };
+    let t = read_table(path, &opts, false)?;
+    let shape = [t.rows, t.columns.len()];
+    Ok(CsvTable {
+        columns: t.columns,
+        values: Array::from_f32(t.features, &shape)?,
+    })
+}
+
+/// What the label column holds, as it is read.
+enum Target {
+    None,
+    Classes(LabelCells),
+    Values(Vec<f32>),
+}
+
+struct Table {
+    columns: Vec<String>,
+    features: Vec<f32>,
+    rows: usize,
+    target: Target,
+}
+
+/// Files from this size on are parsed in parallel chunks (when they hold no quote).
+const PARALLEL_FROM: u64 = 4 << 20;
+
+fn read_table(path: &Path, opts: &CsvSource, with_label: bool) -> Result<Table> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if size >= PARALLEL_FROM && rayon::current_num_threads() > 1 {
+        // SAFETY: the map is read-only and dropped before this function returns; like every reader of a mapped
+        // file we rely on it not being truncated while it is read (a data set being trained on is not).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        return read_mapped(path, opts, with_label, &map);
+    }
+    let mut reader = builder(opts).buffer_capacity(1 << 20).from_reader(file);
+    let mut rec = csv::ByteRecord::new();
+    let first = next_record(path, &mut reader, &mut rec, 1)?;
+    let plan = Plan::new(path, opts, with_label, &rec, first)?;
+    plan.read_rest(&mut reader, &mut rec)
+}
+
+/// Parse a whole file in memory. Without quotes a record never spans a line break, so the file splits at line
+/// breaks into chunks that parse independently, one per worker; with quotes it is read in one pass.
+fn read_mapped(path: &Path, opts: &CsvSource, with_label: bool, bytes: &[u8]) -> Result<Table> {
+    use rayon::prelude::*;
+    let mut reader = builder(opts).from_reader(bytes);
+    let mut rec = csv::ByteRecord::new();
+    let first = next_record(path, &mut reader, &mut rec, 1)?;
+    let plan = Plan::new(path, opts, with_label, &rec, first)?;
+    let start = if opts.header {
+        reader.position().byte() as usize
+    } else {
+        0
+    };
+    let data = &bytes[start..];
+    if data.par_chunks(1 << 20).any(|c| c.contains(&b'"')) {
+        return plan.read_rest(&mut reader, &mut rec);
+    }
+    // Chunk bounds at line breaks, and the line each chunk starts on.
+    let pieces = rayon::current_num_threads() * 4;
+    let mut bounds = vec![0usize];
+    for k in 1..pieces {
+        let at = (data.len() * k / pieces).max(*bounds.last().unwrap_or(&0));
+        let end = data[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(data.len(), |p| at + p + 1);
+        if end > *bounds.last().unwrap_or(&0) && end < data.len() {
+            bounds.push(end);
+        }
+    }
+    bounds.push(data.len());
+    let chunks: Vec<&[u8]> = bounds.windows(2).map(|w| &data[w[0]..w[1]]).collect();
+    let breaks: Vec<usize> = chunks
+        .par_iter()
+        .map(|c| c.iter().filter(|&&b| b == b'\n').count())
+        .collect();
+    let mut line = 1 + bytes[..start].iter().filter(|&&b| b == b'\n').count();
+    let firsts: Vec<usize> = breaks
+        .iter()
+        .map(|n| {
+            let l = line;
+            line += n;
+            l
+        })
+        .collect();
+    let parts: Vec<Result<Part>> = chunks
+        .par_iter()
+        .zip(firsts)
+        .map(|(chunk, first_line)| {
+            let mut reader = builder(opts).from_reader(*chunk);
+            let mut rec = csv::ByteRecord::new();
+            let mut part = plan.part();
+            while next_record(path, &mut reader, &mut rec, first_line)? {
+                plan.row(&mut part, &rec, first_line)?;
+            }
+            Ok(part)
+        })
+        .collect();
+    plan.finish(parts.into_iter().collect::<Result<_>>()?)
+}
+
+fn builder(opts: &CsvSource) -> csv::ReaderBuilder {
+    let mut b = csv::ReaderBuilder::new();
+    b.has_headers(false)
+        .flexible(true)
+        .delimiter(opts.delimiter);
+    b
+}
+
+/// Read the next record into `rec`; `first_line` is the file's line on which the reader's input starts.
+fn next_record<R: std::io::Read>(
+    path: &Path,
+    reader: &mut csv::Reader<R>,
+    rec: &mut csv::ByteRecord,
+    first_line: usize,
+) -> Result<bool> {
+    reader.read_byte_record(rec).map_err(|e| {
+        let line = e
+            .position()
+            .map_or(first_line, |p| first_line + p.line() as usize - 1);
+        match e.into_kind() {
+            csv::ErrorKind::Io(io) => Error::io(path, io),
+            kind => Error::Csv {
+                path: path.to_path_buf(),
+                line,
+                column: 1,
+                reason: format!("{kind:?}"),
+            },
+        }
+    })
+}
+
+/// Which columns are read as what, decided from the header (or the first row).
+struct Plan<'a> {
+    path: &'a Path,
+    header: bool,
+    regression: bool,
+    width: usize,
+    names: Vec<String>,
+    features: Vec<usize>,
+    label: Option<usize>,
+    /// The line of the header (or the first row).
+    first_line: usize,
+}
+
+/// The rows of one chunk of the file.
+struct Part {
+    features: Vec<f32>,
+    target: Target,
+    rows: usize,
+}
+
+impl<'a> Plan<'a> {
+    /// The plan for a file whose first record (`has_first` when there is one) is `first`.
+    fn new(
+        path: &'a Path,
+        opts: &CsvSource,
+        with_label: bool,
+        first: &csv::ByteRecord,
+        has_first: bool,
+    ) -> Result<Plan<'a>> {
+        if !has_first {
+            return Err(Error::Csv {
+                path: path.to_path_buf(),
+                line: 1,
+                column: 1,
+                reason: if opts.header {
+                    "the file is empty (expected a header line naming the columns, then one row per example)"
+                } else {
+                    "the file is empty (expected one row per example)"
+                }
+                .into(),
+            });
+        }
+        let width = first.len();
+        let header: Option<Vec<String>> = opts.header.then(|| {
+            first
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let f = if i == 0 {
+                        f.strip_prefix("\u{feff}".as_bytes()).unwrap_or(f)
+                    } else {
+                        f
+                    };
+                    String::from_utf8_lossy(f.trim_ascii()).into_owned()
+                })
+                .collect()
+        });
+        let names: Vec<String> = match &header {
+            Some(h) => h.clone(),
+            None => (0..width).map(|i| format!("c{i}")).collect(),
+        };
+        let find = |name: &str, role: &str| -> Result<usize> {
+            let found = match &header {
+                Some(h) => h.iter().position(|c| c == name),
+                None => name.trim().parse::<usize>().ok().filter(|&i| i < width),
+            };
+            found.ok_or_else(|| Error::InvalidArgument {
+                op: "csv::open",
+                reason: match &header {
+                    Some(h) => format!(
+                        "{}: no {role} column named {name:?}; the header names {}",
+                        path.display(),
+                        list(h)
+                    ),
+                    None => format!(
+                        "{}: {role} column {name:?} is not a column index below {width} (the file has no \
+                         header, so columns are named by 0-based index)",
+                        path.display()
+                    ),
+                },
+            })
+        };
+        let label = match (&opts.label, with_label) {
+            (_, false) => None,
+            (Some(name), true) => Some(find(name, "label")?),
+            (None, true) => Some(width - 1),
+        };
+        let features: Vec<usize> = match &opts.features {
+            Some(fs) => fs
+                .iter()
+                .map(|f| find(f, "feature"))
+                .collect::<Result<_>>()?,
+            None => (0..width).filter(|&c| Some(c) != label).collect(),
+        };
+        if let Some(l) = label.filter(|l| features.contains(l)) {
+            return Err(Error::InvalidArgument {
+                op: "csv::open",
+                reason: format!(
+                    "{}: column {:?} is both the label and a feature; leave it out of `features`",
+                    path.display(),
+                    names[l]
+                ),
+            });
+        }
+        if features.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "csv::open",
+                reason: format!(
+                    "{}: no feature columns: the file's only column is the label {:?}",
+                    path.display(),
+                    label.map_or("", |l| names[l].as_str())
+                ),
+            });
+        }
+        Ok(Plan {
+            path,
+            header: opts.header,
+            regression: opts.regression,
+            width,
+            names,
+            features,
+            label,
+            first_line: line_of(first),
+        })
+    }
+
+    /// Read the file from the record after `first` (the header, or the first row, which is read here) on.
+    fn read_rest<R: std::io::Read>(
+        &self,
+        reader: &mut csv::Reader<R>,
+        first: &mut csv::ByteRecord,
+    ) -> Result<Table> {
+        let mut part = self.part();
+        if !self.header {
+            self.row(&mut part, first, 1)?;
+        }
+        while next_record(self.path, reader, first, 1)? {
+            self.row(&mut part, first, 1)?;
+        }
+        self.finish(vec![part])
+    }
+
+    fn part(&self) -> Part {
+        Part {
+            features: Vec::new(),
+            target: match self.label {
+                None => Target::None,
+                Some(_) if self.regression => Target::Values(Vec::new()),
+                Some(l) => Target::Classes(LabelCells::new(l + 1)),
+            },
+            rows: 0,
+        }
+    }
+
+    /// Read one row into `part`; `first_line` is the file's line on which the record's reader started.
+    fn row(&self, part: &mut Part, rec: &csv::ByteRecord, first_line: usize) -> Result<()> {
+        let line = first_line + line_of(rec) - 1;
+        let bad = |column: usize, reason: String| Error::Csv {
+            path: self.path.to_path_buf(),
+            line,
+            column,
+            reason,
+        };
+        let width = self.width;
+        if rec.len() != width {
+            return Err(bad(
+                rec.len().min(width) + 1,
+                format!(
+                    "{} fields where the {} has {width}: every row needs {width} fields (check the delimiter \
+                     and quoting of this row)",
+                    rec.len(),
+                    if self.header { "header" } else { "first row" }
+                ),
+            ));
+        }
+        for &c in &self.features {
+            let cell = &rec[c];
+            match parse_f32(cell) {
+                Some(v) => part.features.push(v),
+                None => {
+                    return Err(bad(
+                        c + 1,
+                        format!(
+                            "feature {:?}: {:?} is not a number (fill or drop this cell, or leave the column out \
+                             of `features`)",
+                            self.names[c],
+                            String::from_utf8_lossy(cell)
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(l) = self.label {
+            let cell = &rec[l];
+            match &mut part.target {
+                Target::Values(v) => match parse_f32(cell) {
+                    Some(x) => v.push(x),
+                    None => {
+                        return Err(bad(
+                            l + 1,
+                            format!(
+                                "regression target {:?}: {:?} is not a number (a regression needs a numeric \
+                                 target; for class labels leave `regression` off)",
+                                self.names[l],
+                                String::from_utf8_lossy(cell)
+                            ),
+                        ));
+                    }
+                },
+                Target::Classes(cells) => {
+                    let cell = cell.trim_ascii();
+                    if cell.is_empty() {
+                        return Err(bad(
+                            l + 1,
+                            format!(
+                                "label {:?} is empty (give every row a label)",
+                                self.names[l]
+                            ),
+                        ));
+                    }
+                    cells.push(cell, line);
+                }
+                Target::None => {}
+            }
+        }
+        part.rows += 1;
+        Ok(())
+    }
+
+    /// The table of the parts, in file order.
+    fn finish(&self, parts: Vec<Part>) -> Result<Table> {
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        if rows == 0 {
+            return Err(Error::Csv {
+                path: self.path.to_path_buf(),
+                line: self.first_line + 1,
+                column: 1,
+                reason: "no rows after the header (expected one row per example)".into(),
+            });
+        }
+        let mut features = Vec::with_capacity(rows * self.features.len());
+        let mut target = self.part().target;
+        for p in parts {
+            features.extend_from_slice(&p.features);
+            match (&mut target, p.target) {
+                (Target::Values(all), Target::Values(v)) => all.extend_from_slice(&v),
+                (Target::Classes(all), Target::Classes(c)) => all.append(c),
+                _ => {}
+            }
+        }
+        Ok(Table {
+            columns: self
+                .features
+                .iter()
+                .map(|&c| self.names[c].clone())
+                .collect(),
+            features,
+            rows,
+            target,
+        })
+    }
+}
+
+fn line_of(rec: &csv::ByteRecord) -> usize {
+    rec.position().map_or(0, |p| p.line() as usize)
+}
+
+/// Parse a number cell (surrounding ASCII spaces ignored), correctly rounded to f32. Decimals with an exponent
+/// up to 10^±22 take a fast path; the rest (`inf`, `NaN`, extreme exponents, and values within 2^-50 of a point
+/// halfway between two f32) go to the standard library's parser.
+pub(crate) fn parse_f32(cell: &[u8]) -> Option<f32> {
+    let s = cell.trim_ascii();
+    fast_f32(s).or_else(|| std::str::from_utf8(s).ok()?.parse().ok())
+}
+
+/// The value's first 19 significant digits as an integer scaled by a power of ten in f64 (relative error below
+/// 2^-51: two roundings of 2^-53 and at most 10^-18 of dropped digits), then an interval of relative width
+/// 2^-50 around it: when both ends round to the same f32, so does the exact value (rounding is monotonic).
+fn fast_f32(s: &[u8]) -> Option<f32> {
+    const POW10: [f64; 23] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+    ];
+    let (neg, s) = match s.first()? {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let mut sig: u64 = 0;
+    let mut kept = 0u32;
+    let mut exp: i64 = 0;
+    let mut any = false;
+    let mut i = 0;
+    let mut fraction = false;
+    while let Some(&b) = s.get(i) {
+        match b {
+            b'0'..=b'9' => {
+                any = true;
+                let d = u64::from(b - b'0');
+                if kept < 19 {
+                    // leading zeros are not significant
+                    if sig != 0 || d != 0 {
+                        sig = sig * 10 + d;
+                        kept += 1;
+                    }
+                    exp -= i64::from(fraction);
+                } else {
+                    exp += i64::from(!fraction);
+                }
+            }
+            b'.' if !fraction => fraction = true,
+            _ => break,
+        }
+        i += 1;
+    }
+    if !any {
+        return None;
+    }
+    if i < s.len() && (s[i] == b'e' || s[i] == b'E') {
+        i += 1;
+        let neg_exp = match s.get(i) {
+            Some(b'-') => {
+                i += 1;
+                true
+            }
+            Some(b'+') => {
+                i += 1;
+                false
+            }
+            _ => false,
+        };
+        let digits = i;
+        let mut e: i64 = 0;
+        while i < s.len() && s[i].is_ascii_digit() {
+            e = (e * 10 + i64::from(s[i] - b'0')).min(1 << 20);
+            i += 1;
+        }
+        if i == digits {
+            return None;
+        }
+        exp += if neg_exp { -e } else { e };
+    }
+    if i != s.len() {
+        return None;
+    }
+    if sig == 0 {
+        return Some(if neg { -0.0 } else { 0.0 });
+    }
+    let scale = *POW10.get(exp.unsigned_abs() as usize)?;
+    let v = if exp >= 0 {
+        sig as f64 * scale
+    } else {
+        sig as f64 / scale
+    };
+    const MARGIN: f64 = 1.0 / (1u64 << 50) as f64;
+    let (lo, hi) = ((v * (1.0 - MARGIN)) as f32, (v * (1.0 + MARGIN)) as f32);
+    (lo.to_bits() == hi.to_bits()).then_some(if neg { -lo } else { lo })
+}
+
+/// Class labels read as text, one per example, turned into class ids once all are read. Shared by the sources
+/// whose labels are names (CSV label columns, labelled text).
+pub(crate) struct LabelCells {
+    column: usize,
+    index: HashMap<Vec<u8>, u32>,
+    /// Distinct labels in order of first appearance, with the line they first appear on.
+    seen: Vec<(String, usize)>,
+    rows: Vec<u32>,
+}
+
+impl LabelCells {
+    /// Labels of the 1-based `column` (named in errors).
+    pub(crate) fn new(column: usize) -> Self {
+        LabelCells {
+            column,
+            index: HashMap::new(),
+            seen: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// The next example's label, read on `line`.
+    pub(crate) fn push(&mut self, label: &[u8], line: usize) {
+        let id = match self.index.get(label) {
+            Some(&id) => id,
+            None => {
+                let id = self.seen.len() as u32;
+                self.index.insert(label.to_vec(), id);
+                self.seen
+                    .push((String::from_utf8_lossy(label).into_owned(), line));
+                id
+            }
+        };
+        self.rows.push(id);
+    }
+
+    /// Add the labels of `later`, read after these.
+    pub(crate) fn append(&mut self, later: LabelCells) {
+        let ids: Vec<u32> = later
+            .seen
+            .into_iter()
+            .map(|(name, line)| match self.index.get(name.as_bytes()) {
+                Some(&id) => id,
+                None => {
+                    let id = self.seen.len() as u32;
+                    self.index.insert(name.as_bytes().to_vec(), id);
+                    self.seen.push((name, line));
+                    id
+                }
+            })
+            .collect();
+        self.rows
+            .extend(later.rows.into_iter().map(|r| ids[r as usize]));
+    }
+
+    /// The class names in id order and every example's class id: `classes` when given, else the distinct labels
+    /// sorted (numerically when all are integers).
+    ///
+    /// # Errors
+    /// [`Error::Csv`] naming the first line of a label that is not in `classes`.
+    pub(crate) fn finish(
+        self,
+        path: &Path,
+        classes: Option<&[String]>,
+    ) -> Result<(Vec<String>, Vec<i32>)> {
+        let classes: Vec<String> = match classes {
+            Some(known) => known.to_vec(),
+            None => {
+                let mut names: Vec<String> = self.seen.iter().map(|(n, _)| n.clone()).collect();
+                let ints: Option<Vec<i64>> = names.iter().map(|n| n.parse().ok()).collect();
+                match ints {
+                    Some(mut keyed) => {
+                        let mut order: Vec<usize> = (0..names.len()).collect();
+                        order.sort_by_key(|&i| keyed[i]);
+                        keyed.clear();
+                        names = order.into_iter().map(|i| names[i].clone()).collect();
+                    }
+                    None => names.sort(),
+                }
+                names
+            }
+        };
+        let position: HashMap<&str, i32> = classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.as_str(), i as i32))
+            .collect();
+        let mut map = Vec::with_capacity(self.seen.len());
+        for (name, line) in &self.seen {
+            match position.get(name.as_str()) {
+                Some(&id) => map.push(id),
+                None => {
+                    return Err(Error::Csv {
+                        path: path.to_path_buf(),
+                        line: *line,
+                        column: self.column,
+                        reason: format!(
+                            "label {name:?} is not one of the {} known classes {} (a validation or test file may only \
+                             hold the training file's classes)",
+                            classes.len(),
+                            list(&classes)
+                        ),
+                    });
+                }
+            }
+        }
+        let ids = self.rows.iter().map(|&r| map[r as usize]).collect();
+        Ok((classes, ids))
+    }
+}
+
+/// Names for a message: `"a", "b", "c"`, the first 20 of a long list.
+pub(crate) fn list(names: &[String]) -> String {
+    let shown: Vec<String> = names.iter().take(20).map(|n| format!("{n:?}")).collect();
+    let more = names.len().saturating_sub(20);
+    if more > 0 {
+        format!("[{}, and {more} more]", shown.join(", "))
+    } else {
+        format!("[{}]", shown.join(", "))
+    }
+}
+
+/// `1234567` as `1,234,567`, for descriptions.
+pub(crate) fn grouped(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    #[test]
+    fn fast_float_path_agrees_with_the_standard_parser() {
+        let mut rng = Rng::new(5);
+        let mut fast = 0;
+        let n = 200_000;
+        for k in 0..n {
+            let s = if k % 4 == 3 {
+                // the decimal nearest a point halfway between two f32 (the double-rounding trap)
+                let x = f32::from_bits(rng.next_u32() & 0x7fff_ffff);
+                if !x.is_finite() || x == f32::MAX {
+                    continue;
+                }
+                let next = f32::from_bits(x.to_bits() + 1);
+                format!("{:e}", (f64::from(x) + f64::from(next)) / 2.0)
+            } else {
+                let digits = 1 + rng.below(if k % 4 == 0 { 25 } else { 9 }) as usize;
+                let mut s = String::new();
+                if rng.below(2) == 0 {
+                    s.push('-');
+                }
+                let dot = rng.below(digits as u64 + 1) as usize;
+                for d in 0..digits {
+                    if d == dot {
+                        s.push('.');
+                    }
+                    s.push(char::from(b'0' + rng.below(10) as u8));
+                }
+                if k % 4 == 1 {
+                    s.push_str(&format!("e{}", rng.below(61) as i64 - 30));
+                }
+                s
+            };
+            let want: f32 = s.parse().unwrap();
+            let got = fast_f32(s.as_bytes());
+            if let Some(got) = got {
+                assert_eq!(got.to_bits(), want.to_bits(), "{s}");
+            }
+            match k % 4 {
+                2 => fast += usize::from(got.is_some()),
+                3 => assert_eq!(got, None, "{s} is within 2^-53 of a halfway point"),
+                _ => {}
+            }
+            assert_eq!(
+                parse_f32(s.as_bytes()).map(f32::to_bits),
+                Some(want.to_bits()),
+                "{s}"
+            );
+        }
+        assert!(
+            fast > n / 4 * 99 / 100,
+            "the fast path took {fast} of {} short decimals",
+            n / 4
+        );
+        assert_eq!(
+            fast_f32(b"16777217"),
+            None,
+            "exactly halfway: the standard parser decides"
+        );
+        assert_eq!(parse_f32(b"16777217"), Some(16_777_216.0));
+        assert_eq!(parse_f32(b" 1e3 "), Some(1000.0));
+        assert_eq!(
+            parse_f32(b"-0.0").map(f32::to_bits),
+            Some((-0.0f32).to_bits())
+        );
+        assert_eq!(
+            parse_f32(b"0.000123456789012345678901"),
+            Some(0.000_123_456_79)
+        );
+        assert!(parse_f32(b"inf").unwrap().is_infinite());
+        assert!(parse_f32(b"1e400").unwrap().is_infinite());
+        for bad in [
+            &b""[..],
+            b".",
+            b"e5",
+            b"1e",
+            b"1.2.3",
+            b"--1",
+            b"1,5",
+            b"0x10",
+        ] {
+            assert_eq!(parse_f32(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn grouped_digits() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1200), "1,200");
+        assert_eq!(grouped(1_234_567), "1,234,567");
+    }
+}

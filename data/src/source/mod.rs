@@ -78,6 +78,12 @@ pub trait Examples: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// When the features are token ids, the bound below which they lie (a model's embedding needs at least
+    /// that many rows): the vocabulary's size, or 256 for bytes.
+    fn token_ids(&self) -> Option<usize> {
+        self.vocabulary().map(Vocabulary::len)
+    }
+
     /// Example `i` (`i < len()`): features f32 of shape [`shape`](Examples::shape) (images in `[0, 1]`, channels
     /// first; token ids as exact values), and its target as [`task`](Examples::task) says.
     ///

@@ -16,6 +16,10 @@ use cohort_optim::OptimConfig;
 use serde::Serialize;
 use toml::{Table, Value};
 
+mod data;
+
+pub use data::{DataConfig, DataSource, Files, NpyFiles, SyntheticData, TokenData};
+
 /// A config error: the file, where in it, and what is accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigError {
@@ -94,6 +98,8 @@ pub struct RunConfig {
     pub dir: PathBuf,
     /// Log a metrics record every this many steps.
     pub log_every: u64,
+    /// Evaluate on the validation split every this many steps, besides every epoch's end.
+    pub eval_every: Option<u64>,
     /// Run a small-batch warm-up step per member before timing starts.
     pub warmup: bool,
     /// On a GPU, capture each unit's training step as a CUDA graph and replay it.
@@ -107,58 +113,6 @@ pub struct MemoryConfig {
     pub growth: bool,
     /// A hard cap on the whole pool.
     pub limit: Option<Limit>,
-}
-
-/// Where a data set's examples come from.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DataSource {
-    /// A directory holding MNIST-layout IDX files (`train-images-idx3-ubyte[.gz]`, `t10k-…`).
-    Idx(PathBuf),
-    /// `label<TAB>text` files: each text tokenized, its tokens' ids (a vocabulary built on the training file only)
-    /// cut or padded to `max_len`.
-    Text {
-        /// The training file.
-        train: PathBuf,
-        /// The test file.
-        test: PathBuf,
-        /// Tokens per example; longer texts are cut, shorter ones padded with id 0.
-        max_len: usize,
-        /// Ids in the vocabulary at most, `<pad>` (0) and `<unk>` (1) included.
-        vocab: usize,
-        /// A token is in the vocabulary when the training file holds it at least this often.
-        min_count: usize,
-    },
-    /// Deterministic random examples, for tests and benchmarks.
-    Synthetic {
-        /// Training examples.
-        train: usize,
-        /// Test examples.
-        test: usize,
-        /// Classes.
-        classes: usize,
-        /// Shape of one example, e.g. `[1, 28, 28]`.
-        shape: Vec<usize>,
-    },
-}
-
-/// `[data.NAME]`: one input pipeline, shared by every member naming it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DataConfig {
-    /// The name members refer to.
-    pub name: String,
-    /// Where examples come from.
-    pub source: DataSource,
-    /// Shuffle buffer size (0: no shuffling).
-    pub shuffle: usize,
-    /// Batches prepared ahead by background threads.
-    pub prefetch: usize,
-    /// Seed of the shuffle.
-    pub seed: u64,
-    /// Use only the first this many training examples.
-    pub limit: Option<usize>,
-    /// Use only the first this many test examples.
-    pub test_limit: Option<usize>,
 }
 
 /// How the learning rate changes over a member's steps.
@@ -372,7 +326,7 @@ pub struct Config {
 }
 
 /// The built-in default job: a small lr grid of MLPs and one CNN on the bundled MNIST digits.
-pub const DEFAULT_JOB: &str = include_str!("../../examples/default.toml");
+pub const DEFAULT_JOB: &str = include_str!("../../../examples/default.toml");
 
 /// The name used for the built-in config in messages.
 pub const DEFAULT_JOB_FILE: &str = "<built-in default job: examples/default.toml>";
@@ -442,7 +396,7 @@ impl Config {
                         format!("expected a table {section}, found {}", describe(v)),
                     ));
                 };
-                let d = parse_data(name, &Section::new(file, &section, t, false))?;
+                let d = data::parse(name, &Section::new(file, &section, t, false))?;
                 data.insert(name.clone(), d);
             }
         }
@@ -492,7 +446,7 @@ impl Config {
                 let mut m = parse_member(&s, &run, i, grid)?;
                 if !data.contains_key(&m.data) {
                     if data.is_empty() && m.data == "mnist" {
-                        data.insert("mnist".into(), default_mnist());
+                        data.insert("mnist".into(), data::default_mnist());
                     } else {
                         let known: Vec<String> = data.keys().map(|k| format!("\"{k}\"")).collect();
                         return Err(err(
@@ -572,18 +526,6 @@ impl Config {
     /// The member named `name`.
     pub fn member(&self, name: &str) -> Option<&MemberConfig> {
         self.members.iter().find(|m| m.name == name)
-    }
-}
-
-fn default_mnist() -> DataConfig {
-    DataConfig {
-        name: "mnist".into(),
-        source: DataSource::Idx(PathBuf::from("data/mnist")),
-        shuffle: 8000,
-        prefetch: 4,
-        seed: 0,
-        limit: None,
-        test_limit: None,
     }
 }
 
@@ -721,6 +663,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     let seed = s.u64("seed", 0)?.unwrap_or(0);
     let dir = PathBuf::from(s.str("dir", "a directory path")?.unwrap_or("runs"));
     let log_every = s.u64("log_every", 1)?.unwrap_or(20);
+    let eval_every = s.u64("eval_every", 1)?;
     let warmup = s.bool("warmup")?.unwrap_or(true);
     let cuda_graphs = s.bool("cuda_graphs")?.unwrap_or(true);
     s.finish()?;
@@ -734,6 +677,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
         seed,
         dir,
         log_every,
+        eval_every,
         warmup,
         cuda_graphs,
     })
@@ -744,102 +688,6 @@ fn parse_memory(s: &Section<'_>) -> CResult<MemoryConfig> {
     let limit = s.mem("limit")?;
     s.finish()?;
     Ok(MemoryConfig { growth, limit })
-}
-
-fn parse_data(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
-    let accepted = "{ idx = \"DIR\" }, { text = { train = \"FILE\", test = \"FILE\" } } or \
-                    { synthetic = { train = N, test = N, classes = N, shape = [..] } }";
-    let source = match s.variant("source", "idx, text, synthetic")? {
-        None => {
-            if name == "mnist" {
-                DataSource::Idx(PathBuf::from("data/mnist"))
-            } else {
-                return Err(s.error("source", format!("missing; expected {accepted}")));
-            }
-        }
-        Some(("idx", Value::String(p))) => DataSource::Idx(PathBuf::from(p)),
-        Some(("text", Value::Table(t))) => {
-            let sub = s.sub("source.text", t);
-            let file = |k: &str| -> CResult<PathBuf> {
-                sub.str(k, "a file of label<TAB>text lines")?
-                    .map(PathBuf::from)
-                    .ok_or_else(|| sub.error(k, "missing: a file of label<TAB>text lines".into()))
-            };
-            let text = DataSource::Text {
-                train: file("train")?,
-                test: file("test")?,
-                max_len: sub.u64("max_len", 1)?.unwrap_or(64) as usize,
-                vocab: sub.u64("vocab", 3)?.unwrap_or(20_000) as usize,
-                min_count: sub.u64("min_count", 1)?.unwrap_or(1) as usize,
-            };
-            sub.finish()?;
-            text
-        }
-        Some(("synthetic", Value::Table(t))) => {
-            let sub = s.sub("source.synthetic", t);
-            let train = sub.u64("train", 1)?.unwrap_or(1024) as usize;
-            let test = sub.u64("test", 1)?.unwrap_or(256) as usize;
-            let classes = sub.u64("classes", 2)?.unwrap_or(10) as usize;
-            let shape = match sub.take("shape") {
-                None => vec![1, 28, 28],
-                Some(Value::Array(a)) if !a.is_empty() => {
-                    let mut v = Vec::new();
-                    for x in a {
-                        match x {
-                            Value::Integer(i) if *i > 0 => v.push(*i as usize),
-                            other => {
-                                return Err(sub.error(
-                                    "shape",
-                                    format!(
-                                        "expected a list of positive integers, found {}",
-                                        describe(other)
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                    v
-                }
-                Some(other) => {
-                    return Err(sub.error(
-                        "shape",
-                        format!(
-                            "expected a list of positive integers, found {}",
-                            describe(other)
-                        ),
-                    ));
-                }
-            };
-            sub.finish()?;
-            DataSource::Synthetic {
-                train,
-                test,
-                classes,
-                shape,
-            }
-        }
-        Some((_, _)) => {
-            return Err(s.error(
-                "source",
-                format!("expected {accepted}, found something else"),
-            ));
-        }
-    };
-    let shuffle = s.u64("shuffle", 0)?.unwrap_or(8000) as usize;
-    let prefetch = s.u64("prefetch", 0)?.unwrap_or(4) as usize;
-    let seed = s.u64("seed", 0)?.unwrap_or(0);
-    let limit = s.u64("limit", 1)?.map(|v| v as usize);
-    let test_limit = s.u64("test_limit", 1)?.map(|v| v as usize);
-    s.finish()?;
-    Ok(DataConfig {
-        name: name.to_string(),
-        source,
-        shuffle,
-        prefetch,
-        seed,
-        limit,
-        test_limit,
-    })
 }
 
 /// Checks that a name can be a directory name.
