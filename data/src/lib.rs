@@ -1,10 +1,14 @@
 //! cohort-data: a tf.data-style input pipeline: sources, map, shuffle, batch, prefetch, shared iterators.
 //!
 //! A [`Dataset`] describes a pipeline; iterators opened from it run it. Sources: [`Dataset::range`],
-//! [`Dataset::from_tensor_slices`] (host [`Array`]s, `Vec`s, tuples), IDX files ([`read_idx`], [`Mnist`]),
-//! numeric CSV ([`read_csv`]), text lines with a tokenizer and [`Vocabulary`], seeded [`synthetic`] data.
-//! Adapters: `map`/`map_parallel` (order kept), `filter`, `shuffle(buffer, seed)`, `batch`, `padded_batch`,
-//! `repeat`, `take`, `skip`, `zip`, `cache`, `prefetch(n)`; [`Dataset::share`] lets several members read one run.
+//! [`Dataset::from_tensor_slices`] (host [`Array`]s, `Vec`s, tuples), and the formats of [`source`], each read by
+//! index as [`Examples`]: CSV tables, NumPy arrays, image folders, CIFAR batches, IDX files of any shape,
+//! labelled text and token corpora with a [`Vocabulary`], seeded synthetic data. [`split`] holds out stratified
+//! fractions, [`Normalize`] and [`augment`] prepare examples.
+//!
+//! Adapters: `map`/`map_parallel` (order kept), `map_seeded` (random augmentation, resumable), `filter`,
+//! `shuffle(buffer, seed)`, `batch`, `padded_batch`, `repeat`, `take`, `skip`, `zip`, `cache`, `prefetch(n)`;
+//! [`Dataset::share`] lets several members read one run.
 //!
 //! Everything is deterministic under its seeds, and an iterator's [`Position`] (serde) resumes it exactly:
 //!
@@ -59,4 +63,4 @@ pub use rng::Rng;
 pub use share::{ShareOptions, SharedIter};
 pub use source::csv::{CsvTable, read_csv};
 pub use source::{Examples, SharedExamples, Task};
-pub use text::{LabeledText, Vocabulary, text_lines, tokenize};
+pub use text::{Vocabulary, text_lines, tokenize};

@@ -57,7 +57,9 @@ pub fn hold_out(
     let mut take: Vec<usize> = shares.iter().map(|s| s.floor() as usize).collect();
     let short = ((n as f64 * fraction).round() as usize).saturating_sub(take.iter().sum());
     let mut by_remainder: Vec<usize> = (0..classes.len()).collect();
-    by_remainder.sort_by(|&a, &b| (shares[b] - shares[b].floor()).total_cmp(&(shares[a] - shares[a].floor())));
+    by_remainder.sort_by(|&a, &b| {
+        (shares[b] - shares[b].floor()).total_cmp(&(shares[a] - shares[a].floor()))
+    });
     for &c in by_remainder.iter().take(short) {
         take[c] += 1;
     }

@@ -1,13 +1,13 @@
-//! Text: lines of a file, a whitespace tokenizer, and a vocabulary that maps tokens to ids (for a text classifier:
-//! lines of `label<TAB>text` become `(token ids, label)` examples, batched with `padded_batch`).
+//! Text: lines of a file, a whitespace tokenizer, and a vocabulary that maps tokens to ids (labelled text and token
+//! corpora built on them are sources: [`crate::source::text`], [`crate::source::tokens`]).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::array::Array;
 use crate::dataset::Dataset;
-use crate::error::{Error, Result};
+use crate::error::Error;
 
 /// Split text into lowercase tokens at whitespace, trimming ASCII punctuation at both ends of each token.
 pub fn tokenize(text: &str) -> Vec<String> {
@@ -155,71 +155,6 @@ impl Vocabulary {
     }
 }
 
-/// Parse a `label<TAB>text` line (or `label text`: the first whitespace-separated field is the label).
-///
-/// # Errors
-/// [`Error::Csv`] naming `path` and `line` when the label is not an integer or the line is empty.
-pub fn parse_labeled_line(line: &str, path: &Path, line_no: usize) -> Result<(i32, String)> {
-    let t = line.trim_start();
-    let (label, text) = t.split_once(['\t', ' ']).unwrap_or((t, ""));
-    let label = label.trim().parse::<i32>().map_err(|_| Error::Csv {
-        path: PathBuf::from(path),
-        line: line_no,
-        column: 1,
-        reason: format!("label {label:?} is not an integer (expected `label<TAB>text`)"),
-    })?;
-    Ok((label, text.trim().to_string()))
-}
-
-/// A labelled text corpus read in full: the lines of a `label<TAB>text` file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LabeledText {
-    /// The texts.
-    pub texts: Vec<String>,
-    /// Their labels.
-    pub labels: Vec<i32>,
-}
-
-impl LabeledText {
-    /// Read a `label<TAB>text` file; blank lines are skipped.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when it cannot be read, [`Error::Csv`] for a line without an integer label.
-    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let content = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut out = LabeledText {
-            texts: Vec::new(),
-            labels: Vec::new(),
-        };
-        for (i, l) in content.lines().enumerate() {
-            if l.trim().is_empty() {
-                continue;
-            }
-            let (label, text) = parse_labeled_line(l, path, i + 1)?;
-            out.labels.push(label);
-            out.texts.push(text);
-        }
-        Ok(out)
-    }
-
-    /// A vocabulary of these texts.
-    pub fn vocabulary(&self, min_count: usize, max_size: usize) -> Vocabulary {
-        Vocabulary::build(self.texts.iter().map(String::as_str), min_count, max_size)
-    }
-
-    /// `(token ids [len], label [])` examples, encoded on the fly with `vocab`, cut to `max_len` tokens; batch them
-    /// with `padded_batch(n, Vocabulary::PAD as f64, ..)`.
-    pub fn dataset(&self, vocab: &Vocabulary, max_len: usize) -> Dataset<(Array, Array)> {
-        let vocab = vocab.clone();
-        Dataset::from_vec(self.texts.clone())
-            .zip(&Dataset::from_vec(self.labels.clone()))
-            .map_named("encode_text", 1, move |(text, label)| {
-                Ok((vocab.encode(&text, max_len), Array::scalar_i32(label)))
-            })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,25 +179,12 @@ mod tests {
     }
 
     #[test]
-    fn labeled_file_to_padded_batches() {
+    fn lines_of_a_file() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("t.tsv");
-        std::fs::write(&p, "1\tgood movie\n0\tbad bad film here\n\n1\tgood\n").unwrap();
-        let corpus = LabeledText::read(&p).unwrap();
-        assert_eq!(corpus.labels, vec![1, 0, 1]);
-        let vocab = corpus.vocabulary(1, 50);
-        let ds = corpus
-            .dataset(&vocab, 8)
-            .padded_batch(2, f64::from(Vocabulary::PAD), false);
-        let batches: Vec<(Array, Array)> = ds.iter().map(|b| b.unwrap()).collect();
-        assert_eq!(batches[0].0.shape(), &[2, 4]);
-        assert_eq!(batches[0].0.as_i32().unwrap()[2..4], [0, 0]);
-        assert_eq!(batches[1].1.as_i32().unwrap(), &[1]);
+        let p = dir.path().join("t.txt");
+        std::fs::write(&p, "one\ntwo\n\nthree\n").unwrap();
         let lines: Vec<String> = text_lines(&p).iter().map(|l| l.unwrap()).collect();
-        assert_eq!(lines.len(), 4);
-        std::fs::write(&p, "x\tno label\n").unwrap();
-        let e = LabeledText::read(&p).unwrap_err();
-        assert!(e.to_string().contains("line 1"), "{e}");
+        assert_eq!(lines, ["one", "two", "", "three"]);
         assert!(
             text_lines(dir.path().join("none"))
                 .iter()

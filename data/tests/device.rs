@@ -186,12 +186,12 @@ fn synthetic_and_text_sources_make_train_batches() {
     assert_eq!(batches[0].labels.dtype(), DType::I32);
 
     let vocab = cohort_data::Vocabulary::build(["a b c", "b c"], 1, 10);
-    let corpus = cohort_data::LabeledText {
-        texts: vec!["a b c".into(), "c".into()],
-        labels: vec![1, 0],
-    };
-    let ds = corpus
-        .dataset(&vocab, 16)
+    let examples = ["a b c", "c"]
+        .iter()
+        .zip([1, 0])
+        .map(|(t, l)| (vocab.encode(t, 16), cohort_data::Array::scalar_i32(l)))
+        .collect::<Vec<_>>();
+    let ds = Dataset::from_vec(examples)
         .padded_batch(2, 0.0, false)
         .to_train_batches(Device::Cpu, 0);
     let b = ds.iter().next().unwrap().unwrap();

@@ -17,8 +17,8 @@ use rayon::prelude::*;
 
 use cohort_alloc::TenantLimits;
 use cohort_autograd::{BuildOptions, Model, Shape, Tape};
-use cohort_data::Task;
 use cohort_data::Position;
+use cohort_data::Task;
 use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
 use cohort_tensor::{DType, Device, HostRead, Tensor};
 use safetensors::tensor::Dtype;
@@ -28,8 +28,8 @@ use crate::config::{
     CheckpointEvery, Config, LrScheduleConfig, MemberConfig, MemberModel, ScheduleKind,
 };
 use crate::control::ControlFile;
-use crate::error::{Error, Result};
 use crate::dataset::{DataSet, EvalSplit};
+use crate::error::{Error, Result};
 use crate::feed::Feed;
 use crate::graph::{Graphs, StepGraph};
 use crate::memory::{Tenant, device_total_bytes};
@@ -275,10 +275,16 @@ fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
 }
 
 /// An evaluation batch as tensors on `device`: features `[n, prod(shape)]`, targets as the task has them.
-fn eval_tensors((x, y): (cohort_data::Array, cohort_data::Array), device: &Device) -> Result<(Tensor, Tensor)> {
+fn eval_tensors(
+    (x, y): (cohort_data::Array, cohort_data::Array),
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     let n = x.shape().first().copied().unwrap_or(0);
     let per = x.elem_count() / n.max(1);
-    Ok((x.reshape(&[n, per])?.to_tensor(device)?, y.to_tensor(device)?))
+    Ok((
+        x.reshape(&[n, per])?.to_tensor(device)?,
+        y.to_tensor(device)?,
+    ))
 }
 
 /// The allocator's out-of-memory error inside `e`, if that is what it is.
@@ -978,9 +984,9 @@ impl Cohort {
         let mut note = None;
         if u.graphs.should_capture(n, u.batch, &u.opt) {
             let (model, opt, objective) = (&u.model, &mut u.opt, &u.feed.data().objective);
-            let captured = u.tenant.scope(|| {
-                StepGraph::capture(model, opt, objective, &device, x.copy()?, y.copy()?)
-            });
+            let captured = u
+                .tenant
+                .scope(|| StepGraph::capture(model, opt, objective, &device, x.copy()?, y.copy()?));
             u.graphs = match captured {
                 Ok(g) => {
                     note = Some(format!(
@@ -1364,7 +1370,11 @@ impl Cohort {
         let u = &self.units[ui];
         let data = u.feed.data().clone();
         // The test split, once, at the end; and validation where the last epoch's did not already score it.
-        let test = data.test.as_ref().map(|t| Cohort::evaluate(u, t)).transpose()?;
+        let test = data
+            .test
+            .as_ref()
+            .map(|t| Cohort::evaluate(u, t))
+            .transpose()?;
         let val_missing = done.iter().any(|&i| {
             let m = &self.members[i];
             m.c.val_step != Some(m.step)

@@ -32,7 +32,12 @@ struct Prepare {
 }
 
 impl Prepare {
-    fn example(&self, ex: &dyn Examples, i: usize, rng: Option<&mut Rng>) -> cohort_data::Result<(Array, Array)> {
+    fn example(
+        &self,
+        ex: &dyn Examples,
+        i: usize,
+        rng: Option<&mut Rng>,
+    ) -> cohort_data::Result<(Array, Array)> {
         let (x, y) = ex.example(i)?;
         if self.normalize.is_none() && (rng.is_none() || self.augment.is_identity()) {
             return Ok((x, y));
@@ -72,7 +77,9 @@ impl EvalSplit {
     pub fn batches(&self, b: usize) -> Dataset<(Array, Array)> {
         let (ex, prepare) = (self.examples.clone(), self.prepare.clone());
         Dataset::from_vec((*self.indices).clone())
-            .map_named("example", self.workers, move |i| prepare.example(ex.as_ref(), i, None))
+            .map_named("example", self.workers, move |i| {
+                prepare.example(ex.as_ref(), i, None)
+            })
             .batch(b.max(1), false)
     }
 }
@@ -153,7 +160,12 @@ const TEST_SALT: u64 = 0x7E57;
 const VAL_SALT: u64 = 0x0FA1;
 
 /// Holds `fraction` of `from` out, stratified by `labels`: `(kept, held)`, as indices of the examples.
-fn hold_out_of(from: &[usize], labels: Option<&[i32]>, fraction: f64, seed: u64) -> Result<(Vec<usize>, Vec<usize>)> {
+fn hold_out_of(
+    from: &[usize],
+    labels: Option<&[i32]>,
+    fraction: f64,
+    seed: u64,
+) -> Result<(Vec<usize>, Vec<usize>)> {
     let sub: Option<Vec<i32>> = labels.map(|l| from.iter().map(|&i| l[i]).collect());
     let (kept, held) = hold_out(from.len(), sub.as_deref(), fraction, seed)?;
     Ok((
@@ -242,7 +254,11 @@ fn open(cfg: &DataConfig, dir: Option<&Path>) -> Result<Opened> {
             let d = find_data(d, dir)?;
             let (ti, tl) = idx::split_files(&d, true)?;
             let (ei, el) = idx::split_files(&d, false)?;
-            Opened::pair(idx::open(&ti, &tl, options)?, idx::open(&ei, &el, options)?, cfg)?
+            Opened::pair(
+                idx::open(&ti, &tl, options)?,
+                idx::open(&ei, &el, options)?,
+                cfg,
+            )?
         }
         DataSource::Cifar { dir: d, kind } => {
             let d = find_data(d, dir)?;
@@ -422,10 +438,16 @@ impl DataSet {
         let normalize = match &cfg.normalize {
             None => None,
             Some(_) if token_ids.is_some() => {
-                return Err(bad("normalize: its examples are token ids, which are not normalised".into()));
+                return Err(bad(
+                    "normalize: its examples are token ids, which are not normalised".into(),
+                ));
             }
             Some(Some(given)) => Some(given.clone()),
-            Some(None) => Some(Normalize::measure(train.as_ref(), &indices.train, NORMALIZE_SAMPLE)?),
+            Some(None) => Some(Normalize::measure(
+                train.as_ref(),
+                &indices.train,
+                NORMALIZE_SAMPLE,
+            )?),
         };
         if let Some(n) = &normalize {
             n.check(&shape).map_err(|e| bad(e.to_string()))?;
@@ -437,8 +459,9 @@ impl DataSet {
             )));
         }
         let workers = match cfg.workers {
-            0 if matches!(cfg.source, DataSource::Images { .. }) => std::thread::available_parallelism()
-                .map_or(2, |n| n.get().min(8)),
+            0 if matches!(cfg.source, DataSource::Images { .. }) => {
+                std::thread::available_parallelism().map_or(2, |n| n.get().min(8))
+            }
             0 => 1,
             w => w,
         };
@@ -474,7 +497,9 @@ impl DataSet {
         }
         let (ex, prep) = (train.clone(), prepare.clone());
         let pipeline = if cfg.augment.is_identity() {
-            pipeline.map_named("example", workers, move |i| prep.example(ex.as_ref(), i, None))
+            pipeline.map_named("example", workers, move |i| {
+                prep.example(ex.as_ref(), i, None)
+            })
         } else {
             pipeline.map_seeded("augmented", workers, cfg.seed, move |i, rng| {
                 prep.example(ex.as_ref(), i, Some(rng))

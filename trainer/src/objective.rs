@@ -131,7 +131,10 @@ impl Objective {
         for (m, t) in tallies.iter_mut().enumerate() {
             let member = &scores[m * labels.len() * classes..(m + 1) * labels.len() * classes];
             for (row, &label) in member.chunks(classes).zip(&labels) {
-                let target = row.get(label as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                let target = row
+                    .get(label as usize)
+                    .copied()
+                    .unwrap_or(f32::NEG_INFINITY);
                 // Its rank as argmax breaks ties: by higher scores, then by equal ones before it.
                 let rank = row.iter().filter(|&&s| s > target).count()
                     + row[..(label as usize).min(row.len())]
@@ -164,7 +167,13 @@ impl Objective {
 mod tests {
     use super::*;
 
-    fn tally_of(task: Task, top_k: usize, logits: Vec<f32>, shape: &[usize], labels: Vec<i32>) -> Scores {
+    fn tally_of(
+        task: Task,
+        top_k: usize,
+        logits: Vec<f32>,
+        shape: &[usize],
+        labels: Vec<i32>,
+    ) -> Scores {
         let o = Objective::new(task, top_k);
         let out = Var::constant(Tensor::from_vec(logits, shape, &Device::Cpu).unwrap());
         let n = labels.len();
@@ -184,7 +193,13 @@ mod tests {
             5.0, 0.0, 0.0, 5.0, //
             1.0, 1.0, -1.0, 1.0,
         ];
-        let s = tally_of(Task::Classify { classes }, 2, logits, &[1, 4, 4], vec![0, 1, 3, 2]);
+        let s = tally_of(
+            Task::Classify { classes },
+            2,
+            logits,
+            &[1, 4, 4],
+            vec![0, 1, 3, 2],
+        );
         assert_eq!(s.examples, 4);
         assert_eq!(s.accuracy, Some(0.25));
         assert_eq!(s.top_k, Some(0.75));
@@ -195,20 +210,26 @@ mod tests {
     fn a_language_model_scores_every_position_and_its_perplexity() {
         let o = Objective::new(Task::NextToken { vocab: 3 }, 5);
         // one member, batch 1, 2 positions, vocab 3: uniform scores, so the perplexity is 3
-        let out = Var::constant(Tensor::from_vec(vec![0.0f32; 6], &[1, 1, 2, 3], &Device::Cpu).unwrap());
+        let out =
+            Var::constant(Tensor::from_vec(vec![0.0f32; 6], &[1, 1, 2, 3], &Device::Cpu).unwrap());
         let y = Tensor::from_vec(vec![2i32, 0], &[1, 2], &Device::Cpu).unwrap();
         let mut t = vec![Tally::default()];
         o.tally(&out, &y, &mut t).unwrap();
         let s = o.scores(&t[0]);
         assert!((s.perplexity.unwrap() - 3.0).abs() < 1e-5, "{s:?}");
-        assert_eq!(s.accuracy, Some(0.5), "ties go to the first id, which is right once");
+        assert_eq!(
+            s.accuracy,
+            Some(0.5),
+            "ties go to the first id, which is right once"
+        );
         assert_eq!(o.top_k(), None);
     }
 
     #[test]
     fn regression_scores_the_mean_squared_error() {
         let o = Objective::new(Task::Regress { width: 1 }, 5);
-        let out = Var::constant(Tensor::from_vec(vec![1.0f32, 3.0], &[1, 2, 1], &Device::Cpu).unwrap());
+        let out =
+            Var::constant(Tensor::from_vec(vec![1.0f32, 3.0], &[1, 2, 1], &Device::Cpu).unwrap());
         let y = Tensor::from_vec(vec![0.0f32, 1.0], &[2, 1], &Device::Cpu).unwrap();
         let mut t = vec![Tally::default()];
         o.tally(&out, &y, &mut t).unwrap();
@@ -216,7 +237,10 @@ mod tests {
         assert!((s.loss - 2.5).abs() < 1e-6, "{s:?}");
         assert_eq!(s.headline(), "mse 2.5000");
         assert!(s.accuracy.is_none());
-        let better = Scores { loss: 1.0, ..s.clone() };
+        let better = Scores {
+            loss: 1.0,
+            ..s.clone()
+        };
         assert!(better.better_than(&s));
     }
 }

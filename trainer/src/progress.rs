@@ -84,7 +84,11 @@ impl Progress {
             crate::report::thousands(s.steps_per_s.round() as u64),
             crate::report::bytes(s.mem_bytes)
         );
-        for extra in s.scores.iter().chain(Some(&s.note).filter(|n| !n.is_empty())) {
+        for extra in s
+            .scores
+            .iter()
+            .chain(Some(&s.note).filter(|n| !n.is_empty()))
+        {
             l.push_str("  ");
             l.push_str(extra);
         }

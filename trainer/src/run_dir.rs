@@ -103,7 +103,9 @@ impl RunDir {
         crate::checkpoint::write_atomic(&root.join(CONFIG_FILE), config.text.as_bytes())?;
         let from = Path::new(&config.file);
         if from.is_file()
-            && let Some(dir) = from.parent().and_then(|d| fs::canonicalize(d.join(".")).ok())
+            && let Some(dir) = from
+                .parent()
+                .and_then(|d| fs::canonicalize(d.join(".")).ok())
         {
             let text = dir.to_string_lossy();
             crate::checkpoint::write_atomic(&root.join(CONFIG_DIR_FILE), text.as_bytes())?;

@@ -68,7 +68,10 @@ fn the_default_job_trains_the_grid_and_the_cnn() {
         "{out}"
     );
     assert!(
-        out.contains("member") && out.contains("val") && out.contains("test") && out.contains("OOM events"),
+        out.contains("member")
+            && out.contains("val")
+            && out.contains("test")
+            && out.contains("OOM events"),
         "{out}"
     );
     let run = runs.join("default");

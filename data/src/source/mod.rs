@@ -17,6 +17,7 @@ pub mod cifar;
 pub mod csv;
 pub mod idx;
 pub mod images;
+mod labels;
 pub mod npy;
 pub mod synthetic;
 pub mod text;
@@ -93,6 +94,32 @@ pub trait Examples: Send + Sync + fmt::Debug + 'static {
 
     /// What was read, for messages: `"images photos/ (3 classes, 1,200 files)"`.
     fn describe(&self) -> String;
+}
+
+pub(crate) use labels::LabelCells;
+
+/// Names for a message: `"a", "b", "c"`, the first 20 of a long list.
+pub(crate) fn list(names: &[String]) -> String {
+    let shown: Vec<String> = names.iter().take(20).map(|n| format!("{n:?}")).collect();
+    let more = names.len().saturating_sub(20);
+    if more > 0 {
+        format!("[{}, and {more} more]", shown.join(", "))
+    } else {
+        format!("[{}]", shown.join(", "))
+    }
+}
+
+/// `1234567` as `1,234,567`, for descriptions.
+pub(crate) fn grouped(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
 }
 
 /// Examples shared by the pipelines and splits that read them.

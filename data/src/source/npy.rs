@@ -12,7 +12,7 @@ use std::path::Path;
 
 use crate::array::Array;
 use crate::error::{Error, Result};
-use crate::source::csv::grouped;
+use crate::source::grouped;
 use crate::source::{Examples, Task};
 
 /// Examples from NumPy arrays: features of any shape `[n, ...]` converted to f32 per example, and class ids or
@@ -158,7 +158,7 @@ pub fn open_npz(path: &Path, x_key: &str, y_key: &str, regression: bool) -> Resu
             Err(npyz::zip::result::ZipError::FileNotFound) => {
                 return Err(zip_err(format!(
                     "no such array; the archive holds {}",
-                    crate::source::csv::list(&keys)
+                    crate::source::list(&keys)
                 )));
             }
             Err(npyz::zip::result::ZipError::Io(e)) => return Err(Error::io(path, e)),

@@ -7,7 +7,7 @@ use std::fmt;
 use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, mix};
-use crate::source::csv::grouped;
+use crate::source::grouped;
 use crate::source::{Examples, Task};
 use crate::synthetic::Blobs;
 
@@ -319,6 +319,10 @@ impl Examples for SyntheticTokenExamples {
 
     fn labels(&self) -> Option<&[i32]> {
         self.labels.as_deref()
+    }
+
+    fn token_ids(&self) -> Option<usize> {
+        Some(self.opts.vocab)
     }
 
     fn example(&self, i: usize) -> Result<(Array, Array)> {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use crate::array::Array;
 use crate::error::{Error, Result};
-use crate::source::csv::{LabelCells, grouped};
 use crate::source::{Examples, Task};
+use crate::source::{LabelCells, grouped};
 use crate::text::Vocabulary;
 
 /// The lines of a `label<TAB>text` file: texts, their class ids, and once set, the vocabulary that encodes them.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::array::Array;
 use crate::error::{Error, Result};
-use crate::source::csv::grouped;
+use crate::source::grouped;
 use crate::source::{Examples, Task};
 use crate::text::{Vocabulary, tokenize};
 
@@ -256,6 +256,10 @@ impl Examples for TokenWindows {
 
     fn vocabulary(&self) -> Option<&Vocabulary> {
         self.vocab.as_ref()
+    }
+
+    fn token_ids(&self) -> Option<usize> {
+        Some(self.task.outputs())
     }
 
     fn example(&self, i: usize) -> Result<(Array, Array)> {

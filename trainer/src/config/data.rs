@@ -235,14 +235,19 @@ pub(super) fn parse(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
         None => {
             return Err(s.error(
                 "source",
-                format!("missing; expected a table with one of {KINDS}, e.g. {{ csv = \"train.csv\" }}"),
+                format!(
+                    "missing; expected a table with one of {KINDS}, e.g. {{ csv = \"train.csv\" }}"
+                ),
             ));
         }
         Some(Value::Table(t)) => parse_source(s, t)?,
         Some(v) => {
             return Err(s.error(
                 "source",
-                format!("expected a table with one of {KINDS}, found {}", describe(v)),
+                format!(
+                    "expected a table with one of {KINDS}, found {}",
+                    describe(v)
+                ),
             ));
         }
     };
@@ -252,20 +257,27 @@ pub(super) fn parse(name: &str, s: &Section<'_>) -> CResult<DataConfig> {
         if f.is_some_and(|f| f <= 0.0 || f >= 1.0) {
             return Err(s.error(
                 k,
-                format!("{} is not a fraction strictly between 0 and 1, e.g. 0.1", f.unwrap_or(0.0)),
+                format!(
+                    "{} is not a fraction strictly between 0 and 1, e.g. 0.1",
+                    f.unwrap_or(0.0)
+                ),
             ));
         }
     }
     if let (Some(v), Some(t)) = (val, test)
         && v + t >= 1.0
     {
-        return Err(s.error("val", format!("val = {v} and test = {t} leave nothing to train on")));
+        return Err(s.error(
+            "val",
+            format!("val = {v} and test = {t} leave nothing to train on"),
+        ));
     }
     let (val_files, test_files) = source.split_files();
     if test.is_some() && test_files {
         return Err(s.error(
             "test",
-            "the source has its own test examples: give test files or a test fraction, not both".into(),
+            "the source has its own test examples: give test files or a test fraction, not both"
+                .into(),
         ));
     }
     if val.is_some() && val_files {
@@ -352,7 +364,10 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
                 format!(
                     "{} kinds of source in one table ({}): a data set reads one",
                     many.len(),
-                    many.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+                    many.iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }
@@ -360,7 +375,11 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
     let mut merged = Table::new();
     let at = match &t[kind] {
         Value::String(p) => {
-            let key = if matches!(kind, "idx" | "cifar") { "dir" } else { "train" };
+            let key = if matches!(kind, "idx" | "cifar") {
+                "dir"
+            } else {
+                "train"
+            };
             merged.insert(key.into(), Value::String(p.clone()));
             None
         }
@@ -379,7 +398,10 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
         if merged.insert(k.clone(), v.clone()).is_some() {
             return Err(s.error(
                 &format!("source.{k}"),
-                format!("given twice: beside {kind} and inside {}", at.as_deref().unwrap_or(kind)),
+                format!(
+                    "given twice: beside {kind} and inside {}",
+                    at.as_deref().unwrap_or(kind)
+                ),
             ));
         }
     }
@@ -436,10 +458,7 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
                 None | Some(10) => CifarKind::Cifar10,
                 Some(100) => CifarKind::Cifar100,
                 Some(n) => {
-                    return Err(o.error(
-                        "classes",
-                        format!("CIFAR has 10 or 100 classes, not {n}"),
-                    ));
+                    return Err(o.error("classes", format!("CIFAR has 10 or 100 classes, not {n}")));
                 }
             },
         },
@@ -468,7 +487,10 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
                 None | Some(3) => 3,
                 Some(1) => 1,
                 Some(n) => {
-                    return Err(o.error("channels", format!("expected 1 (grey) or 3 (RGB), found {n}")));
+                    return Err(o.error(
+                        "channels",
+                        format!("expected 1 (grey) or 3 (RGB), found {n}"),
+                    ));
                 }
             };
             DataSource::Images {
@@ -487,7 +509,9 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
                 Some(d) => {
                     return Err(o.error(
                         "delimiter",
-                        format!("expected one ASCII character such as \",\" or \"\\t\", found \"{d}\""),
+                        format!(
+                            "expected one ASCII character such as \",\" or \"\\t\", found \"{d}\""
+                        ),
                     ));
                 }
             };
@@ -500,7 +524,10 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
                             Value::Integer(i) if *i >= 0 => Ok(i.to_string()),
                             other => Err(o.error(
                                 "features",
-                                format!("expected column names or numbers, found {}", describe(other)),
+                                format!(
+                                    "expected column names or numbers, found {}",
+                                    describe(other)
+                                ),
                             )),
                         })
                         .collect::<CResult<Vec<String>>>()?,
@@ -557,7 +584,10 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
                     }
                     Some(v) => Err(o.error(
                         k,
-                        format!("expected {{ x = \"x.npy\", y = \"y.npy\" }}, found {}", describe(v)),
+                        format!(
+                            "expected {{ x = \"x.npy\", y = \"y.npy\" }}, found {}",
+                            describe(v)
+                        ),
                     )),
                 }
             };
@@ -647,7 +677,15 @@ fn parse_source(s: &Section<'_>, t: &Table) -> CResult<DataSource> {
 
 /// A list of positive integers.
 fn usize_list(s: &Section<'_>, k: &str) -> CResult<Option<Vec<usize>>> {
-    let bad = |v: &Value| s.error(k, format!("expected a list of positive integers, found {}", describe(v)));
+    let bad = |v: &Value| {
+        s.error(
+            k,
+            format!(
+                "expected a list of positive integers, found {}",
+                describe(v)
+            ),
+        )
+    };
     match s.take(k) {
         None => Ok(None),
         Some(Value::Array(a)) if !a.is_empty() => a
@@ -664,7 +702,15 @@ fn usize_list(s: &Section<'_>, k: &str) -> CResult<Option<Vec<usize>>> {
 
 /// A list of numbers, one per channel.
 fn f32_list(s: &Section<'_>, k: &str) -> CResult<Vec<f32>> {
-    let bad = |v: &Value| s.error(k, format!("expected a list of numbers, one per channel, found {}", describe(v)));
+    let bad = |v: &Value| {
+        s.error(
+            k,
+            format!(
+                "expected a list of numbers, one per channel, found {}",
+                describe(v)
+            ),
+        )
+    };
     match s.take(k) {
         None => Err(s.error(k, "missing: a list of numbers, one per channel".into())),
         Some(Value::Array(a)) if !a.is_empty() => a
