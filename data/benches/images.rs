@@ -194,7 +194,7 @@ fn process_cpu_s() -> Option<f64> {
     };
     // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit Linux); the call only writes it.
     let rc = unsafe { cpu_clock::clock_gettime(cpu_clock::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 #[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]

@@ -1780,6 +1780,7 @@ impl Cohort {
                 .iter()
                 .map(|m| MemberSummary {
                     name: m.cfg.name.clone(),
+                    data: m.cfg.data.clone(),
                     steps: m.step,
                     epochs: m.epochs_done,
                     final_loss: m.c.last_loss,

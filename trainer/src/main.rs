@@ -95,11 +95,17 @@ fn main() -> ExitCode {
 
 fn print_summary(summary: &Summary, wall: f64) {
     println!("{summary}");
-    if summary.members.len() > 1
-        && let Some(best) = summary.best()
-    {
-        let val = best.val.as_ref().map(|v| v.headline()).unwrap_or_default();
-        println!("best by validation: {} (val {val})", best.name);
+    let mut data: Vec<&str> = summary.members.iter().map(|m| m.data.as_str()).collect();
+    data.sort_unstable();
+    data.dedup();
+    for d in data {
+        let on = summary.members.iter().filter(|m| m.data == d).count();
+        if on > 1
+            && let Some(best) = summary.best(d)
+        {
+            let val = best.val.as_ref().map(|v| v.headline()).unwrap_or_default();
+            println!("best on {d} by validation: {} (val {val})", best.name);
+        }
     }
     let dir = &summary.run_dir;
     println!(

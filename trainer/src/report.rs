@@ -13,6 +13,9 @@ use crate::objective::Scores;
 pub struct MemberSummary {
     /// The member's name.
     pub name: String,
+    /// The data set it trained on.
+    #[serde(default)]
+    pub data: String,
     /// Optimizer steps taken.
     pub steps: u64,
     /// Epochs completed.
@@ -114,11 +117,13 @@ impl Summary {
         serde_json::from_slice(&text).map_err(|e| Error::json(path.display().to_string(), e))
     }
 
-    /// The member with the best validation scores (highest accuracy, or lowest loss where there is none): never
-    /// chosen on the test split, which would make its test figure optimistic. `None` without validation scores.
-    pub fn best(&self) -> Option<&MemberSummary> {
+    /// The member of those on `data` with the best validation scores (highest accuracy, or lowest loss where
+    /// there is none): never chosen on the test split, which would make its test figure optimistic. `None`
+    /// without validation scores.
+    pub fn best(&self, data: &str) -> Option<&MemberSummary> {
         self.members
             .iter()
+            .filter(|m| m.data == data)
             .filter_map(|m| m.val.as_ref().map(|v| (m, v)))
             .reduce(|best, m| if m.1.better_than(best.1) { m } else { best })
             .map(|(m, _)| m)

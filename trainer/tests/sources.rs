@@ -37,8 +37,7 @@ fn refused(dir: &Path, data: &str) -> String {
     );
     let config = written(dir, "bad", &text);
     train(config, RunOptions::default())
-        .err()
-        .expect("the run is refused")
+        .expect_err("the run is refused")
         .to_string()
 }
 
@@ -460,7 +459,7 @@ top_k = 2"#,
     assert!(fast.test.as_ref().unwrap().top_k.unwrap() >= acc(fast));
     assert!(fast.val_accuracy > slow.val_accuracy, "{fast:?} {slow:?}");
     assert_eq!(
-        s.best().unwrap().name,
+        s.best("d").unwrap().name,
         "reader-lr0.01",
         "chosen on validation"
     );
