@@ -123,8 +123,17 @@ fn models_that_do_not_fit_the_text_are_refused() {
         "{ embedding = 4, vocab = 300 }, { attention = 3 }",
         "layer 1 (attention): 3 heads do not divide the width 4",
     );
-    // A data file that is not label<TAB>text names the file and the line.
-    std::fs::write(tmp.path().join("train.tsv"), "0\tfine\nred\tno label\n").unwrap();
+    // Labels are names: a test label the training file lacks names the test file, its line and the classes.
+    std::fs::write(tmp.path().join("train.tsv"), "0\tfine\nred\tsome words\n").unwrap();
+    let e = train(config(tmp.path(), "bad", READER), RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("test.tsv") && e.contains("label \"1\" is not one of the 2 known classes"),
+        "{e}"
+    );
+    // A line that is not label<TAB>text names the file and the line.
+    std::fs::write(tmp.path().join("train.tsv"), "0\tfine\nno tab at all\n").unwrap();
     let e = train(config(tmp.path(), "bad", READER), RunOptions::default())
         .unwrap_err()
         .to_string();
