@@ -2,7 +2,8 @@
 //!
 //! Three parts: the allocator's trace replays (against PyTorch's published overheads on the same traces), the
 //! criterion benchmarks of every crate (medians and throughputs read back from criterion's JSON), and, with
-//! `--reference`, the PyTorch (GPU) or JAX (CPU) cohort script run in the same call. Results go to
+//! `--reference`, the PyTorch (GPU) or JAX (CPU) cohort script run in the same call, and on the CPU the data
+//! sources' benchmarks beside PyTorch's DataLoader and pandas (`input_reference`). Results go to
 //! `target/bench/bench.json` and one table on stdout.
 
 use crate::bundle::workspace_root;
@@ -66,6 +67,12 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if run_part("criterion") {
         report["criterion"] = criterion(args, &root, &out)?;
+        // The data sources beside PyTorch's DataLoader and pandas, on the files their benchmarks just read.
+        if args.reference && args.bundle.is_none() && !args.gpu {
+            let rows = report["criterion"].as_array().cloned().unwrap_or_default();
+            report["input_reference"] =
+                crate::input_reference::compare(&args.python, &root, &rows)?;
+        }
     }
     if run_part("cohort") {
         cohort(args, &root, &out, &mut report)?;
@@ -279,6 +286,8 @@ fn collect_estimates(dir: &Path, rows: &mut Vec<Value>) -> Result<()> {
                 rows.push(json!({
                     "id": bench["full_id"],
                     "median_ns": median,
+                    "elements": bench["throughput"]["Elements"],
+                    "bytes": bench["throughput"]["Bytes"],
                     "throughput": throughput(&bench["throughput"], median),
                 }));
             } else {

@@ -13,6 +13,7 @@ mod bench;
 mod bundle;
 mod cohort;
 mod input_bound;
+mod input_reference;
 mod profile;
 
 use clap::{Parser, Subcommand};
