@@ -172,32 +172,19 @@ fn bench_images(c: &mut Criterion) {
     g.finish();
 }
 
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
-mod cpu_clock {
-    #[repr(C)]
-    pub struct Timespec {
-        pub tv_sec: i64,
-        pub tv_nsec: i64,
-    }
-    pub const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    unsafe extern "C" {
-        pub fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-    }
-}
-
 /// CPU seconds of this process, all threads: work done, which a loaded host does not inflate as it does wall time.
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+#[cfg(target_os = "linux")]
 fn process_cpu_s() -> Option<f64> {
-    let mut ts = cpu_clock::Timespec {
+    let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit Linux); the call only writes it.
-    let rc = unsafe { cpu_clock::clock_gettime(cpu_clock::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
-#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+#[cfg(not(target_os = "linux"))]
 fn process_cpu_s() -> Option<f64> {
     None
 }

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use cohort_data::source::csv::{CsvSource, open as open_csv, read_csv};
-use cohort_data::source::npy::{open_npy, open_npz};
+use cohort_data::source::npy::{encode_npy as npy, open_npy, open_npz};
 use cohort_data::source::synthetic::{
     SyntheticSource, SyntheticTokens, open as open_blobs, open_tokens,
 };
@@ -393,28 +393,6 @@ fn read_csv_reads_a_numeric_table() {
 }
 
 // ---------------------------------------------------------------------------------------------------------- npy
-
-/// An `.npy` file (format 1.0) of `descr` and `shape` holding `data`.
-fn npy(descr: &str, shape: &[usize], fortran: bool, data: &[u8]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape = match dims.len() {
-        1 => format!("({},)", dims[0]),
-        _ => format!("({})", dims.join(", ")),
-    };
-    let mut header = format!(
-        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
-        if fortran { "True" } else { "False" }
-    );
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
-}
 
 fn le_f32(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()

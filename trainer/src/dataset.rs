@@ -420,6 +420,13 @@ impl DataSet {
         if indices.train.is_empty() {
             return Err(bad("no training examples".into()));
         }
+        // Every file is readable before any member trains (an image folder decodes each image once).
+        for e in [Some(&train), val.as_ref(), test.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            e.verify()?;
+        }
         let shape = train.shape().to_vec();
         let task = train.task().clone();
         for (what, other) in [("validation", &val), ("test", &test)] {

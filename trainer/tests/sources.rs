@@ -65,24 +65,9 @@ fn acc(m: &MemberSummary) -> f64 {
     m.test_accuracy.unwrap_or_else(|| panic!("{m:?}"))
 }
 
-/// Writes a `.npy` array (format 1.0, C order) of `descr` (`<f4`, `<i8`, ...) from raw little-endian bytes.
+/// A `.npy` array (C order) of `descr` from raw little-endian bytes.
 fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let shape = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
+    cohort_data::source::npy::encode_npy(descr, shape, false, data)
 }
 
 /// `n` examples of 8 features in 3 Gaussian clusters by class: `(features, class)`.
@@ -523,13 +508,17 @@ test = 0.5"#,
     picture(0, &mut Rng::new(2))
         .save(photos.join("b/3.png"))
         .unwrap();
+    // found before training, whichever split the broken file falls in
     let e = refused(
         d,
         r#"source = { images = "photos" }
-val = 0.3
-normalize = true"#,
+test = 0.3"#,
     );
-    assert!(e.contains("2.png"), "{e}");
+    assert!(e.contains("2.png") && e.contains("truncated"), "{e}");
+    assert!(
+        !d.join("runs/bad/mlp/checkpoints").exists(),
+        "no member trained"
+    );
     // a val fraction outside (0, 1) is a config error naming the key
     let bad = format!("[data.d]\nsource = {{ csv = \"word.csv\" }}\nval = 1.5\n{MLP}");
     let e = Config::parse(&bad, "v.toml").unwrap_err().to_string();
@@ -543,4 +532,40 @@ test = 0.5
 augment = { flip = true }"#,
     );
     assert!(e.contains("augment") && e.contains("[2]"), "{e}");
+}
+
+#[test]
+fn validation_every_n_steps_reaches_the_metrics_and_tensorboard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let text = format!(
+        "[run]\nname = \"every\"\ndir = \"{}/runs\"\ndevice = \"cpu\"\nwarmup = false\neval_every = 10\n\n\
+         [data.d]\nsource = {{ synthetic = {{ train = 640, test = 64, classes = 3, shape = [8] }} }}\nval = 0.1\n{MLP}",
+        d.display()
+    );
+    let run = train(written(d, "every", &text), RunOptions::default()).unwrap();
+    let member = run.run_dir.join("mlp");
+    let records = std::fs::read_to_string(member.join("metrics.jsonl")).unwrap();
+    let val_steps: Vec<u64> = records
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["val"].is_object())
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    // 576 training examples at batch 16: 36 steps, scored at 10, 20, 30 and at the end (with the test split)
+    assert_eq!(val_steps, [10, 20, 30, 36], "{records}");
+    let last: serde_json::Value = serde_json::from_str(records.lines().last().unwrap()).unwrap();
+    assert!(last["test"]["accuracy"].as_f64().is_some(), "{last}");
+    let events = std::fs::read_dir(&member)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("tfevents"))
+        .unwrap();
+    let bytes = std::fs::read(events).unwrap();
+    for tag in ["val/accuracy", "val/loss", "test/accuracy"] {
+        assert!(
+            bytes.windows(tag.len()).any(|w| w == tag.as_bytes()),
+            "{tag} in the event file"
+        );
+    }
 }

@@ -583,6 +583,19 @@ impl Examples for ImageFolder {
         ))
     }
 
+    fn verify(&self) -> Result<()> {
+        use rayon::prelude::*;
+        // In parallel, each worker decoding into one buffer; the lowest failing index is the error reported.
+        (0..self.files.len())
+            .into_par_iter()
+            .try_for_each_init(Vec::new, |buf, i| self.decode_into(i, buf))
+            .map_err(|first| {
+                (0..self.files.len())
+                    .find_map(|i| self.decode_into(i, &mut Vec::new()).err())
+                    .unwrap_or(first)
+            })
+    }
+
     fn describe(&self) -> String {
         format!(
             "images {} ({} classes, {} files, each [{}, {}, {}])",

@@ -92,6 +92,16 @@ pub trait Examples: Send + Sync + fmt::Debug + 'static {
     /// When the example cannot be read or decoded (the error names the file and the record or image).
     fn example(&self, i: usize) -> Result<(Array, Array)>;
 
+    /// Checks that every example can be read, so that nothing trains on half a data set: sources that parse
+    /// their files when they are opened have nothing left to check; those that decode lazily (image folders)
+    /// decode everything once.
+    ///
+    /// # Errors
+    /// The first example (by index) that cannot be read.
+    fn verify(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// What was read, for messages: `"images photos/ (3 classes, 1,200 files)"`.
     fn describe(&self) -> String;
 }

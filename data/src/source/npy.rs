@@ -89,6 +89,29 @@ impl Examples for ArrayExamples {
     }
 }
 
+/// An `.npy` file (format 1.0) of `descr` (`<f4`, `<i8`, `|u1`, ..) and `shape` holding `data`, raw elements in
+/// that type's byte order: what NumPy's `np.save` writes, for tests and for exporting arrays.
+pub fn encode_npy(descr: &str, shape: &[usize], fortran: bool, data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!(
+        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
+        if fortran { "True" } else { "False" }
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
 /// Open features `x` and targets `y` saved with `numpy.save`. `x` is memory-mapped and read per example; `y` is
 /// read whole.
 ///
