@@ -479,57 +479,53 @@ impl<'a> Plan<'a> {
         self.finish(vec![part])
     }
 
-    /// The rows of a chunk, its lines counted from 1, parsed as they are scanned: a record is a line, split at
-    /// `delimiter` by hand (the csv crate's general state machine costs twice as much here), each cell converted
-    /// as its end is found. Empty lines are skipped, as the csv crate skips them. `None` when the chunk holds a
-    /// quote, which only the csv crate's reader handles.
+    /// The rows of a chunk, its lines counted from 1: a record is a line (found by `memchr`), split at
+    /// `delimiter` by hand, its cells converted as they are split (the csv crate's general state machine costs
+    /// twice as much here). Empty lines are skipped, as the csv crate skips them. `None` when a quote turns up
+    /// where it matters (a cell that is not a number, a label, a row of the wrong width): only the csv crate's
+    /// reader handles quoted fields.
     fn unquoted(&self, chunk: &[u8], delimiter: u8) -> Result<Option<Part>> {
         let mut part = self.part();
         let nf = self.features.len();
-        part.features.reserve(chunk.len() / 2);
-        let (mut start, mut col, mut line, mut row) = (0, 0, 1, 0);
-        // The file's last line may lack its line break: the scan reads one past the end.
-        let end = chunk.len() + usize::from(chunk.last() != Some(&b'\n'));
-        for i in 0..end {
-            let b = chunk.get(i).copied().unwrap_or(b'\n');
-            if b != delimiter && b != b'\n' {
-                if b == b'"' {
-                    return Ok(None);
-                }
+        part.features.reserve(chunk.len() / 8);
+        let quoted = |l: &[u8]| l.contains(&b'"');
+        let unterminated = (chunk.last().is_some_and(|&b| b != b'\n')).then_some(chunk.len());
+        let (mut start, mut line) = (0, 0);
+        for end in memchr::memchr_iter(b'\n', chunk).chain(unterminated) {
+            let raw = &chunk[start..end];
+            let l = raw.strip_suffix(b"\r").unwrap_or(raw);
+            (start, line) = (end + 1, line + 1);
+            if l.is_empty() {
                 continue;
             }
-            let mut cell = &chunk[start..i];
-            if b == b'\n' {
-                cell = cell.strip_suffix(b"\r").unwrap_or(cell);
-                if col == 0 && cell.is_empty() {
-                    (start, line) = (i + 1, line + 1);
-                    continue;
+            let row = part.features.len();
+            part.features.resize(row + nf, 0.0);
+            let mut col = 0;
+            for cell in l.split(|&b| b == delimiter) {
+                match self.roles.get(col) {
+                    Some(Role::Feature(slot)) => match parse_f32(cell) {
+                        Some(v) => part.features[row + slot] = v,
+                        None if quoted(cell) => return Ok(None),
+                        None => return self.feature(col, cell, line).map(|_| None),
+                    },
+                    Some(Role::Label) if quoted(cell) => return Ok(None),
+                    Some(Role::Label) => self.target(&mut part, col, cell, line)?,
+                    Some(Role::Unused) => {}
+                    None if quoted(l) => return Ok(None),
+                    None => {
+                        return Err(self.ragged(l.split(|&b| b == delimiter).count(), line));
+                    }
                 }
+                col += 1;
             }
-            if col == 0 {
-                row = part.features.len();
-                part.features.resize(row + nf, 0.0);
+            if col != self.width {
+                return if quoted(l) {
+                    Ok(None)
+                } else {
+                    Err(self.ragged(col, line))
+                };
             }
-            if col >= self.width {
-                let rest = chunk[i.min(chunk.len())..].split(|&c| c == b'\n').next();
-                let fields =
-                    col + 1 + rest.map_or(0, |r| r.iter().filter(|&&c| c == delimiter).count());
-                return Err(self.ragged(fields, line));
-            }
-            match self.roles[col] {
-                Role::Feature(slot) => part.features[row + slot] = self.feature(col, cell, line)?,
-                Role::Label => self.target(&mut part, col, cell, line)?,
-                Role::Unused => {}
-            }
-            col += 1;
-            start = i + 1;
-            if b == b'\n' {
-                if col != self.width {
-                    return Err(self.ragged(col, line));
-                }
-                (col, line) = (0, line + 1);
-                part.rows += 1;
-            }
+            part.rows += 1;
         }
         Ok(Some(part))
     }
