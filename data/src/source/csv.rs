@@ -668,7 +668,8 @@ pub(crate) fn parse_f32(cell: &[u8]) -> Option<f32> {
     short_decimal(s).or_else(|| fast_float2::parse(s).ok())
 }
 
-/// Clinger's fast path for f32: `[-+]digits[.digits]` with an integer part below 2^24 and at most 10 decimals.
+/// Clinger's fast path for f32: `[-+]digits[.digits]` of at most 7 significant digits (an integer below 2^24) and
+/// at most 10 decimals.
 fn short_decimal(s: &[u8]) -> Option<f32> {
     const POW10: [f32; 11] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10];
     let (neg, digits) = match s.first()? {
@@ -676,15 +677,15 @@ fn short_decimal(s: &[u8]) -> Option<f32> {
         b'+' => (false, &s[1..]),
         _ => (false, s),
     };
-    let (mut sig, mut point, mut any) = (0u32, None, false);
+    if digits.is_empty() || digits.len() > 12 {
+        return None;
+    }
+    // At most 12 bytes: the integer cannot overflow, and is checked once at the end.
+    let (mut sig, mut point) = (0u64, None);
     for (i, &b) in digits.iter().enumerate() {
         let d = b.wrapping_sub(b'0');
         if d < 10 {
-            sig = sig * 10 + u32::from(d);
-            if sig >= 1 << 24 {
-                return None;
-            }
-            any = true;
+            sig = sig * 10 + u64::from(d);
         } else if b == b'.' && point.is_none() {
             point = Some(i);
         } else {
@@ -692,7 +693,7 @@ fn short_decimal(s: &[u8]) -> Option<f32> {
         }
     }
     let decimals = point.map_or(0, |p| digits.len() - p - 1);
-    if !any || decimals >= POW10.len() {
+    if sig >= 1 << 24 || decimals >= POW10.len() || digits.len() == usize::from(point.is_some()) {
         return None;
     }
     let v = sig as f32 / POW10[decimals];
