@@ -130,14 +130,14 @@ fn pipeline(folder: &Arc<ImageFolder>, work: Work, workers: usize) -> Dataset<(A
     };
     let f = Arc::clone(folder);
     Dataset::from_vec((0..folder.len()).collect::<Vec<usize>>())
-        .map_parallel(workers, move |i| {
+        .map_seeded("augmented", workers, SEED, move |i, rng| {
             let (x, y) = f.example(i)?;
             if aug.is_identity() {
                 return Ok((x, y));
             }
             let shape = x.shape().to_vec();
             let mut v = x.into_f32().unwrap_or_default();
-            aug.apply(&mut v, &shape, &mut Rng::new(mix(SEED, i as u64)));
+            aug.apply(&mut v, &shape, rng);
             Ok((Array::from_f32(v, &shape)?, y))
         })
         .batch(BATCH, false)

@@ -11,7 +11,7 @@ use cohort_data::source::synthetic::{
     SyntheticSource, SyntheticTokens, open as open_blobs, open_tokens,
 };
 use cohort_data::source::text::open as open_text;
-use cohort_data::source::tokens::{TokenSource, Tokenizer, open as open_corpus};
+use cohort_data::source::tokens::{Tokenizer, open as open_corpus};
 use cohort_data::source::{Examples, Task};
 use cohort_data::{Array, Error, Vocabulary};
 
@@ -791,12 +791,7 @@ fn token_windows_of_bytes() {
 fn token_windows_of_chars_and_words_share_a_vocabulary() {
     let dir = tempfile::tempdir().unwrap();
     let train = write(dir.path(), "train.txt", "aab aab aab é");
-    let opts = TokenSource {
-        tokenizer: Tokenizer::Chars,
-        window: 3,
-        ..TokenSource::default()
-    };
-    let w = opts.open(&train, None).unwrap();
+    let w = open_corpus(&train, Tokenizer::Chars, 3, None, 1, 10_000).unwrap();
     let vocab = w.vocabulary().unwrap().clone();
     // counts: a 6, ' ' 3, b 3, é 1: ids by decreasing count, ties in order
     assert_eq!(vocab.len(), 6);
@@ -812,7 +807,7 @@ fn token_windows_of_chars_and_words_share_a_vocabulary() {
     assert_eq!(w.example(3).unwrap().1.as_i32().unwrap(), &[4, 3, 5]);
     // a validation corpus under the training vocabulary: unseen chars are unknown
     let val = write(dir.path(), "val.txt", "abzab");
-    let v = opts.open(&val, Some(vocab.clone())).unwrap();
+    let v = open_corpus(&val, Tokenizer::Chars, 3, Some(vocab.clone()), 1, 10_000).unwrap();
     assert_eq!(v.ids(), vec![2, 4, 1, 2, 4]);
     assert_eq!(v.vocabulary(), Some(&vocab));
     // words

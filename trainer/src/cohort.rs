@@ -81,7 +81,6 @@ struct Counters {
     steps_timed: u64,
     oom_events: u64,
     peak_mem: u64,
-    test_accuracy: Option<f64>,
     val: Option<Scores>,
     /// The step of the last validation.
     val_step: Option<u64>,
@@ -1397,7 +1396,6 @@ impl Cohort {
                 m.c.val_step = Some(m.step);
             }
             m.c.test = test.as_ref().map(|t| t[j].clone());
-            m.c.test_accuracy = m.c.test.as_ref().and_then(|t| t.accuracy);
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
             let (val, test) = (m.c.val.clone(), m.c.test.clone());
             self.log(i, lr, val, test)?;
@@ -1784,7 +1782,7 @@ impl Cohort {
                     steps: m.step,
                     epochs: m.epochs_done,
                     final_loss: m.c.last_loss,
-                    test_accuracy: m.c.test_accuracy,
+                    test_accuracy: m.c.test.as_ref().and_then(|t| t.accuracy),
                     val_accuracy: m.c.val.as_ref().and_then(|v| v.accuracy),
                     val_loss: m.c.val.as_ref().map(|v| v.loss),
                     val: m.c.val.clone(),

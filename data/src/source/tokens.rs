@@ -33,48 +33,6 @@ impl Tokenizer {
     }
 }
 
-/// How to read a token corpus: the options of [`open`] but the vocabulary, for a configuration file.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct TokenSource {
-    /// How the text is split into tokens.
-    pub tokenizer: Tokenizer,
-    /// Tokens per example.
-    pub window: usize,
-    /// A token seen fewer times in the training corpus is unknown (`chars`, `words`).
-    pub min_count: usize,
-    /// At most this many ids, `<pad>` and `<unk>` included (`chars`, `words`).
-    pub max_vocab: usize,
-}
-
-impl Default for TokenSource {
-    fn default() -> Self {
-        TokenSource {
-            tokenizer: Tokenizer::Bytes,
-            window: 128,
-            min_count: 1,
-            max_vocab: 10_000,
-        }
-    }
-}
-
-impl TokenSource {
-    /// [`open`] with these options.
-    ///
-    /// # Errors
-    /// As [`open`].
-    pub fn open(&self, path: &Path, vocab: Option<Vocabulary>) -> Result<TokenWindows> {
-        open(
-            path,
-            self.tokenizer,
-            self.window,
-            vocab,
-            self.min_count,
-            self.max_vocab,
-        )
-    }
-}
-
 /// A corpus's token ids, read as non-overlapping windows: example `i` is `x = ids[i*w .. i*w + w]` and
 /// `y = ids[i*w + 1 .. i*w + w + 1]` for window `w`.
 pub struct TokenWindows {
