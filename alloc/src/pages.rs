@@ -36,6 +36,7 @@ impl IdleSet {
         }
     }
 
+    #[inline]
     fn insert(&mut self, p: u32) {
         let p = p as usize;
         self.l0[p >> 6] |= 1 << (p & 63);
@@ -43,6 +44,7 @@ impl IdleSet {
         self.l2[p >> 18] |= 1 << ((p >> 12) & 63);
     }
 
+    #[inline]
     fn remove(&mut self, p: u32) {
         let p = p as usize;
         self.l0[p >> 6] &= !(1 << (p & 63));
@@ -102,6 +104,7 @@ impl PageTable {
     }
 
     /// First and last page index that `[ptr, ptr + len)` touches.
+    #[inline]
     pub fn span(&self, ptr: u64, len: u64) -> (u32, u32) {
         let a = (ptr - self.range.base) >> self.shift;
         let b = (ptr + len - 1 - self.range.base) >> self.shift;
@@ -122,6 +125,7 @@ impl PageTable {
 
     /// For a block over pages `a..=b`: (pages to map, idle pages inside the span, pages to map that a move took
     /// away earlier: moves that a slightly larger slack would have saved).
+    #[inline]
     pub fn demand(&self, a: u32, b: u32) -> (u64, u64, u64) {
         let (mut need, mut idle_in, mut regret) = (0, 0, 0);
         for pg in &self.pages[a as usize..=b as usize] {
@@ -135,39 +139,57 @@ impl PageTable {
         (need, idle_in, regret)
     }
 
+    #[inline]
     fn unlink(&mut self, p: u32) {
         self.idle_set.remove(p);
         self.idle -= 1;
     }
 
+    #[inline]
     fn push_idle(&mut self, p: u32) {
         self.idle_set.insert(p);
         self.idle += 1;
     }
 
     /// A live block now touches pages `a..=b` (mapped or not).
+    #[inline]
     pub fn acquire(&mut self, a: u32, b: u32) {
-        for p in a..=b {
-            let pg = self.pages[p as usize];
+        for p in a as usize..b as usize + 1 {
+            let pg = self.pages[p];
             if pg.live == 0 {
                 if pg.mapped {
-                    self.unlink(p);
+                    self.unlink(p as u32);
                 }
                 self.touched += 1;
             }
-            self.pages[p as usize].live += 1;
+            self.pages[p].live += 1;
         }
     }
 
+    /// [`acquire`](Self::acquire) when every page of `a..=b` is backed (the cached case); `false`, and nothing
+    /// changed, when one is not.
+    #[inline]
+    pub fn acquire_backed(&mut self, a: u32, b: u32) -> bool {
+        if !self.pages[a as usize..b as usize + 1]
+            .iter()
+            .all(|pg| pg.mapped)
+        {
+            return false;
+        }
+        self.acquire(a, b);
+        true
+    }
+
     /// A live block over pages `a..=b` went away; mapped pages no longer touched become idle.
+    #[inline]
     pub fn release(&mut self, a: u32, b: u32) {
-        for p in a..=b {
-            let pg = &mut self.pages[p as usize];
+        for p in a as usize..b as usize + 1 {
+            let pg = &mut self.pages[p];
             pg.live -= 1;
             if pg.live == 0 {
                 self.touched -= 1;
                 if pg.mapped {
-                    self.push_idle(p);
+                    self.push_idle(p as u32);
                 }
             }
         }

@@ -1,101 +1,51 @@
 //! Cutting free chunks for blocks and joining freed ones with their free neighbours.
+//!
+//! The hot path is a block cut from the front of a large free chunk and given back to it: the free chunk keeps its
+//! slot and, where its (size, address) order among the other free chunks of its bin allows, its place in the
+//! bin's treap, so that a cached alloc + free pair does no treap insertion or removal at all.
 
 use super::Inner;
-use crate::bin::{Chunk, GRANULE, NIL, State};
+use crate::bin::{Chunk, GRANULE, Links, NIL, State};
 use crate::source::MemorySource;
 use crate::tenant::TenantId;
 
 impl<S: MemorySource> Inner<S> {
-    /// Takes free chunk `i` out of its bin, splits off what is beyond `rounded`, marks it used.
+    /// Cuts a used block of `rounded` bytes from the front of free chunk `i`; returns the block's chunk.
     pub(super) fn carve(&mut self, i: u32, rounded: u64, tenant: TenantId) -> u32 {
-        self.bin_remove(i);
-        if self.chunks.v[i as usize].size - rounded >= GRANULE {
-            let r = self.split_off(i, rounded);
-            self.bin_insert(r);
-        }
-        let ci = &mut self.chunks.v[i as usize];
-        ci.state = State::Used;
-        ci.tenant = tenant.0;
-        i
-    }
-
-    /// Marks used chunk `i` free and merges it with free neighbours; returns the merged chunk (not yet in a bin).
-    pub(super) fn coalesce(&mut self, mut i: u32) -> u32 {
-        self.chunks.v[i as usize].state = State::Free;
-        let prev = self.chunks.v[i as usize].prev;
-        if prev != NIL && self.chunks.v[prev as usize].state == State::Free {
-            self.bin_remove(prev);
-            self.absorb_next(prev);
-            i = prev;
-        }
-        let next = self.chunks.v[i as usize].next;
-        if next != NIL && self.chunks.v[next as usize].state == State::Free {
-            self.bin_remove(next);
-            self.absorb_next(i);
-        }
-        i
-    }
-
-    /// Chunk `i` swallows its next neighbour.
-    pub(super) fn absorb_next(&mut self, i: u32) {
-        let n = self.chunks.v[i as usize].next;
-        let nc = self.chunks.v[n as usize];
-        let ci = &mut self.chunks.v[i as usize];
-        ci.size += nc.size;
-        ci.next = nc.next;
-        if nc.next != NIL {
-            self.chunks.v[nc.next as usize].prev = i;
-        }
-        self.chunks.vacate(n);
-    }
-
-    /// Splits free chunk `i` after its first `pad` bytes; returns the (free) second part.
-    pub(super) fn split_front(&mut self, i: u32, pad: u64) -> u32 {
-        self.bin_remove(i);
-        let j = self.split_off(i, pad);
-        self.bin_insert(i);
-        self.bin_insert(j);
-        j
-    }
-
-    /// Cuts chunk `i` (in no bin) at byte `at`; the second part becomes a free chunk linked after it (in no bin).
-    pub(super) fn split_off(&mut self, i: u32, at: u64) -> u32 {
         let c = self.chunks.v[i as usize];
-        let j = self.chunks.add(Chunk {
-            ptr: c.ptr + at,
-            size: c.size - at,
-            prev: i,
-            next: c.next,
-            left: NIL,
-            right: NIL,
-            region: c.region,
-            tenant: 0,
-            arena: c.arena,
-            state: State::Free,
-        });
-        if c.next != NIL {
-            self.chunks.v[c.next as usize].prev = j;
+        if c.size - rounded < GRANULE {
+            self.bin_remove(i);
+            return self.mark_used(i, tenant);
         }
-        let ci = &mut self.chunks.v[i as usize];
-        ci.next = j;
-        ci.size = at;
-        j
+        let u = self.chunks.add(Chunk {
+            ptr: c.ptr,
+            size: rounded,
+            prev: c.prev,
+            next: i,
+            tree: Links::NONE,
+            region: c.region,
+            tenant: tenant.0,
+            arena: c.arena,
+            state: State::Used,
+        });
+        self.link_before(i, u);
+        self.resize_free(i, c.ptr + rounded, c.size - rounded);
+        u
     }
 
     /// Like [`carve`](Self::carve), but the block takes the end of free chunk `i`.
     pub(super) fn carve_end(&mut self, i: u32, rounded: u64, tenant: TenantId) -> u32 {
         let c = self.chunks.v[i as usize];
         if c.size - rounded < GRANULE {
-            return self.carve(i, rounded, tenant);
+            self.bin_remove(i);
+            return self.mark_used(i, tenant);
         }
-        self.bin_remove(i);
         let u = self.chunks.add(Chunk {
             ptr: c.ptr + c.size - rounded,
             size: rounded,
             prev: i,
             next: c.next,
-            left: NIL,
-            right: NIL,
+            tree: Links::NONE,
             region: c.region,
             tenant: tenant.0,
             arena: c.arena,
@@ -104,10 +54,105 @@ impl<S: MemorySource> Inner<S> {
         if c.next != NIL {
             self.chunks.v[c.next as usize].prev = u;
         }
-        let ci = &mut self.chunks.v[i as usize];
-        ci.next = u;
-        ci.size -= rounded;
-        self.bin_insert(i);
+        self.chunks.v[i as usize].next = u;
+        self.resize_free(i, c.ptr, c.size - rounded);
         u
+    }
+
+    /// Splits free chunk `i` after its first `pad` bytes; returns the (free, binned) second part.
+    pub(super) fn split_front(&mut self, i: u32, pad: u64) -> u32 {
+        let c = self.chunks.v[i as usize];
+        let j = self.chunks.add(Chunk {
+            ptr: c.ptr + pad,
+            size: c.size - pad,
+            prev: i,
+            next: c.next,
+            tree: Links::NONE,
+            region: c.region,
+            tenant: 0,
+            arena: c.arena,
+            state: State::Free,
+        });
+        if c.next != NIL {
+            self.chunks.v[c.next as usize].prev = j;
+        }
+        self.chunks.v[i as usize].next = j;
+        self.resize_free(i, c.ptr, pad);
+        self.bin_insert(j);
+        j
+    }
+
+    /// Gives used chunk `i` back: merged with its free neighbours into one free chunk, which is returned binned.
+    pub(super) fn coalesce(&mut self, i: u32) -> u32 {
+        let c = self.chunks.v[i as usize];
+        let prev_free = c.prev != NIL && self.chunks.v[c.prev as usize].state == State::Free;
+        let next_free = c.next != NIL && self.chunks.v[c.next as usize].state == State::Free;
+        match (prev_free, next_free) {
+            (false, false) => {
+                self.chunks.v[i as usize].state = State::Free;
+                self.bin_insert(i);
+                i
+            }
+            (true, false) => {
+                let p = self.chunks.v[c.prev as usize];
+                self.unlink(i);
+                self.resize_free(c.prev, p.ptr, p.size + c.size);
+                c.prev
+            }
+            (false, true) => {
+                let n = self.chunks.v[c.next as usize];
+                self.unlink(i);
+                self.resize_free(c.next, c.ptr, n.size + c.size);
+                c.next
+            }
+            (true, true) => {
+                let (p, n) = (self.chunks.v[c.prev as usize], c.next);
+                let n_size = self.chunks.v[n as usize].size;
+                self.bin_remove(n);
+                self.unlink(n);
+                self.unlink(i);
+                self.resize_free(c.prev, p.ptr, p.size + c.size + n_size);
+                c.prev
+            }
+        }
+    }
+
+    fn mark_used(&mut self, i: u32, tenant: TenantId) -> u32 {
+        let ci = &mut self.chunks.v[i as usize];
+        ci.state = State::Used;
+        ci.tenant = tenant.0;
+        i
+    }
+
+    /// Changes free, binned chunk `i` to span `[ptr, ptr + size)`, keeping its bin place where the order allows.
+    fn resize_free(&mut self, i: u32, ptr: u64, size: u64) {
+        let a = usize::from(self.chunks.v[i as usize].arena);
+        self.bins[a].resize(&mut self.chunks.v, i, ptr, size);
+    }
+
+    /// Links chunk `u` (already naming `i` as its next and `i`'s old prev as its prev) in front of chunk `i`.
+    fn link_before(&mut self, i: u32, u: u32) {
+        let prev = self.chunks.v[i as usize].prev;
+        if prev == NIL {
+            let region = self.chunks.v[i as usize].region;
+            self.regions[region as usize].first = u;
+        } else {
+            self.chunks.v[prev as usize].next = u;
+        }
+        self.chunks.v[i as usize].prev = u;
+    }
+
+    /// Takes chunk `i` out of its address list and vacates its slot (its bytes now belong to a neighbour).
+    fn unlink(&mut self, i: u32) {
+        let c = self.chunks.v[i as usize];
+        if c.prev == NIL {
+            self.regions[c.region as usize].first = c.next;
+        } else {
+            self.chunks.v[c.prev as usize].next = c.next;
+        }
+        if c.next != NIL {
+            self.chunks.v[c.next as usize].prev = c.prev;
+        }
+        self.chunks.vacate(i);
     }
 }

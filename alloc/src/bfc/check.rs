@@ -101,6 +101,9 @@ impl<S: MemorySource> Inner<S> {
         if let Some(e) = bad {
             return Err(e);
         }
+        for bins in &self.bins {
+            bins.check_threads(ch)?;
+        }
         let (count, bytes) = (self.bins[0].count + self.bins[1].count, self.free_bytes());
         if binned != free_count || count != free_count || bytes != free_bytes {
             return Err(format!(

@@ -4,7 +4,7 @@ use std::fmt;
 use std::panic::Location;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::bin::{Bins, Chunks, GRANULE, NIL, State};
+use crate::bin::{Bins, Chunk, Chunks, GRANULE, NIL, State};
 use crate::config::{Backend, Config, Limit, Policy};
 use crate::error::{Error, OomCause, OutOfMemory, Result};
 use crate::events::{Event, EventKind, EventLog, chrome_trace};
@@ -640,20 +640,24 @@ impl<S: MemorySource> Inner<S> {
     }
 
     fn free(&mut self, block: Block) -> Result<()> {
-        let foreign = Error::ForeignBlock {
-            ptr: block.ptr,
-            size: block.size,
+        let ours = |c: &Chunk| {
+            c.state == State::Used
+                && c.ptr == block.ptr
+                && c.size == block.size
+                && c.tenant == block.tenant.0
         };
-        let Some(c) = self.chunks.v.get(block.chunk as usize).copied() else {
-            return Err(foreign);
+        let Some(c) = self
+            .chunks
+            .v
+            .get(block.chunk as usize)
+            .copied()
+            .filter(ours)
+        else {
+            return Err(Error::ForeignBlock {
+                ptr: block.ptr,
+                size: block.size,
+            });
         };
-        if c.state != State::Used
-            || c.ptr != block.ptr
-            || c.size != block.size
-            || c.tenant != block.tenant.0
-        {
-            return Err(foreign);
-        }
         if let Some(pt) = &mut self.pages {
             let (a, b) = pt.span(c.ptr, c.size);
             pt.release(a, b);
@@ -668,7 +672,6 @@ impl<S: MemorySource> Inner<S> {
         self.c.frees += 1;
         self.c.live_blocks -= 1;
         let m = self.coalesce(block.chunk);
-        self.bin_insert(m);
         self.record(EventKind::Free, block.tenant, c.size, c.ptr);
         if !self.caches() && !self.stitched() {
             let mc = self.chunks.v[m as usize];

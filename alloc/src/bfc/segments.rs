@@ -1,7 +1,7 @@
 //! The segment layouts: regions reserved from the source (on demand or up front), given back when wholly free.
 
 use super::{Inner, PlaceError, RegionEntry, source_error};
-use crate::bin::{Chunk, GRANULE, NIL, State};
+use crate::bin::{Chunk, GRANULE, Links, NIL, State};
 use crate::config::Policy;
 use crate::error::{OomCause, Result};
 use crate::events::EventKind;
@@ -100,8 +100,7 @@ impl<S: MemorySource> Inner<S> {
             size: region.size,
             prev: NIL,
             next: NIL,
-            left: NIL,
-            right: NIL,
+            tree: Links::NONE,
             region: slot as u32,
             tenant: 0,
             arena: 0,

@@ -2,7 +2,7 @@
 //! idle ones.
 
 use super::{Inner, PlaceError, RegionEntry, source_error};
-use crate::bin::{Chunk, NIL, State};
+use crate::bin::{Chunk, Links, NIL, State};
 use crate::config::Backend;
 use crate::error::{OomCause, Result};
 use crate::events::EventKind;
@@ -46,8 +46,7 @@ impl<S: MemorySource> Inner<S> {
                 size: r.size,
                 prev: NIL,
                 next: NIL,
-                left: NIL,
-                right: NIL,
+                tree: Links::NONE,
                 region: self.regions.len() as u32,
                 tenant: 0,
                 arena: arena as u8,
@@ -83,6 +82,9 @@ impl<S: MemorySource> Inner<S> {
             .pages
             .as_ref()
             .expect("stitched layout has a page table");
+        if self.config.placement_candidates <= 1 {
+            return self.finish_stitched(first, false, arena, rounded, tenant);
+        }
         let mut best = (first, false, u64::MAX);
         let mut cand = Some(first);
         let mut seen = 0;
@@ -106,7 +108,19 @@ impl<S: MemorySource> Inner<S> {
             }
             cand = self.bins[arena].successor(&self.chunks.v, i);
         }
-        let (mut i, at_end, _) = best;
+        let (i, at_end, _) = best;
+        self.finish_stitched(i, at_end, arena, rounded, tenant)
+    }
+
+    /// Cuts the block from free chunk `i` (at its end or its front) and backs its pages.
+    fn finish_stitched(
+        &mut self,
+        mut i: u32,
+        at_end: bool,
+        arena: usize,
+        rounded: u64,
+        tenant: TenantId,
+    ) -> std::result::Result<u32, PlaceError> {
         // A large block starts on a page boundary where its chunk has room: it then touches no page more than its
         // size needs (0.30 % instead of 1.39 % on transformer-lm). The padding stays a free chunk.
         if !at_end && arena == 1 {
@@ -126,8 +140,7 @@ impl<S: MemorySource> Inner<S> {
         match self.back_pages(ptr, rounded) {
             Ok(()) => Ok(i),
             Err(e) => {
-                let m = self.coalesce(i);
-                self.bin_insert(m);
+                self.coalesce(i);
                 Err(e)
             }
         }
@@ -141,11 +154,10 @@ impl<S: MemorySource> Inner<S> {
             .as_mut()
             .expect("stitched layout has a page table");
         let (a, b) = pt.span(ptr, len);
-        let (need, idle_in, regret) = pt.demand(a, b);
-        if need == 0 {
-            pt.acquire(a, b);
+        if pt.acquire_backed(a, b) {
             return Ok(());
         }
+        let (need, idle_in, regret) = pt.demand(a, b);
         // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
         // device synchronization. Grow the slack by those pages, up to a quarter of the peak in use.
         self.grown_slack = (self.grown_slack + regret).min(self.c.peak_in_use / pt.size / 4);
