@@ -93,6 +93,10 @@ mod cuda;
 mod device;
 mod error;
 mod events;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+mod fault;
 mod host;
 mod pages;
 pub mod replay;
@@ -101,7 +105,7 @@ mod source;
 mod stats;
 mod tenant;
 
-pub use bfc::{Bfc, Block};
+pub use bfc::{Bfc, Block, ChunkInfo};
 pub use config::{
     Backend, Config, ConfigBuilder, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_LARGE_BLOCK,
     DEFAULT_PLACEMENT_CANDIDATES, DEFAULT_PREALLOCATE_FRACTION, DeviceSelector, Limit, Policy,

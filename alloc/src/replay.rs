@@ -34,6 +34,8 @@ pub enum TraceOp {
         /// The block's id.
         id: u64,
     },
+    /// Give every idle region or page back ([`Bfc::trim`]).
+    Trim,
 }
 
 /// A parsed, checked trace.
@@ -69,8 +71,38 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
     parse_trace(BufReader::new(reader), &name)
 }
 
-/// Parses a trace: an optional `op,id,bytes` header, then `a,ID,BYTES` and `f,ID,0` lines (text after `#` and
-/// blank lines are ignored).
+impl Trace {
+    /// A trace of `ops`, checked as [`parse_trace`] checks a file.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] naming the line of the file form ([`to_csv`](Self::to_csv); operation k is line k + 1) that
+    /// allocates a live id or frees one that is not.
+    pub fn from_ops(name: &str, ops: Vec<TraceOp>) -> Result<Trace> {
+        parse_trace(std::io::Cursor::new(Trace::csv_of(&ops)), name)
+    }
+
+    /// The trace in its file form, which [`read_trace`] and `cohort replay` read back.
+    pub fn to_csv(&self) -> String {
+        Trace::csv_of(&self.ops)
+    }
+
+    fn csv_of(ops: &[TraceOp]) -> String {
+        use std::fmt::Write;
+        let mut s = String::from("op,id,bytes\n");
+        for op in ops {
+            // Writing to a String cannot fail.
+            let _ = match *op {
+                TraceOp::Alloc { id, bytes } => writeln!(s, "a,{id},{bytes}"),
+                TraceOp::Free { id } => writeln!(s, "f,{id},0"),
+                TraceOp::Trim => writeln!(s, "t,0,0"),
+            };
+        }
+        s
+    }
+}
+
+/// Parses a trace: an optional `op,id,bytes` header, then `a,ID,BYTES`, `f,ID,0` and `t,0,0` (trim) lines (text
+/// after `#` and blank lines are ignored).
 ///
 /// # Errors
 /// [`Error::Trace`] naming the line: an unknown op, a number that does not parse, an id allocated twice while live,
@@ -132,10 +164,11 @@ pub fn parse_trace(reader: impl BufRead, name: &str) -> Result<Trace> {
                 now -= b;
                 ops.push(TraceOp::Free { id });
             }
+            "t" => ops.push(TraceOp::Trim),
             other => {
                 return Err(err(
                     lineno,
-                    format!("op {other:?} is neither `a` (alloc) nor `f` (free)"),
+                    format!("op {other:?} is not `a` (alloc), `f` (free) or `t` (trim)"),
                 ));
             }
         }
@@ -307,11 +340,12 @@ fn thread_cpu_ns() -> Option<u64> {
     (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-/// Replays `trace` on a fresh allocator over a [`SimMemory`] as `options` say.
+/// The allocator a replay with `options` runs on: a fresh one over a [`SimMemory`]. Tests that want their
+/// sequences to replay with `cohort replay` build theirs here.
 ///
 /// # Errors
-/// Only a source failure (a bug the simulation caught); out-of-memory is counted in `ooms`, not an error.
-pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
+/// A setting the configuration refuses.
+pub fn allocator(options: &ReplayOptions) -> Result<Bfc<SimMemory>> {
     let mut builder = Config::builder()
         .idle_page_slack(options.idle_page_slack)
         .placement_candidates(options.placement_candidates)
@@ -327,12 +361,21 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
         ReplayPolicy::Stitched => SimMemory::stitched(options.capacity),
         _ => SimMemory::new(options.capacity),
     };
-    let bfc = Bfc::new(source, config)?;
+    Bfc::new(source, config)
+}
+
+/// Replays `trace` on a fresh allocator over a [`SimMemory`] as `options` say.
+///
+/// # Errors
+/// Only a source failure (a bug the simulation caught); out-of-memory is counted in `ooms`, not an error.
+pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
+    let bfc = allocator(options)?;
     let max_id = trace
         .ops
         .iter()
         .map(|op| match *op {
             TraceOp::Alloc { id, .. } | TraceOp::Free { id } => id,
+            TraceOp::Trim => 0,
         })
         .max()
         .unwrap_or(0);
@@ -371,6 +414,9 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
                     if let Some(block) = block {
                         bfc.free(block);
                     }
+                }
+                TraceOp::Trim => {
+                    bfc.trim();
                 }
             }
         }

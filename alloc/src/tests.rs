@@ -1,6 +1,6 @@
 //! Unit tests of policies, trim, tenants, configuration errors, the OOM report, stats and events.
 
-use crate::replay::{ReplayOptions, ReplayPolicy, parse_trace, replay};
+use crate::replay::{ReplayOptions, ReplayPolicy, TraceOp, parse_trace, replay};
 use crate::*;
 
 const MIB: u64 = 1 << 20;
@@ -695,11 +695,15 @@ fn allocator_is_send_and_sync_and_serves_threads() {
 
 #[test]
 fn trace_lines_are_checked_with_line_numbers() {
-    let good = "op,id,bytes\na,1,2048   # alloc\na,2,512\nf,1,0\n\n";
+    let good = "op,id,bytes\na,1,2048   # alloc\na,2,512\nf,1,0\nt,0,0\n\n";
     let t = parse_trace(good.as_bytes(), "t").unwrap();
-    assert_eq!((t.ops.len(), t.peak_live_bytes), (3, 2560));
+    assert_eq!((t.ops.len(), t.peak_live_bytes), (4, 2560));
+    assert_eq!(t.ops[3], TraceOp::Trim);
+    // The file form reads back as the same trace.
+    let again = parse_trace(t.to_csv().as_bytes(), "t").unwrap();
+    assert_eq!(again.ops, t.ops);
     for (text, line, what) in [
-        ("op,id,bytes\na,1,2048\nx,2,5\n", 3, "neither"),
+        ("op,id,bytes\na,1,2048\nx,2,5\n", 3, "is not `a`"),
         ("a,1,2048\nf,7,0\n", 2, "not live"),
         ("a,1,2048\na,1,64\n", 2, "again"),
         ("a,1\n", 1, "3 fields"),

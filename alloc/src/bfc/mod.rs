@@ -8,6 +8,7 @@ use crate::bin::{Bins, Chunk, Chunks, GRANULE, NIL, State};
 use crate::config::{Backend, Config, Limit, Policy};
 use crate::error::{Error, OomCause, OutOfMemory, Result};
 use crate::events::{Event, EventKind, EventLog, chrome_trace};
+use crate::fault::Fault;
 use crate::pages::PageTable;
 use crate::source::{MemorySource, Region, SourceError};
 use crate::stats::{Counters, MemoryReport, TenantReport};
@@ -35,6 +36,19 @@ impl Block {
     pub fn tenant(&self) -> TenantId {
         self.tenant
     }
+}
+
+/// One chunk of [`Bfc::chunk_map`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// First byte.
+    pub ptr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Free (cached), or handed out.
+    pub free: bool,
+    /// The region it lies in (the stitched layout's arenas are regions 0 and 1).
+    pub region: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -92,6 +106,8 @@ struct Inner<S> {
     scratch: Vec<u64>,
     scratch_pages: Vec<u32>,
     started: bool,
+    #[cfg(feature = "fault-injection")]
+    fault: Option<crate::fault::Fault>,
 }
 
 impl<S: MemorySource> Bfc<S> {
@@ -123,6 +139,8 @@ impl<S: MemorySource> Bfc<S> {
             scratch: Vec::new(),
             scratch_pages: Vec::new(),
             started: false,
+            #[cfg(feature = "fault-injection")]
+            fault: None,
             config,
             source,
         };
@@ -375,6 +393,33 @@ impl<S: MemorySource> Bfc<S> {
         f(&self.lock().source)
     }
 
+    /// Every chunk, region by region in address order: what a memory map draws, and what the property tests
+    /// recount the report's figures from.
+    pub fn chunk_map(&self) -> Vec<ChunkInfo> {
+        let g = self.lock();
+        let mut out = Vec::with_capacity(g.chunks.v.len());
+        for (slot, r) in g.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            let mut i = r.first;
+            while i != NIL {
+                let c = &g.chunks.v[i as usize];
+                out.push(ChunkInfo {
+                    ptr: c.ptr,
+                    size: c.size,
+                    free: c.state == State::Free,
+                    region: slot as u32,
+                });
+                i = c.next;
+            }
+        }
+        out
+    }
+
+    /// Breaks one placement rule from now on (`None` mends it), for the property tests' check of themselves.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject(&self, fault: Option<crate::fault::Fault>) {
+        self.lock().fault = fault;
+    }
+
     /// Checks every invariant by walking all chunks and recounting (tests use it after every step).
     ///
     /// # Errors
@@ -543,7 +588,7 @@ impl<S: MemorySource> Inner<S> {
         let idx = match self.place(rounded, tenant) {
             Ok(i) => i,
             Err(PlaceError::Fatal(e)) => return Err(e),
-            Err(PlaceError::Oom(cause)) if self.no_sync => {
+            Err(PlaceError::Oom(cause)) if self.no_sync || self.faulty(Fault::NoPageReuse) => {
                 return Err(self.oom(bytes, rounded, tenant, cause));
             }
             Err(PlaceError::Oom(_)) => {
@@ -694,7 +739,24 @@ impl<S: MemorySource> Inner<S> {
         } else {
             self.trim_regions();
         }
+        // A preallocating allocator that gave everything back preallocates again at its next allocation, as a
+        // fresh one would (without this it could never allocate again: its policy forbids growth).
+        if self.c.reserved == 0 {
+            self.started = false;
+        }
         before - self.c.reserved
+    }
+
+    /// Whether `fault` was injected (always `false` without the `fault-injection` feature).
+    #[inline]
+    fn faulty(&self, fault: Fault) -> bool {
+        #[cfg(feature = "fault-injection")]
+        return self.fault == Some(fault);
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            let _ = fault;
+            false
+        }
     }
 
     fn largest_free_block(&self) -> u64 {

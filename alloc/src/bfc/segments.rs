@@ -5,6 +5,7 @@ use crate::bin::{Chunk, GRANULE, Links, NIL, State};
 use crate::config::Policy;
 use crate::error::{OomCause, Result};
 use crate::events::EventKind;
+use crate::fault::Fault;
 use crate::source::{MemorySource, SourceError};
 use crate::tenant::TenantId;
 
@@ -29,7 +30,9 @@ impl<S: MemorySource> Inner<S> {
         rounded: u64,
         tenant: TenantId,
     ) -> std::result::Result<u32, PlaceError> {
-        let i = match self.bins[0].best_fit(&self.chunks.v, rounded) {
+        let fit = self.bins[0].best_fit(&self.chunks.v, rounded);
+        let fit = fit.filter(|_| !(self.faulty(Fault::GrowBeforeFit) && self.grow_room(rounded)));
+        let i = match fit {
             Some(i) => i,
             None => {
                 let may_grow = !self.caches() || self.config.policy == Policy::Growth;
@@ -40,6 +43,12 @@ impl<S: MemorySource> Inner<S> {
             }
         };
         Ok(self.carve(i, rounded, tenant))
+    }
+
+    /// Whether the pool may grow by a region for `rounded` bytes.
+    fn grow_room(&self, rounded: u64) -> bool {
+        self.config.policy == Policy::Growth
+            && self.limit.saturating_sub(self.c.reserved) >= rounded
     }
 
     pub(super) fn shortage_cause(&self, rounded: u64) -> OomCause {
@@ -147,6 +156,7 @@ impl<S: MemorySource> Inner<S> {
 
     /// Releases every region that is one free chunk.
     pub(super) fn trim_regions(&mut self) {
+        let mut keep = usize::from(self.faulty(Fault::TrimKeepsOne));
         for slot in 0..self.regions.len() {
             let r = self.regions[slot];
             if !r.live {
@@ -154,6 +164,10 @@ impl<S: MemorySource> Inner<S> {
             }
             let c = self.chunks.v[r.first as usize];
             if c.state == State::Free && c.next == NIL {
+                if keep > 0 {
+                    keep -= 1;
+                    continue;
+                }
                 if let Err(e) = self.release_region(slot as u32) {
                     tracing::error!("trim: {e}");
                 }

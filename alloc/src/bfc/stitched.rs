@@ -6,6 +6,7 @@ use crate::bin::{Chunk, Links, NIL, State};
 use crate::config::Backend;
 use crate::error::{OomCause, Result};
 use crate::events::EventKind;
+use crate::fault::Fault;
 use crate::pages::PageTable;
 use crate::source::{MemorySource, Region, SourceError};
 use crate::tenant::TenantId;
@@ -157,13 +158,16 @@ impl<S: MemorySource> Inner<S> {
         if pt.acquire_backed(a, b) {
             return Ok(());
         }
+        let no_moves = self.no_sync || self.faulty(Fault::NoPageReuse);
+        let no_slack = no_moves || self.faulty(Fault::CreateOverMove);
+        let pt = self.pages.as_mut().expect("page table");
         let (need, idle_in, regret) = pt.demand(a, b);
         // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
         // device synchronization. Grow the slack by those pages, up to a quarter of the peak in use.
         self.grown_slack = (self.grown_slack + regret).min(self.c.peak_in_use / pt.size / 4);
         let slack = self.config.idle_page_slack.max(self.grown_slack);
         let idle_avail = pt.idle - idle_in;
-        let mut create = if self.no_sync {
+        let mut create = if no_slack {
             need
         } else if idle_avail > slack {
             need.saturating_sub(idle_avail - slack)
@@ -172,7 +176,7 @@ impl<S: MemorySource> Inner<S> {
         };
         create = create.min(page_limit.saturating_sub(pt.mapped));
         let moves = need - create;
-        if moves > idle_avail || (self.no_sync && moves > 0) {
+        if moves > idle_avail || (no_moves && moves > 0) {
             return Err(PlaceError::Oom(OomCause::DeviceFull));
         }
         pt.acquire(a, b);
@@ -260,6 +264,9 @@ impl<S: MemorySource> Inner<S> {
         let mut idle = std::mem::take(&mut self.scratch_pages);
         pt.idle_pages(&mut idle);
         idle.sort_unstable();
+        if self.faulty(Fault::TrimKeepsOne) {
+            idle.pop();
+        }
         let mut k = 0;
         while k < idle.len() {
             let start = idle[k];
