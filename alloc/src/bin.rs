@@ -19,6 +19,8 @@ pub(crate) enum State {
     Vacant,
     Free,
     Used,
+    /// Freed and accounted so, but neither coalesced nor binned yet (`bfc/park.rs`).
+    Parked,
 }
 
 /// A free chunk's links in its bin: treap children and in-order neighbours.

@@ -13,4 +13,6 @@ pub enum Fault {
     GrowBeforeFit,
     /// Trim keeps one wholly free region (segments) or idle page (stitched).
     TrimKeepsOne,
+    /// Not a broken rule: the parked-block fast path off, the reference its choices are checked against.
+    NoParking,
 }

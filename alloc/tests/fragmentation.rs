@@ -199,6 +199,29 @@ fn adversarial(len: usize) -> impl Strategy<Value = Vec<Op>> {
     ]
 }
 
+/// A step's churn: a few sizes allocated and freed again at once or a little later, the pattern the parked-block
+/// fast path serves.
+fn churn(len: usize) -> impl Strategy<Value = Vec<Op>> {
+    let sizes = proptest::collection::vec(trace_size(), 4);
+    let steps = proptest::collection::vec((0usize..4, 0usize..3, any::<bool>()), 1..len / 2);
+    (sizes, steps).prop_map(|(sizes, steps)| {
+        let mut v = Vec::new();
+        for (k, back, free_first) in steps {
+            if free_first {
+                v.push(from_end(back));
+            }
+            v.push(Op::Alloc {
+                size: sizes[k],
+                tenant: (k % 3) as u8,
+            });
+            if !free_first {
+                v.push(from_end(back));
+            }
+        }
+        v
+    })
+}
+
 // --- the driver ----------------------------------------------------------------------------------------------
 
 /// One sequence run on a fresh allocator, with the model the properties are checked against.
@@ -773,6 +796,52 @@ fn replay_after_trim_makes_the_same_choices() {
         );
         if let Err(e) = result {
             panic!("replay after trim ({policy}): {e}");
+        }
+    }
+}
+
+/// The parked-block fast path changes no choice: the same addresses, OOMs and counters as without it.
+#[test]
+fn parking_makes_the_choices_of_plain_best_fit() {
+    for policy in [
+        ReplayPolicy::Stitched,
+        ReplayPolicy::Growth,
+        ReplayPolicy::Preallocate,
+    ] {
+        let o = options(policy, 8);
+        let mut runner = TestRunner::new(Config {
+            cases: cases(32),
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let ops_run = AtomicU64::new(0);
+        let strategy = prop_oneof![churn(3000), ops(trace_size(), 2000), adversarial(2000)];
+        let result = runner.run(&strategy, |ops| {
+            ops_run.fetch_add(2 * ops.len() as u64, Ordering::Relaxed);
+            let mut parked = Run::new(&o, None);
+            let mut plain = Run::new(&o, Some(Fault::NoParking));
+            let a = parked
+                .drive(&ops, Property::TrimReturnsAll)
+                .map_err(TestCaseError::fail)?;
+            let b = plain
+                .drive(&ops, Property::TrimReturnsAll)
+                .map_err(TestCaseError::fail)?;
+            if let Some(k) = (0..a.len()).find(|&k| a[k] != b[k]) {
+                let why = format!(
+                    "allocation {k}: {:x?} parked, {:x?} without parking",
+                    a[k], b[k]
+                );
+                return Err(TestCaseError::fail(parked.report("parking", &why)));
+            }
+            prop_assert_eq!(parked.bfc.counters(), plain.bfc.counters());
+            Ok(())
+        });
+        eprintln!(
+            "parking-{policy}: {} operations",
+            ops_run.load(Ordering::Relaxed)
+        );
+        if let Err(e) = result {
+            panic!("parking ({policy}): {e}");
         }
     }
 }

@@ -65,6 +65,10 @@ impl<S: MemorySource> Inner<S> {
                     State::Vacant => {
                         return Err(format!("vacant chunk {i} is linked into region {slot}"));
                     }
+                    // Every caller finishes a parked free first.
+                    State::Parked => {
+                        return Err(format!("chunk {i} is still parked during a check"));
+                    }
                 }
                 addr += c.size;
                 prev = i;

@@ -16,6 +16,7 @@ use crate::tenant::{Tenant, TenantId, TenantLimits};
 
 mod carve;
 mod check;
+mod park;
 mod segments;
 mod stitched;
 
@@ -106,6 +107,8 @@ struct Inner<S> {
     scratch: Vec<u64>,
     scratch_pages: Vec<u32>,
     started: bool,
+    /// The chunk of the block freed last, parked for the next allocation ([`park`]); `NIL` when none.
+    parked: u32,
     #[cfg(feature = "fault-injection")]
     fault: Option<crate::fault::Fault>,
 }
@@ -139,6 +142,7 @@ impl<S: MemorySource> Bfc<S> {
             scratch: Vec::new(),
             scratch_pages: Vec::new(),
             started: false,
+            parked: NIL,
             #[cfg(feature = "fault-injection")]
             fault: None,
             config,
@@ -275,7 +279,9 @@ impl<S: MemorySource> Bfc<S> {
 
     /// The full report: counters, largest free block, fragmentation, per-tenant lines.
     pub fn stats(&self) -> MemoryReport {
-        self.lock().report()
+        let mut g = self.lock();
+        g.unpark();
+        g.report()
     }
 
     /// One tenant's line of the report.
@@ -396,7 +402,8 @@ impl<S: MemorySource> Bfc<S> {
     /// Every chunk, region by region in address order: what a memory map draws, and what the property tests
     /// recount the report's figures from.
     pub fn chunk_map(&self) -> Vec<ChunkInfo> {
-        let g = self.lock();
+        let mut g = self.lock();
+        g.unpark();
         let mut out = Vec::with_capacity(g.chunks.v.len());
         for (slot, r) in g.regions.iter().enumerate().filter(|(_, r)| r.live) {
             let mut i = r.first;
@@ -426,7 +433,9 @@ impl<S: MemorySource> Bfc<S> {
     /// A description of the first broken invariant.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.lock().check()
+        let mut g = self.lock();
+        g.unpark();
+        g.check()
     }
 }
 
@@ -581,11 +590,18 @@ impl<S: MemorySource> Inner<S> {
             };
             return Err(self.oom(bytes, rounded, tenant, cause));
         }
-        if !self.started {
-            self.started = true;
-            self.preallocate();
-        }
-        let idx = match self.place(rounded, tenant) {
+        let placed = match self.take_parked(rounded, tenant) {
+            Some(i) => Ok(i),
+            None => {
+                self.unpark();
+                if !self.started {
+                    self.started = true;
+                    self.preallocate();
+                }
+                self.place(rounded, tenant)
+            }
+        };
+        let idx = match placed {
             Ok(i) => i,
             Err(PlaceError::Fatal(e)) => return Err(e),
             Err(PlaceError::Oom(cause)) if self.no_sync || self.faulty(Fault::NoPageReuse) => {
@@ -703,10 +719,6 @@ impl<S: MemorySource> Inner<S> {
                 size: block.size,
             });
         };
-        if let Some(pt) = &mut self.pages {
-            let (a, b) = pt.span(c.ptr, c.size);
-            pt.release(a, b);
-        }
         let t = &mut self.tenants[block.tenant.index()];
         let before = t.unmet_reserve();
         t.in_use -= c.size;
@@ -716,8 +728,15 @@ impl<S: MemorySource> Inner<S> {
         self.c.in_use -= c.size;
         self.c.frees += 1;
         self.c.live_blocks -= 1;
-        let m = self.coalesce(block.chunk);
         self.record(EventKind::Free, block.tenant, c.size, c.ptr);
+        if self.park(block.chunk) {
+            return Ok(());
+        }
+        if let Some(pt) = &mut self.pages {
+            let (a, b) = pt.span(c.ptr, c.size);
+            pt.release(a, b);
+        }
+        let m = self.coalesce(block.chunk);
         if !self.caches() && !self.stitched() {
             let mc = self.chunks.v[m as usize];
             if mc.prev == NIL && mc.next == NIL {
@@ -730,6 +749,7 @@ impl<S: MemorySource> Inner<S> {
     }
 
     fn trim(&mut self) -> u64 {
+        self.unpark();
         self.c.trims += 1;
         // Memory given back is a fresh start: the slack learnt from earlier steps goes too.
         self.grown_slack = 0;
