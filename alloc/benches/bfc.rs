@@ -1,5 +1,5 @@
-//! Allocator speed: a cached alloc + free pair (target ≤ 100 ns median), a mixed-size workload, 4 threads
-//! contending, and a real trace.
+//! Allocator speed: a cached alloc + free pair (target ≤ 50 ns median, segments and stitched), a mixed-size
+//! workload, 4 threads contending, and a real trace.
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};

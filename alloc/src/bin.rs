@@ -124,7 +124,9 @@ fn key(ch: &[Chunk], i: u32) -> (u64, u64) {
     (c.size, c.ptr)
 }
 
-fn insert(ch: &mut [Chunk], root: u32, i: u32) -> u32 {
+/// Inserts `i` under `root`; `lo` and `hi` end as its in-order neighbours: the last nodes the search passed on
+/// its right and on its left (rotations keep the order).
+fn insert(ch: &mut [Chunk], root: u32, i: u32, lo: &mut u32, hi: &mut u32) -> u32 {
     if root == NIL {
         ch[i as usize].tree.left = NIL;
         ch[i as usize].tree.right = NIL;
@@ -132,7 +134,8 @@ fn insert(ch: &mut [Chunk], root: u32, i: u32) -> u32 {
     }
     let r = root as usize;
     if key(ch, i) < key(ch, root) {
-        let l = insert(ch, ch[r].tree.left, i);
+        *hi = root;
+        let l = insert(ch, ch[r].tree.left, i, lo, hi);
         ch[r].tree.left = l;
         if prio(l) > prio(root) {
             ch[r].tree.left = ch[l as usize].tree.right;
@@ -140,7 +143,8 @@ fn insert(ch: &mut [Chunk], root: u32, i: u32) -> u32 {
             return l;
         }
     } else {
-        let x = insert(ch, ch[r].tree.right, i);
+        *lo = root;
+        let x = insert(ch, ch[r].tree.right, i, lo, hi);
         ch[r].tree.right = x;
         if prio(x) > prio(root) {
             ch[r].tree.right = ch[x as usize].tree.left;
@@ -210,19 +214,8 @@ impl Bins {
     #[inline]
     pub fn insert(&mut self, ch: &mut [Chunk], i: u32) {
         let b = bin_of(ch[i as usize].size);
-        // The in-order neighbours: the last nodes the search turned left and right at.
-        let k = key(ch, i);
         let (mut lo, mut hi) = (NIL, NIL);
-        let mut n = self.roots[b];
-        while n != NIL {
-            if k < key(ch, n) {
-                hi = n;
-                n = ch[n as usize].tree.left;
-            } else {
-                lo = n;
-                n = ch[n as usize].tree.right;
-            }
-        }
+        self.roots[b] = insert(ch, self.roots[b], i, &mut lo, &mut hi);
         ch[i as usize].tree.lo = lo;
         ch[i as usize].tree.hi = hi;
         if lo != NIL {
@@ -231,7 +224,6 @@ impl Bins {
         if hi != NIL {
             ch[hi as usize].tree.lo = i;
         }
-        self.roots[b] = insert(ch, self.roots[b], i);
         self.bitmap |= 1 << b;
         self.count += 1;
         self.bytes += ch[i as usize].size;

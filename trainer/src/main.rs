@@ -60,7 +60,8 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: String,
     },
-    /// Replay an allocator trace (CSV `op,id,bytes`, `a` alloc / `f` free, optionally gzip) on a simulated device.
+    /// Replay an allocator trace (CSV `op,id,bytes`: `a` alloc, `f` free, `t` trim; optionally gzip) on a simulated
+    /// device. The allocator's property tests write their failing sequences in this form.
     Replay {
         /// The trace file.
         trace: PathBuf,
