@@ -520,26 +520,28 @@ impl Run {
         self.touched = 0;
     }
 
-    /// Writes the sequence as a trace and says how to replay it.
+    /// Writes the sequence as a trace and says how to replay it; a short one is printed as well.
     fn report(&self, name: &str, why: &str) -> String {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fragmentation");
         let path = dir.join(format!("{name}.csv"));
-        let trace =
-            Trace::from_ops(name, self.trace.clone()).expect("the model writes valid traces");
-        let written =
-            std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, trace.to_csv()));
-        let o = &self.options;
+        let csv = Trace::from_ops(name, self.trace.clone())
+            .expect("the model writes valid traces")
+            .to_csv();
+        let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &csv));
+        let shown = if self.trace.len() <= 40 {
+            format!("\n{csv}")
+        } else {
+            String::new()
+        };
         match written {
             Ok(()) => format!(
-                "{why}\n  {} operations; replay with: cohort replay {} --policy {} --limit {} --capacity {}",
+                "{why}\n  {} operations; replay with: cohort replay {} --policy {} --limit {LIMIT} --capacity {CAPACITY}{shown}",
                 self.trace.len(),
                 path.display(),
-                o.policy,
-                LIMIT,
-                CAPACITY
+                self.options.policy,
             ),
             Err(e) => format!(
-                "{why}\n  (writing the trace to {} failed: {e})",
+                "{why}\n  (writing the trace to {} failed: {e}){shown}",
                 path.display()
             ),
         }
