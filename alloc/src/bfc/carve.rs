@@ -1,8 +1,8 @@
 //! Cutting free chunks for blocks and joining freed ones with their free neighbours.
 //!
-//! The hot path is a block cut from the front of a large free chunk and given back to it: the free chunk keeps its
-//! slot and, where its (size, address) order among the other free chunks of its bin allows, its place in the
-//! bin's treap, so that a cached alloc + free pair does no treap insertion or removal at all.
+//! The common case is a block cut from the front of a large free chunk and later given back to it: the free chunk
+//! keeps its slot and, where its (size, address) order among the other free chunks of its bin allows, its place in
+//! the bin's treap, so that neither costs a treap insertion or removal.
 
 use super::Inner;
 use crate::bin::{Chunk, GRANULE, Links, NIL, State};
