@@ -38,7 +38,24 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::GpuBundle(args) => bundle::run(&args),
-        Task::Bench(args) => bench::run(&args),
-        Task::Profile(args) => profile::run(&args),
+        Task::Bench(args) => {
+            timed_in_release("bench")?;
+            bench::run(&args)
+        }
+        Task::Profile(args) => {
+            timed_in_release("profile")?;
+            profile::run(&args)
+        }
     }
+}
+
+/// The cohort benchmark and the profile time training steps inside this binary: a debug build runs them about 100x
+/// slower, and its figures would read as ours.
+fn timed_in_release(task: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !cfg!(debug_assertions),
+        "`xtask {task}` times code inside this binary, which is a debug build: run it as `cargo xtask {task}` \
+         (the alias builds in release) or `cargo run --release -p xtask -- {task}`"
+    );
+    Ok(())
 }
