@@ -12,8 +12,8 @@ use cudarc::cublas::{result as blas_result, sys as blas_sys};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream, result as drv, sys,
 };
-use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
+use super::modules::{self, KernelSource, Origin, Target};
 use super::profile::Profile;
 use super::{GemmTuning, KernelTime};
 use crate::matmul::lt::Lt;
@@ -21,9 +21,6 @@ use crate::{Error, Result};
 
 /// Most dimensions a strided or broadcasting kernel handles (matches `MAX_RANK` in `common.cuh`).
 pub(crate) const MAX_RANK: usize = 8;
-
-/// Helpers every `.cu` source is compiled with (prepended to it).
-const COMMON: &str = include_str!("common.cuh");
 
 /// Wraps a driver, NVRTC or cuBLAS failure into the crate's error, naming what was attempted.
 pub(crate) fn cuda_err(what: &str, e: impl fmt::Debug) -> Error {
@@ -77,77 +74,6 @@ pub fn device_count() -> Result<usize> {
     init_driver()?;
     let n = drv::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))?;
     Ok(usize::try_from(n).unwrap_or(0))
-}
-
-/// One `.cu` file of an op family, compiled by NVRTC the first time one of its kernels runs.
-#[derive(Debug)]
-pub(crate) struct KernelSource {
-    /// Module name (the file name without `.cu`); unique across the crate.
-    pub name: &'static str,
-    /// The file's text (`include_str!`).
-    pub code: &'static str,
-}
-
-impl KernelSource {
-    fn full_source(&self) -> String {
-        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.code)
-    }
-
-    /// Compiles the source to PTX for `arch` (`compute_90`, ...; `None`: NVRTC's default).
-    pub(crate) fn compile(&self, arch: Option<&'static str>) -> Result<Ptx> {
-        // SAFETY: only tries to open the shared library.
-        if !unsafe { nvrtc::sys::is_culib_present() } {
-            return Err(Error::Cuda(
-                "NVRTC (libnvrtc.so.13) was not found: install the CUDA 13 toolkit's runtime \
-                 compiler or put its lib folder on LD_LIBRARY_PATH"
-                    .to_string(),
-            ));
-        }
-        let opts = CompileOptions {
-            arch,
-            name: Some(format!("{}.cu", self.name)),
-            options: vec!["--std=c++17".to_string()],
-            ..Default::default()
-        };
-        nvrtc::compile_ptx_with_opts(self.full_source(), opts).map_err(|e| match e {
-            CompileError::CompileError { log, .. } => Error::Cuda(format!(
-                "NVRTC could not compile {}.cu:\n{}",
-                self.name,
-                log.to_string_lossy()
-            )),
-            other => cuda_err(&format!("NVRTC on {}.cu", self.name), other),
-        })
-    }
-}
-
-/// PTX per (module, arch), shared by every device of the process: each source is compiled once.
-fn ptx_for(src: &'static KernelSource, arch: Option<&'static str>) -> Result<Ptx> {
-    type PtxCache = HashMap<(&'static str, Option<&'static str>), Ptx>;
-    static CACHE: OnceLock<Mutex<PtxCache>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(p) = lock(cache).get(&(src.name, arch)) {
-        return Ok(p.clone());
-    }
-    let ptx = src.compile(arch)?;
-    lock(cache).insert((src.name, arch), ptx.clone());
-    Ok(ptx)
-}
-
-fn arch_of(cc: (i32, i32)) -> Option<&'static str> {
-    Some(match cc {
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 7) => "compute_87",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (10, 3) => "compute_103",
-        (11, 0) => "compute_110",
-        (12, 0) => "compute_120",
-        (12, 1) => "compute_121",
-        _ => return None,
-    })
 }
 
 /// A kernel launch geometry.
@@ -343,7 +269,7 @@ pub struct Gpu {
     /// The events that fork the side stream from the compute stream and join it back, reused:
     /// a wait already queued keeps the state the event had when it was queued.
     fork_join: (CudaEvent, CudaEvent),
-    arch: Option<&'static str>,
+    target: Target,
     sm_count: u32,
     name: String,
     blas: Mutex<Option<Blas>>,
@@ -384,7 +310,7 @@ impl fmt::Debug for Gpu {
         f.debug_struct("Gpu")
             .field("ordinal", &self.ordinal)
             .field("name", &self.name)
-            .field("arch", &self.arch)
+            .field("target", &self.target)
             .field("sm_count", &self.sm_count)
             .finish()
     }
@@ -445,7 +371,7 @@ impl Gpu {
             copy,
             side,
             fork_join,
-            arch: arch_of(cc),
+            target: Target::of(cc),
             sm_count: sm_count.max(1) as u32,
             name,
             blas: Mutex::new(None),
@@ -843,11 +769,7 @@ impl Gpu {
             match cached {
                 Some(m) => m,
                 None => {
-                    let ptx = ptx_for(src, self.arch)?;
-                    let m = self
-                        .ctx
-                        .load_module(ptx)
-                        .map_err(|e| cuda_err(&format!("loading module {}.cu", src.name), e))?;
+                    let m = self.load_module(src)?;
                     lock(&self.modules).insert(src.name, m.clone());
                     m
                 }
@@ -858,6 +780,23 @@ impl Gpu {
             .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))?;
         lock(&self.functions).insert(name, f.clone());
         Ok(f)
+    }
+
+    /// Loads `src`'s module; a cached cubin that the driver refuses is compiled again once.
+    fn load_module(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>> {
+        let load = |ptx| {
+            self.ctx
+                .load_module(ptx)
+                .map_err(|e| cuda_err(&format!("loading module {}.cu", src.name), e))
+        };
+        let (ptx, origin) = modules::image(src, self.target)?;
+        match load(ptx) {
+            Err(e) if origin == Origin::Disk => {
+                tracing::warn!("kernel cache: {e}; compiling {}.cu again", src.name);
+                load(modules::recompile(src, self.target)?)
+            }
+            loaded => loaded,
+        }
     }
 
     /// A 1-D grid-stride launch over `n` items with `block` threads per block.

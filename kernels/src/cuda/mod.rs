@@ -1,5 +1,6 @@
 //! The CUDA device layer: one [`Gpu`] per device (context, a compute stream, a copy stream,
-//! cuBLAS and cuBLASLt handles and a cache of NVRTC-compiled kernel modules).
+//! cuBLAS and cuBLASLt handles and its loaded kernel modules), and the kernel modules themselves:
+//! compiled by NVRTC to cubins once per machine and kept on disk ([`modules`]).
 //!
 //! Kernels take raw device addresses (`u64`), because tensors hold blocks of the device's
 //! caching allocator, not one driver allocation each. Every op of the `<family>/cuda.rs`
@@ -14,6 +15,8 @@ mod absent;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
+mod modules;
+#[cfg(feature = "cuda")]
 mod profile;
 
 #[cfg(not(feature = "cuda"))]
@@ -26,9 +29,11 @@ pub use gpu::{
 
 #[cfg(feature = "cuda")]
 pub(crate) use gpu::{
-    KernelSource, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err,
-    kernel_args, unsupported,
+    Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err, kernel_args,
+    unsupported,
 };
+#[cfg(feature = "cuda")]
+pub(crate) use modules::KernelSource;
 
 /// GPU time spent in one kernel (or cuBLAS call shape) since the last report.
 #[derive(Clone, Debug, PartialEq)]

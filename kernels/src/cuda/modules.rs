@@ -1,0 +1,408 @@
+//! Kernel modules: every `.cu` source compiled by NVRTC once per machine, not once per process.
+//!
+//! A source is compiled to a cubin for the device's own architecture (`sm_90`), which the driver loads as it is,
+//! with no JIT of PTX. The cubin is kept on disk, so that a later process loads it without compiling anything, and
+//! in memory, so that every device of one process shares it. Where the architecture is one this build does not
+//! know, the source is compiled to PTX for NVRTC's default target and the driver JIT-compiles it.
+//!
+//! The disk cache lives in `$COHORT_KERNEL_CACHE`, else `$XDG_CACHE_HOME/cohort/kernels`, else
+//! `$HOME/.cache/cohort/kernels`; `COHORT_KERNEL_CACHE=off` turns it off. A file is found by a hash of its key
+//! (the full source, the options, the architecture, NVRTC's and the driver's versions) and holds the key itself,
+//! which is compared in full before its cubin is used: a collision, a stale file or a file from another toolkit
+//! is a miss, never a wrong kernel. Files are written whole and renamed into place, so a writer that dies leaves
+//! nothing half-written, and one that does not load is compiled again and replaced.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::sys;
+use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
+
+use super::gpu::cuda_err;
+use crate::{Error, Result};
+
+/// Helpers every `.cu` source is compiled with (prepended to it).
+const COMMON: &str = include_str!("common.cuh");
+
+/// Options every source is compiled with.
+const OPTIONS: &[&str] = &["--std=c++17"];
+
+/// Magic line of a cache file (its format's version).
+const MAGIC: &[u8] = b"cohort-kernel-cache 1\n";
+
+/// One `.cu` file of an op family, compiled by NVRTC the first time one of its kernels runs.
+#[derive(Debug)]
+pub(crate) struct KernelSource {
+    /// Module name (the file name without `.cu`); unique across the crate.
+    pub name: &'static str,
+    /// The file's text (`include_str!`).
+    pub code: &'static str,
+}
+
+impl KernelSource {
+    fn full_source(&self) -> String {
+        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.code)
+    }
+
+    /// Compiles the source to PTX for `arch` (`compute_90`, ...; `None`: NVRTC's default).
+    pub(crate) fn compile(&self, arch: Option<&'static str>) -> Result<Ptx> {
+        nvrtc_present()?;
+        let opts = CompileOptions {
+            arch,
+            name: Some(format!("{}.cu", self.name)),
+            options: OPTIONS.iter().map(|o| o.to_string()).collect(),
+            ..Default::default()
+        };
+        nvrtc::compile_ptx_with_opts(self.full_source(), opts).map_err(|e| match e {
+            CompileError::CompileError { log, .. } => self.log_error(&log.to_string_lossy()),
+            other => cuda_err(&format!("NVRTC on {}.cu", self.name), other),
+        })
+    }
+
+    /// Compiles the source to a cubin for `sm` (`sm_90`, ...).
+    fn compile_cubin(&self, sm: &str) -> Result<Vec<u8>> {
+        nvrtc_present()?;
+        let what = |call: &str| format!("NVRTC's {call} on {}.cu", self.name);
+        let src = CString::new(self.full_source()).expect("kernel sources hold no NUL");
+        let name = CString::new(format!("{}.cu", self.name)).expect("module names hold no NUL");
+        let prog = nvrtc::result::create_program(&src, Some(&name))
+            .map_err(|e| cuda_err(&what("create"), e))?;
+        let mut options: Vec<String> = OPTIONS.iter().map(|o| o.to_string()).collect();
+        options.push(format!("--gpu-architecture={sm}"));
+        // SAFETY: `prog` was just created and is destroyed below, after its last use; the size and the buffer
+        // follow NVRTC's contract (size first, then a buffer of that size).
+        unsafe {
+            let compiled = nvrtc::result::compile_program(prog, &options);
+            let out = match compiled {
+                Err(_) => {
+                    let log = nvrtc::result::get_program_log(prog).unwrap_or_default();
+                    Err(self.log_error(&CStr::from_ptr(log.as_ptr()).to_string_lossy()))
+                }
+                Ok(()) => {
+                    let mut size = 0usize;
+                    nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size)
+                        .result()
+                        .map_err(|e| cuda_err(&what("nvrtcGetCUBINSize"), e))
+                        .and_then(|()| {
+                            let mut cubin = vec![0u8; size];
+                            nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast::<c_char>())
+                                .result()
+                                .map_err(|e| cuda_err(&what("nvrtcGetCUBIN"), e))
+                                .map(|()| cubin)
+                        })
+                }
+            };
+            // A failed destroy leaks one program; the compiled image is still good.
+            let _ = nvrtc::result::destroy_program(prog);
+            out
+        }
+    }
+
+    fn log_error(&self, log: &str) -> Error {
+        Error::Cuda(format!("NVRTC could not compile {}.cu:\n{log}", self.name))
+    }
+}
+
+fn nvrtc_present() -> Result<()> {
+    // SAFETY: only tries to open the shared library.
+    if unsafe { nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(Error::Cuda(
+        "NVRTC (libnvrtc.so.13) was not found: install the CUDA 13 toolkit's runtime compiler or put its lib \
+         folder on LD_LIBRARY_PATH"
+            .to_string(),
+    ))
+}
+
+/// What a device compiles for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Target {
+    /// The real architecture for a cubin (`sm_90`); `None`: one this build does not know (PTX then).
+    sm: Option<&'static str>,
+    /// The virtual architecture for PTX (`compute_90`).
+    arch: Option<&'static str>,
+}
+
+impl Target {
+    /// The target of a device of compute capability `cc`.
+    pub(crate) fn of(cc: (i32, i32)) -> Target {
+        let (sm, arch) = match cc {
+            (7, 5) => ("sm_75", "compute_75"),
+            (8, 0) => ("sm_80", "compute_80"),
+            (8, 6) => ("sm_86", "compute_86"),
+            (8, 7) => ("sm_87", "compute_87"),
+            (8, 9) => ("sm_89", "compute_89"),
+            (9, 0) => ("sm_90", "compute_90"),
+            (10, 0) => ("sm_100", "compute_100"),
+            (10, 3) => ("sm_103", "compute_103"),
+            (11, 0) => ("sm_110", "compute_110"),
+            (12, 0) => ("sm_120", "compute_120"),
+            (12, 1) => ("sm_121", "compute_121"),
+            _ => {
+                return Target {
+                    sm: None,
+                    arch: None,
+                };
+            }
+        };
+        Target {
+            sm: Some(sm),
+            arch: Some(arch),
+        }
+    }
+}
+
+/// Where a module's image came from, for the first load of each module in a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Compiled by NVRTC now.
+    Compiled,
+    /// Read from the disk cache.
+    Disk,
+    /// Compiled or read earlier in this process.
+    Memory,
+}
+
+type Images = HashMap<(&'static str, Target), Ptx>;
+
+/// The images this process has compiled or read, shared by its devices.
+fn images() -> std::sync::MutexGuard<'static, Images> {
+    static IMAGES: OnceLock<Mutex<Images>> = OnceLock::new();
+    let images = IMAGES.get_or_init(Default::default);
+    images.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The module image of `src` for `target`: from this process's memory, the disk cache, or NVRTC.
+pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
+    if let Some(p) = images().get(&(src.name, target)) {
+        return Ok((p.clone(), Origin::Memory));
+    }
+    let (ptx, origin) = match target.sm {
+        Some(sm) => {
+            let (cubin, origin) = cubin(src, sm, cache_dir().as_deref(), false)?;
+            (Ptx::from_binary(cubin), origin)
+        }
+        None => (src.compile(target.arch)?, Origin::Compiled),
+    };
+    images().insert((src.name, target), ptx.clone());
+    Ok((ptx, origin))
+}
+
+/// Compiles `src` for `target` again, replacing its image in memory and on disk (a cached one did not load).
+pub(crate) fn recompile(src: &'static KernelSource, target: Target) -> Result<Ptx> {
+    let ptx = match target.sm {
+        Some(sm) => Ptx::from_binary(cubin(src, sm, cache_dir().as_deref(), true)?.0),
+        None => src.compile(target.arch)?,
+    };
+    images().insert((src.name, target), ptx.clone());
+    Ok(ptx)
+}
+
+/// The cubin of `src` for `sm`: from `dir` when it holds one made from the same key (and `fresh` is not asked
+/// for), else compiled and stored there.
+fn cubin(
+    src: &KernelSource,
+    sm: &str,
+    dir: Option<&Path>,
+    fresh: bool,
+) -> Result<(Vec<u8>, Origin)> {
+    let Some(dir) = dir else {
+        return Ok((src.compile_cubin(sm)?, Origin::Compiled));
+    };
+    let key = key(src, sm);
+    let path = cache_file(dir, src.name, &key);
+    let cached = (!fresh).then(|| std::fs::read(&path).ok()).flatten();
+    if let Some(cubin) = cached.and_then(|f| unwrap_entry(&f, &key)) {
+        return Ok((cubin, Origin::Disk));
+    }
+    let cubin = src.compile_cubin(sm)?;
+    if let Err(e) = store(&path, &key, &cubin) {
+        tracing::warn!(
+            "kernel cache: could not write {} ({e}); kernels are compiled in every process",
+            path.display()
+        );
+    }
+    Ok((cubin, Origin::Compiled))
+}
+
+/// Everything that decides a cubin's bytes.
+fn key(src: &KernelSource, sm: &str) -> Vec<u8> {
+    let mut k = format!(
+        "arch {sm}\noptions {}\nnvrtc {}\ndriver {}\nsource {}\n",
+        OPTIONS.join(" "),
+        nvrtc_version(),
+        driver_version(),
+        src.name
+    )
+    .into_bytes();
+    k.extend_from_slice(src.full_source().as_bytes());
+    k
+}
+
+fn cache_file(dir: &Path, name: &str, key: &[u8]) -> PathBuf {
+    dir.join(format!("{name}-{:08x}.cubin", crc32c::crc32c(key)))
+}
+
+/// A cache file: the magic line, the key's length (8 bytes, little-endian), the key, the cubin.
+fn entry(key: &[u8], cubin: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(MAGIC.len() + 8 + key.len() + cubin.len());
+    f.extend_from_slice(MAGIC);
+    f.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    f.extend_from_slice(key);
+    f.extend_from_slice(cubin);
+    f
+}
+
+/// The cubin of a cache file made from `key`; `None` for another key, another format or a damaged file.
+fn unwrap_entry(file: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+    let rest = file.strip_prefix(MAGIC)?;
+    let (len, rest) = rest.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    let (stored, cubin) = (rest.get(..len)?, rest.get(len..)?);
+    (stored == key && !cubin.is_empty()).then(|| cubin.to_vec())
+}
+
+/// Writes the entry to a temporary file beside `path` and renames it into place.
+fn store(path: &Path, key: &[u8], cubin: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("kernel"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, entry(key, cubin))?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// The disk cache's folder, or `None` when it is turned off.
+fn cache_dir() -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| cache_dir_from(|k| std::env::var_os(k).map(PathBuf::from)))
+        .clone()
+}
+
+fn cache_dir_from(var: impl Fn(&str) -> Option<PathBuf>) -> Option<PathBuf> {
+    match var("COHORT_KERNEL_CACHE") {
+        Some(p) if p.as_os_str() == "off" => None,
+        Some(p) if !p.as_os_str().is_empty() => Some(p),
+        _ => var("XDG_CACHE_HOME")
+            .filter(|p| p.is_absolute())
+            .map(|p| p.join("cohort/kernels"))
+            .or_else(|| var("HOME").map(|h| h.join(".cache/cohort/kernels"))),
+    }
+}
+
+fn nvrtc_version() -> String {
+    if nvrtc_present().is_err() {
+        return "absent".into();
+    }
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: two valid out-pointers; the library is loaded.
+    let r = unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if r.result().is_ok() {
+        format!("{major}.{minor}")
+    } else {
+        "unknown".into()
+    }
+}
+
+fn driver_version() -> String {
+    let mut v: c_int = 0;
+    // SAFETY: a valid out-pointer; the driver was initialised before any device compiles.
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        v.to_string()
+    } else {
+        "unknown".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_reads_back_only_under_its_own_key() {
+        let key = b"arch sm_90\nsource x".to_vec();
+        let f = entry(&key, b"\x7fELF cubin");
+        assert_eq!(
+            unwrap_entry(&f, &key).as_deref(),
+            Some(&b"\x7fELF cubin"[..])
+        );
+        assert_eq!(unwrap_entry(&f, b"arch sm_80\nsource x"), None);
+        // Truncated anywhere, or of another format: a miss, never a short cubin.
+        for cut in [0, MAGIC.len(), MAGIC.len() + 8, MAGIC.len() + 8 + key.len()] {
+            assert_eq!(unwrap_entry(&f[..cut], &key), None, "cut at {cut}");
+        }
+        let mut other = f.clone();
+        other[MAGIC.len() - 2] = b'2';
+        assert_eq!(unwrap_entry(&other, &key), None);
+    }
+
+    #[test]
+    fn a_stored_entry_replaces_the_old_one_whole() {
+        let dir = std::env::temp_dir().join(format!("cohort-kc-{}", std::process::id()));
+        let path = dir.join("m-0.cubin");
+        store(&path, b"k1", b"old").unwrap();
+        store(&path, b"k2", b"new").unwrap();
+        let f = std::fs::read(&path).unwrap();
+        assert_eq!(unwrap_entry(&f, b"k2").as_deref(), Some(&b"new"[..]));
+        assert_eq!(unwrap_entry(&f, b"k1"), None);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file is left: {left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_cache_folder_follows_the_environment() {
+        fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<PathBuf> + use<> {
+            let pairs: Vec<(String, PathBuf)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.into()))
+                .collect();
+            move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        }
+        let home = ("HOME", "/home/u");
+        assert_eq!(
+            cache_dir_from(env(&[home])),
+            Some("/home/u/.cache/cohort/kernels".into())
+        );
+        let xdg = env(&[home, ("XDG_CACHE_HOME", "/var/cache/u")]);
+        assert_eq!(
+            cache_dir_from(xdg),
+            Some("/var/cache/u/cohort/kernels".into())
+        );
+        // A relative XDG_CACHE_HOME is invalid by the spec and ignored.
+        let rel = env(&[home, ("XDG_CACHE_HOME", "cache")]);
+        assert_eq!(
+            cache_dir_from(rel),
+            Some("/home/u/.cache/cohort/kernels".into())
+        );
+        let own = env(&[home, ("COHORT_KERNEL_CACHE", "/tmp/kc")]);
+        assert_eq!(cache_dir_from(own), Some("/tmp/kc".into()));
+        assert_eq!(
+            cache_dir_from(env(&[home, ("COHORT_KERNEL_CACHE", "off")])),
+            None
+        );
+        assert_eq!(cache_dir_from(env(&[])), None);
+    }
+
+    #[test]
+    fn every_known_capability_has_a_real_and_a_virtual_architecture() {
+        let hopper = Target::of((9, 0));
+        assert_eq!(
+            (hopper.sm, hopper.arch),
+            (Some("sm_90"), Some("compute_90"))
+        );
+        let unknown = Target::of((6, 1));
+        assert_eq!((unknown.sm, unknown.arch), (None, None));
+    }
+}

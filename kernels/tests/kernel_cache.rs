@@ -1,0 +1,112 @@
+//! The on-disk kernel cache, across processes: a cold process compiles and writes cubins, a warm one loads them
+//! untouched, and a damaged one is compiled again and replaced. Each phase is this test binary run again, so that
+//! it starts with an empty in-memory cache, as a new `cohort train` does.
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+use cohort_kernels::cuda::Gpu;
+use cohort_kernels::unary::{UnaryOp, cuda as un_cuda};
+
+const PHASE: &str = "COHORT_KERNEL_CACHE_TEST_PHASE";
+
+/// In a child: runs one kernel and checks its result.
+fn run_a_kernel() {
+    let g = Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"));
+    let x: Vec<f32> = (0..1000).map(|i| i as f32 - 500.0).collect();
+    let buf = g.alloc(4000).unwrap();
+    let mut out = vec![0f32; 1000];
+    // SAFETY: the buffer holds 1000 f32, in place.
+    unsafe {
+        g.htod(buf.ptr(), bytemuck::cast_slice(&x)).unwrap();
+        un_cuda::unary(&g, UnaryOp::Relu, buf.ptr(), buf.ptr(), 1000).unwrap();
+        g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
+            .unwrap();
+    }
+    let want: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+    assert_eq!(out, want);
+}
+
+fn phase(dir: &Path, name: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "the_kernel_cache_survives_processes",
+            "--include-ignored",
+        ])
+        .env(PHASE, name)
+        .env("COHORT_KERNEL_CACHE", dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "phase {name}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The cached cubins of the unary module (the one [`run_a_kernel`] needs), with their times and bytes.
+fn cubins(dir: &Path) -> Vec<(PathBuf, SystemTime, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_else(|_| Vec::new())
+        .into_iter()
+        .filter(|p: &PathBuf| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("unary-") && name.ends_with(".cubin")
+        })
+        .map(|p| {
+            let t = std::fs::metadata(&p).and_then(|m| m.modified()).unwrap();
+            let bytes = std::fs::read(&p).unwrap();
+            (p, t, bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_kernel_cache_survives_processes() {
+    if std::env::var_os(PHASE).is_some() {
+        run_a_kernel();
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cohort-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    phase(&dir, "cold");
+    let cold = cubins(&dir);
+    assert_eq!(cold.len(), 1, "the unary module compiled and stored once");
+    let elf = |b: &[u8]| b.windows(4).any(|w| w == b"\x7fELF");
+    assert!(elf(&cold[0].2), "the file holds a cubin (an ELF image)");
+
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    phase(&dir, "warm");
+    let warm = cubins(&dir);
+    assert_eq!(warm.len(), 1);
+    assert_eq!(
+        (&warm[0].0, warm[0].1),
+        (&cold[0].0, cold[0].1),
+        "a warm process rewrites nothing"
+    );
+
+    // The key intact and the cubin garbled: the driver refuses it, and it is compiled again.
+    let (path, _, bytes) = &cold[0];
+    let start = bytes.windows(4).position(|w| w == b"\x7fELF").unwrap();
+    let mut broken = bytes.clone();
+    broken[start..].iter_mut().for_each(|b| *b = 0x5a);
+    std::fs::write(path, &broken).unwrap();
+    phase(&dir, "damaged");
+    let mended = cubins(&dir);
+    assert_eq!(mended.len(), 1);
+    assert!(
+        mended[0].2 != broken && elf(&mended[0].2),
+        "the damaged file is replaced by a cubin"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
