@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys;
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
@@ -155,50 +155,79 @@ impl Target {
     }
 }
 
-/// Where a module's image came from, for the first load of each module in a process.
+/// Where a module's image came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Origin {
-    /// Compiled by NVRTC now.
+    /// Compiled by NVRTC in this process.
     Compiled,
     /// Read from the disk cache.
     Disk,
-    /// Compiled or read earlier in this process.
-    Memory,
 }
 
-type Images = HashMap<(&'static str, Target), Ptx>;
+/// A module's image once made (or why it could not be), shared by every device of the process.
+type Slot = Arc<OnceLock<std::result::Result<(Ptx, Origin), String>>>;
 
-/// The images this process has compiled or read, shared by its devices.
-fn images() -> std::sync::MutexGuard<'static, Images> {
-    static IMAGES: OnceLock<Mutex<Images>> = OnceLock::new();
-    let images = IMAGES.get_or_init(Default::default);
-    images.lock().unwrap_or_else(PoisonError::into_inner)
+fn slot(name: &'static str, target: Target) -> Slot {
+    static SLOTS: OnceLock<Mutex<HashMap<(&'static str, Target), Slot>>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(Default::default);
+    let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+    slots.entry((name, target)).or_default().clone()
 }
 
-/// The module image of `src` for `target`: from this process's memory, the disk cache, or NVRTC.
-pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
-    if let Some(p) = images().get(&(src.name, target)) {
-        return Ok((p.clone(), Origin::Memory));
-    }
-    let (ptx, origin) = match target.sm {
+/// Makes `src`'s image for `target`: the disk cache's cubin, or NVRTC's.
+fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
+    match target.sm {
         Some(sm) => {
             let (cubin, origin) = cubin(src, sm, cache_dir().as_deref(), false)?;
-            (Ptx::from_binary(cubin), origin)
+            Ok((Ptx::from_binary(cubin), origin))
         }
-        None => (src.compile(target.arch)?, Origin::Compiled),
-    };
-    images().insert((src.name, target), ptx.clone());
-    Ok((ptx, origin))
+        None => Ok((src.compile(target.arch)?, Origin::Compiled)),
+    }
 }
 
-/// Compiles `src` for `target` again, replacing its image in memory and on disk (a cached one did not load).
+/// The module image of `src` for `target`, and where it came from: the disk cache, or NVRTC (made once per
+/// process). The first request for a target starts every other module's image on a thread of its own, so that a
+/// machine's first run compiles its modules side by side rather than one after another as kernels are first used.
+pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
+    prefetch(target);
+    slot(src.name, target)
+        .get_or_init(|| make(src, target).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Cuda)
+}
+
+/// Starts every module's image for `target` on its own thread, once per target (cubin targets only: a PTX one is
+/// compiled where it is used).
+fn prefetch(target: Target) {
+    static STARTED: OnceLock<Mutex<Vec<Target>>> = OnceLock::new();
+    let started = STARTED.get_or_init(Default::default);
+    {
+        let mut started = started.lock().unwrap_or_else(PoisonError::into_inner);
+        if target.sm.is_none() || started.contains(&target) {
+            return;
+        }
+        started.push(target);
+    }
+    for src in super::all_sources() {
+        let s = slot(src.name, target);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nvrtc {}", src.name))
+            .spawn(move || {
+                s.get_or_init(|| make(src, target).map_err(|e| e.to_string()));
+            });
+        // Without the thread, the module is made where it is first used.
+        drop(spawned);
+    }
+}
+
+/// Compiles `src` for `target` again and replaces it on disk (a cached one did not load).
 pub(crate) fn recompile(src: &'static KernelSource, target: Target) -> Result<Ptx> {
-    let ptx = match target.sm {
-        Some(sm) => Ptx::from_binary(cubin(src, sm, cache_dir().as_deref(), true)?.0),
-        None => src.compile(target.arch)?,
-    };
-    images().insert((src.name, target), ptx.clone());
-    Ok(ptx)
+    match target.sm {
+        Some(sm) => Ok(Ptx::from_binary(
+            cubin(src, sm, cache_dir().as_deref(), true)?.0,
+        )),
+        None => src.compile(target.arch),
+    }
 }
 
 /// The cubin of `src` for `sm`: from `dir` when it holds one made from the same key (and `fresh` is not asked
