@@ -186,19 +186,21 @@ fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
 }
 
 /// The module image of `src` for `target`, and where it came from: the disk cache, or NVRTC (made once per
-/// process). The first request for a target starts every other module's image on a thread of its own, so that a
-/// machine's first run compiles its modules side by side rather than one after another as kernels are first used.
+/// process). The first request for a target makes every module's image at once, each on a thread of its own, so
+/// that a machine's first run waits for its slowest module rather than for all of them one after another as
+/// kernels are first used. The threads are joined before this returns: none is left compiling when the process
+/// exits, which would crash NVRTC's library as it unloads.
 pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
-    prefetch(target);
+    make_all(target);
     slot(src.name, target)
         .get_or_init(|| make(src, target).map_err(|e| e.to_string()))
         .clone()
         .map_err(Error::Cuda)
 }
 
-/// Starts every module's image for `target` on its own thread, once per target (cubin targets only: a PTX one is
+/// Makes every module's image for `target` side by side, once per target (cubin targets only: a PTX one is
 /// compiled where it is used).
-fn prefetch(target: Target) {
+fn make_all(target: Target) {
     static STARTED: OnceLock<Mutex<Vec<Target>>> = OnceLock::new();
     let started = STARTED.get_or_init(Default::default);
     {
@@ -208,16 +210,14 @@ fn prefetch(target: Target) {
         }
         started.push(target);
     }
-    for src in super::all_sources() {
-        let s = slot(src.name, target);
-        let spawned = std::thread::Builder::new()
-            .name(format!("nvrtc {}", src.name))
-            .spawn(move || {
+    std::thread::scope(|scope| {
+        for src in super::all_sources() {
+            let s = slot(src.name, target);
+            scope.spawn(move || {
                 s.get_or_init(|| make(src, target).map_err(|e| e.to_string()));
             });
-        // Without the thread, the module is made where it is first used.
-        drop(spawned);
-    }
+        }
+    });
 }
 
 /// Compiles `src` for `target` again and replaces it on disk (a cached one did not load).
