@@ -23,6 +23,11 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 256 * MIB;
 const CAPACITY: u64 = 1 << 30;
+const POLICIES: [ReplayPolicy; 3] = [
+    ReplayPolicy::Stitched,
+    ReplayPolicy::Growth,
+    ReplayPolicy::Preallocate,
+];
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -562,6 +567,23 @@ fn cases(release: u32) -> u32 {
     }
 }
 
+/// Prints how many operations a hand-run property ran, and fails with its shrunk case if it failed.
+fn conclude(name: &str, ops_run: &AtomicU64, result: Result<(), TestError<Vec<Op>>>) {
+    eprintln!("{name}: {} operations", ops_run.load(Ordering::Relaxed));
+    if let Err(e) = result {
+        panic!("{name}: {e}");
+    }
+}
+
+/// A runner of `cases` cases that keeps no regression file (a failing sequence is written as a trace instead).
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
 /// Checks `property` on `cases` sequences from `strategy` under `options`: the operations run, or why it failed
 /// and the shrunk sequence.
 fn check(
@@ -610,32 +632,27 @@ fn must_hold(
 
 // --- the properties ------------------------------------------------------------------------------------------
 
+/// Checks `property` on uniform sizes, on the traces' sizes and on adversarial sequences of up to `len` operations.
+fn must_hold_on_all_sizes(name: &str, o: &ReplayOptions, property: Property, len: usize, n: u32) {
+    let uniform = ops(uniform_size(), len);
+    must_hold(&format!("{name}-uniform"), o, property, uniform, cases(n));
+    let traces = ops(trace_size(), len);
+    must_hold(&format!("{name}-traces"), o, property, traces, cases(n));
+    let adversarial = adversarial(len);
+    must_hold(
+        &format!("{name}-adversarial"),
+        o,
+        property,
+        adversarial,
+        cases(n * 2 / 3),
+    );
+}
+
 #[test]
 fn stitched_fails_only_for_want_of_pages() {
     for slack in [0, 8] {
         let o = options(ReplayPolicy::Stitched, slack);
-        let p = Property::NoFragmentationOom;
-        must_hold(
-            "stitched-oom-uniform",
-            &o,
-            p,
-            ops(uniform_size(), 4000),
-            cases(24),
-        );
-        must_hold(
-            "stitched-oom-traces",
-            &o,
-            p,
-            ops(trace_size(), 4000),
-            cases(24),
-        );
-        must_hold(
-            "stitched-oom-adversarial",
-            &o,
-            p,
-            adversarial(4000),
-            cases(16),
-        );
+        must_hold_on_all_sizes("stitched-oom", &o, Property::NoFragmentationOom, 4000, 24);
     }
 }
 
@@ -643,56 +660,14 @@ fn stitched_fails_only_for_want_of_pages() {
 fn stitched_peak_stays_within_the_slack() {
     for slack in [0, 8] {
         let o = options(ReplayPolicy::Stitched, slack);
-        let p = Property::PeakWithinSlack;
-        must_hold(
-            "stitched-peak-uniform",
-            &o,
-            p,
-            ops(uniform_size(), 4000),
-            cases(24),
-        );
-        must_hold(
-            "stitched-peak-traces",
-            &o,
-            p,
-            ops(trace_size(), 4000),
-            cases(24),
-        );
-        must_hold(
-            "stitched-peak-adversarial",
-            &o,
-            p,
-            adversarial(4000),
-            cases(16),
-        );
+        must_hold_on_all_sizes("stitched-peak", &o, Property::PeakWithinSlack, 4000, 24);
     }
 }
 
 #[test]
 fn segments_grow_only_without_a_fit() {
     let o = options(ReplayPolicy::Growth, 0);
-    let p = Property::GrowsOnlyWithoutFit;
-    must_hold(
-        "growth-fit-uniform",
-        &o,
-        p,
-        ops(uniform_size(), 4000),
-        cases(32),
-    );
-    must_hold(
-        "growth-fit-traces",
-        &o,
-        p,
-        ops(trace_size(), 4000),
-        cases(32),
-    );
-    must_hold(
-        "growth-fit-adversarial",
-        &o,
-        p,
-        adversarial(4000),
-        cases(16),
-    );
+    must_hold_on_all_sizes("growth-fit", &o, Property::GrowsOnlyWithoutFit, 4000, 32);
 }
 
 #[test]
@@ -700,37 +675,13 @@ fn segments_report_fragmentation_honestly() {
     for policy in [ReplayPolicy::Growth, ReplayPolicy::Preallocate] {
         let o = options(policy, 0);
         let p = Property::HonestFragmentation;
-        must_hold(
-            "segments-fragmentation-uniform",
-            &o,
-            p,
-            ops(uniform_size(), 2000),
-            cases(24),
-        );
-        must_hold(
-            "segments-fragmentation-traces",
-            &o,
-            p,
-            ops(trace_size(), 2000),
-            cases(24),
-        );
-        must_hold(
-            "segments-fragmentation-adversarial",
-            &o,
-            p,
-            adversarial(2000),
-            cases(12),
-        );
+        must_hold_on_all_sizes("segments-fragmentation", &o, p, 2000, 24);
     }
 }
 
 #[test]
 fn trim_returns_every_free_region_and_idle_page() {
-    for policy in [
-        ReplayPolicy::Stitched,
-        ReplayPolicy::Growth,
-        ReplayPolicy::Preallocate,
-    ] {
+    for policy in POLICIES {
         let o = options(policy, 8);
         let p = Property::TrimReturnsAll;
         let trimmed = (ops(trace_size(), 2000), 0usize..40).prop_map(|(mut v, k)| {
@@ -748,17 +699,9 @@ fn trim_returns_every_free_region_and_idle_page() {
 /// segments come from new source addresses), the same OOMs, and the same memory figures.
 #[test]
 fn replay_after_trim_makes_the_same_choices() {
-    for policy in [
-        ReplayPolicy::Stitched,
-        ReplayPolicy::Growth,
-        ReplayPolicy::Preallocate,
-    ] {
+    for policy in POLICIES {
         let o = options(policy, 8);
-        let mut runner = TestRunner::new(Config {
-            cases: cases(24),
-            failure_persistence: None,
-            ..Config::default()
-        });
+        let mut runner = runner(cases(24));
         let ops_run = AtomicU64::new(0);
         let result = runner.run(&ops(trace_size(), 2000), |ops| {
             ops_run.fetch_add(2 * ops.len() as u64, Ordering::Relaxed);
@@ -792,30 +735,16 @@ fn replay_after_trim_makes_the_same_choices() {
             }
             Ok(())
         });
-        eprintln!(
-            "replay-after-trim-{policy}: {} operations",
-            ops_run.load(Ordering::Relaxed)
-        );
-        if let Err(e) = result {
-            panic!("replay after trim ({policy}): {e}");
-        }
+        conclude(&format!("replay-after-trim-{policy}"), &ops_run, result);
     }
 }
 
 /// The parked-block fast path changes no choice: the same addresses, OOMs and counters as without it.
 #[test]
 fn parking_makes_the_choices_of_plain_best_fit() {
-    for policy in [
-        ReplayPolicy::Stitched,
-        ReplayPolicy::Growth,
-        ReplayPolicy::Preallocate,
-    ] {
+    for policy in POLICIES {
         let o = options(policy, 8);
-        let mut runner = TestRunner::new(Config {
-            cases: cases(32),
-            failure_persistence: None,
-            ..Config::default()
-        });
+        let mut runner = runner(cases(32));
         let ops_run = AtomicU64::new(0);
         let strategy = prop_oneof![churn(3000), ops(trace_size(), 2000), adversarial(2000)];
         let result = runner.run(&strategy, |ops| {
@@ -838,24 +767,14 @@ fn parking_makes_the_choices_of_plain_best_fit() {
             prop_assert_eq!(parked.bfc.counters(), plain.bfc.counters());
             Ok(())
         });
-        eprintln!(
-            "parking-{policy}: {} operations",
-            ops_run.load(Ordering::Relaxed)
-        );
-        if let Err(e) = result {
-            panic!("parking ({policy}): {e}");
-        }
+        conclude(&format!("parking-{policy}"), &ops_run, result);
     }
 }
 
 /// The failure writer's trace replays through `replay` with the same outcome the run saw.
 #[test]
 fn a_written_sequence_replays_the_same() {
-    let mut runner = TestRunner::new(Config {
-        cases: cases(8),
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = runner(cases(8));
     for policy in [ReplayPolicy::Stitched, ReplayPolicy::Growth] {
         let o = options(policy, 8);
         runner

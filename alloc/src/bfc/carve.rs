@@ -17,17 +17,9 @@ impl<S: MemorySource> Inner<S> {
             self.bin_remove(i);
             return self.mark_used(i, tenant);
         }
-        let u = self.chunks.add(Chunk {
-            ptr: c.ptr,
-            size: rounded,
-            prev: c.prev,
-            next: i,
-            tree: Links::NONE,
-            region: c.region,
-            tenant: tenant.0,
-            arena: c.arena,
-            state: State::Used,
-        });
+        let u = self
+            .chunks
+            .add(piece_of(&c, c.ptr, rounded, (c.prev, i), tenant));
         self.link_before(i, u);
         self.resize_free(i, c.ptr + rounded, c.size - rounded);
         u
@@ -40,17 +32,10 @@ impl<S: MemorySource> Inner<S> {
             self.bin_remove(i);
             return self.mark_used(i, tenant);
         }
-        let u = self.chunks.add(Chunk {
-            ptr: c.ptr + c.size - rounded,
-            size: rounded,
-            prev: i,
-            next: c.next,
-            tree: Links::NONE,
-            region: c.region,
-            tenant: tenant.0,
-            arena: c.arena,
-            state: State::Used,
-        });
+        let at = c.ptr + c.size - rounded;
+        let u = self
+            .chunks
+            .add(piece_of(&c, at, rounded, (i, c.next), tenant));
         if c.next != NIL {
             self.chunks.v[c.next as usize].prev = u;
         }
@@ -154,5 +139,20 @@ impl<S: MemorySource> Inner<S> {
             self.chunks.v[c.next as usize].prev = c.prev;
         }
         self.chunks.vacate(i);
+    }
+}
+
+/// A used chunk of `size` bytes at `ptr`, cut from free chunk `c`, between address neighbours `(prev, next)`.
+fn piece_of(c: &Chunk, ptr: u64, size: u64, (prev, next): (u32, u32), tenant: TenantId) -> Chunk {
+    Chunk {
+        ptr,
+        size,
+        prev,
+        next,
+        tree: Links::NONE,
+        region: c.region,
+        tenant: tenant.0,
+        arena: c.arena,
+        state: State::Used,
     }
 }
