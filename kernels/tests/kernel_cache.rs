@@ -11,6 +11,7 @@ use cohort_kernels::cuda::Gpu;
 use cohort_kernels::unary::{UnaryOp, cuda as un_cuda};
 
 const PHASE: &str = "COHORT_KERNEL_CACHE_TEST_PHASE";
+const DIR: &str = "COHORT_KERNEL_CACHE_TEST_DIR";
 
 /// In a child: runs one kernel and checks its result.
 fn run_a_kernel() {
@@ -38,7 +39,7 @@ fn phase(dir: &Path, name: &str) {
             "--include-ignored",
         ])
         .env(PHASE, name)
-        .env("COHORT_KERNEL_CACHE", dir)
+        .env(DIR, dir)
         .output()
         .unwrap();
     assert!(
@@ -73,6 +74,7 @@ fn cubins(dir: &Path) -> Vec<(PathBuf, SystemTime, Vec<u8>)> {
 #[ignore = "needs a CUDA GPU"]
 fn the_kernel_cache_survives_processes() {
     if std::env::var_os(PHASE).is_some() {
+        cohort_kernels::cuda::set_kernel_cache(std::env::var_os(DIR).map(PathBuf::from));
         run_a_kernel();
         return;
     }

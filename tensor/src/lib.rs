@@ -44,5 +44,6 @@ pub use ops::broadcast_shape;
 pub use tensor::{HostRead, Tensor};
 
 pub use cohort_kernels::binary::BinaryOp;
+pub use cohort_kernels::cuda::set_kernel_cache;
 pub use cohort_kernels::reduce::ReduceOp;
 pub use cohort_kernels::unary::UnaryOp;

@@ -448,6 +448,7 @@ impl Cohort {
 
     fn start(config: Config, run: RunDir, opts: RunOptions, resuming: bool) -> Result<Cohort> {
         apply_memory_env(&config);
+        crate::kernel_cache::configure();
         let device = Device::parse(&config.run.device)?;
         let config_dir = run
             .config_dir()

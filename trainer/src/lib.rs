@@ -41,6 +41,7 @@ pub mod dataset;
 pub mod error;
 pub mod feed;
 mod graph;
+mod kernel_cache;
 pub mod memory;
 pub mod metrics;
 pub mod models;

@@ -31,3 +31,6 @@ pub fn driver_present() -> bool {
 pub fn device_count() -> Result<usize> {
     Ok(0)
 }
+
+/// Nothing to keep: this build compiles no kernels. The signature matches the CUDA build.
+pub fn set_kernel_cache(_dir: Option<std::path::PathBuf>) {}

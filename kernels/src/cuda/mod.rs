@@ -20,7 +20,7 @@ mod modules;
 mod profile;
 
 #[cfg(not(feature = "cuda"))]
-pub use absent::{Gpu, device_count, driver_present};
+pub use absent::{Gpu, device_count, driver_present, set_kernel_cache};
 #[cfg(feature = "cuda")]
 pub use gpu::{
     CopyEvent, CudaType, DeviceBuffer, Gpu, GpuGraph, HostCopy, PinnedBuffer, Turn, device_count,
@@ -34,6 +34,8 @@ pub(crate) use gpu::{
 };
 #[cfg(feature = "cuda")]
 pub(crate) use modules::KernelSource;
+#[cfg(feature = "cuda")]
+pub use modules::set_kernel_cache;
 
 /// GPU time spent in one kernel (or cuBLAS call shape) since the last report.
 #[derive(Clone, Debug, PartialEq)]

@@ -5,15 +5,14 @@
 //! in memory, so that every device of one process shares it. Where the architecture is one this build does not
 //! know, the source is compiled to PTX for NVRTC's default target and the driver JIT-compiles it.
 //!
-//! The disk cache lives in `$COHORT_KERNEL_CACHE`, else `$XDG_CACHE_HOME/cohort/kernels`, else
-//! `$HOME/.cache/cohort/kernels`; `COHORT_KERNEL_CACHE=off` turns it off. A file is found by a hash of its key
-//! (the full source, the options, the architecture, NVRTC's and the driver's versions) and holds the key itself,
-//! which is compared in full before its cubin is used: a collision, a stale file or a file from another toolkit
-//! is a miss, never a wrong kernel. Files are written whole and renamed into place, so a writer that dies leaves
-//! nothing half-written, and one that does not load is compiled again and replaced.
+//! The disk cache lives in the folder the application names ([`set_kernel_cache`]; none by default). A file is
+//! found by a hash of its key (the full source, the options, the architecture, NVRTC's and the driver's versions)
+//! and holds the key itself, which is compared in full before its cubin is used: a collision, a stale file or a
+//! file from another toolkit is a miss, never a wrong kernel. Files are written whole and renamed into place, so a
+//! writer that dies leaves nothing half-written, and one that does not load is compiled again and replaced.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char, c_int};
+use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -64,39 +63,50 @@ impl KernelSource {
     /// Compiles the source to a cubin for `sm` (`sm_90`, ...).
     fn compile_cubin(&self, sm: &str) -> Result<Vec<u8>> {
         nvrtc_present()?;
-        let what = |call: &str| format!("NVRTC's {call} on {}.cu", self.name);
         let src = CString::new(self.full_source()).expect("kernel sources hold no NUL");
         let name = CString::new(format!("{}.cu", self.name)).expect("module names hold no NUL");
         let prog = nvrtc::result::create_program(&src, Some(&name))
-            .map_err(|e| cuda_err(&what("create"), e))?;
+            .map_err(|e| cuda_err(&format!("NVRTC's create on {}.cu", self.name), e))?;
         let mut options: Vec<String> = OPTIONS.iter().map(|o| o.to_string()).collect();
         options.push(format!("--gpu-architecture={sm}"));
-        // SAFETY: `prog` was just created and is destroyed below, after its last use; the size and the buffer
-        // follow NVRTC's contract (size first, then a buffer of that size).
+        // SAFETY: `prog` was just created; it is destroyed right after, and not used again.
+        let cubin = unsafe { self.cubin_of(prog, &options) };
+        // SAFETY: as above. A failed destroy leaks one program; the compiled image is still good.
+        let _ = unsafe { nvrtc::result::destroy_program(prog) };
+        cubin
+    }
+
+    /// Compiles program `prog` with `options` and returns its cubin.
+    ///
+    /// # Safety
+    /// `prog` is a live NVRTC program.
+    unsafe fn cubin_of(
+        &self,
+        prog: nvrtc::sys::nvrtcProgram,
+        options: &[String],
+    ) -> Result<Vec<u8>> {
+        let what = |call: &str| format!("NVRTC's {call} on {}.cu", self.name);
+        // SAFETY: `prog` is live (the caller's promise); the size is read first and the buffer made
+        // that large, as NVRTC's contract asks.
         unsafe {
-            let compiled = nvrtc::result::compile_program(prog, &options);
-            let out = match compiled {
-                Err(_) => {
-                    let log = nvrtc::result::get_program_log(prog).unwrap_or_default();
-                    Err(self.log_error(&CStr::from_ptr(log.as_ptr()).to_string_lossy()))
-                }
-                Ok(()) => {
-                    let mut size = 0usize;
-                    nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size)
-                        .result()
-                        .map_err(|e| cuda_err(&what("nvrtcGetCUBINSize"), e))
-                        .and_then(|()| {
-                            let mut cubin = vec![0u8; size];
-                            nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast::<c_char>())
-                                .result()
-                                .map_err(|e| cuda_err(&what("nvrtcGetCUBIN"), e))
-                                .map(|()| cubin)
-                        })
-                }
-            };
-            // A failed destroy leaks one program; the compiled image is still good.
-            let _ = nvrtc::result::destroy_program(prog);
-            out
+            if nvrtc::result::compile_program(prog, options).is_err() {
+                let log = nvrtc::result::get_program_log(prog).unwrap_or_default();
+                let log: Vec<u8> = log
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
+                return Err(self.log_error(&String::from_utf8_lossy(&log)));
+            }
+            let mut size = 0usize;
+            nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size)
+                .result()
+                .map_err(|e| cuda_err(&what("nvrtcGetCUBINSize"), e))?;
+            let mut cubin = vec![0u8; size];
+            nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast::<c_char>())
+                .result()
+                .map_err(|e| cuda_err(&what("nvrtcGetCUBIN"), e))?;
+            Ok(cubin)
         }
     }
 
@@ -311,22 +321,20 @@ fn store(path: &Path, key: &[u8], cubin: &[u8]) -> std::io::Result<()> {
     })
 }
 
-/// The disk cache's folder, or `None` when it is turned off.
+/// The disk cache's folder ([`set_kernel_cache`]); `None`: no disk cache.
+static CACHE_DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+
 fn cache_dir() -> Option<PathBuf> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| cache_dir_from(|k| std::env::var_os(k).map(PathBuf::from)))
+    CACHE_DIR
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
         .clone()
 }
 
-fn cache_dir_from(var: impl Fn(&str) -> Option<PathBuf>) -> Option<PathBuf> {
-    match var("COHORT_KERNEL_CACHE") {
-        Some(p) if p.as_os_str() == "off" => None,
-        Some(p) if !p.as_os_str().is_empty() => Some(p),
-        _ => var("XDG_CACHE_HOME")
-            .filter(|p| p.is_absolute())
-            .map(|p| p.join("cohort/kernels"))
-            .or_else(|| var("HOME").map(|h| h.join(".cache/cohort/kernels"))),
-    }
+/// Keeps compiled kernels in `dir` from now on (`None`: in this process's memory only, the default). The
+/// application decides where: the `cohort` trainer uses `COHORT_KERNEL_CACHE`, else the user's cache folder.
+pub fn set_kernel_cache(dir: Option<PathBuf>) {
+    *CACHE_DIR.lock().unwrap_or_else(PoisonError::into_inner) = dir;
 }
 
 fn nvrtc_version() -> String {
@@ -388,40 +396,6 @@ mod tests {
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file is left: {left:?}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn the_cache_folder_follows_the_environment() {
-        fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<PathBuf> + use<> {
-            let pairs: Vec<(String, PathBuf)> = pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.into()))
-                .collect();
-            move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        }
-        let home = ("HOME", "/home/u");
-        assert_eq!(
-            cache_dir_from(env(&[home])),
-            Some("/home/u/.cache/cohort/kernels".into())
-        );
-        let xdg = env(&[home, ("XDG_CACHE_HOME", "/var/cache/u")]);
-        assert_eq!(
-            cache_dir_from(xdg),
-            Some("/var/cache/u/cohort/kernels".into())
-        );
-        // A relative XDG_CACHE_HOME is invalid by the spec and ignored.
-        let rel = env(&[home, ("XDG_CACHE_HOME", "cache")]);
-        assert_eq!(
-            cache_dir_from(rel),
-            Some("/home/u/.cache/cohort/kernels".into())
-        );
-        let own = env(&[home, ("COHORT_KERNEL_CACHE", "/tmp/kc")]);
-        assert_eq!(cache_dir_from(own), Some("/tmp/kc".into()));
-        assert_eq!(
-            cache_dir_from(env(&[home, ("COHORT_KERNEL_CACHE", "off")])),
-            None
-        );
-        assert_eq!(cache_dir_from(env(&[])), None);
     }
 
     #[test]
