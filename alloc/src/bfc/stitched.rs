@@ -150,6 +150,8 @@ impl<S: MemorySource> Inner<S> {
     /// Makes every page under `[ptr, ptr + len)` backed and counts the block on them.
     pub(super) fn back_pages(&mut self, ptr: u64, len: u64) -> std::result::Result<(), PlaceError> {
         let page_limit = self.page_limit;
+        let no_moves = self.no_sync || self.faulty(Fault::NoPageReuse);
+        let no_slack = no_moves || self.faulty(Fault::CreateOverMove);
         let pt = self
             .pages
             .as_mut()
@@ -158,9 +160,6 @@ impl<S: MemorySource> Inner<S> {
         if pt.acquire_backed(a, b) {
             return Ok(());
         }
-        let no_moves = self.no_sync || self.faulty(Fault::NoPageReuse);
-        let no_slack = no_moves || self.faulty(Fault::CreateOverMove);
-        let pt = self.pages.as_mut().expect("page table");
         let (need, idle_in, regret) = pt.demand(a, b);
         // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
         // device synchronization. Grow the slack by those pages, up to a quarter of the peak in use.
