@@ -74,6 +74,76 @@ const BACKEND_FORMS: &str = "one of bfc, async, direct";
 const LIMIT_FORMS: &str = "a size such as 12GiB, 512MiB, 1.5GB or 1048576 (bytes), or a percent of the device such as 40%";
 const BOOL_FORMS: &str = "true or false (also 1/0, yes/no, on/off)";
 const DEVICE_FORMS: &str = "auto, cpu, cuda or cuda:N (N = device ordinal)";
+const SCOPE_FORMS: &str = "pool (the limit caps the allocator's pool) or process (everything the process holds on the device)";
+
+/// What the memory limit covers (`COHORT_MEMORY_SCOPE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// The allocator's pool: the CUDA context, modules and library handles come on top (TensorFlow's
+    /// `memory_limit` of a logical device, PyTorch's `set_per_process_memory_fraction`).
+    #[default]
+    Pool,
+    /// Everything the process holds on the device: the pool gets what the limit leaves after the context,
+    /// modules and library handles (what `nvidia-smi` shows for the process stays within the limit).
+    Process,
+}
+
+impl Scope {
+    /// The name used in `COHORT_MEMORY_SCOPE` and a config's `[memory] scope`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Pool => "pool",
+            Scope::Process => "process",
+        }
+    }
+}
+
+/// What a [`Scope::Process`] limit keeps free beyond what lies outside the pool when it was measured: the outside
+/// grows between measurements (a module loaded, a graph instantiated) and the process must stay within the limit
+/// meanwhile.
+pub const PROCESS_HEADROOM: u64 = 32 << 20;
+
+/// The smallest pool a [`Scope::Process`] limit may leave (two 2 MiB pages).
+pub const MIN_POOL: u64 = 4 << 20;
+
+/// The pool's share of a process-wide `limit` when the process holds `outside` bytes outside the pool: the rest,
+/// less [`PROCESS_HEADROOM`].
+///
+/// # Errors
+/// [`Error::LimitBelowOutside`] with both figures when that leaves less than [`MIN_POOL`].
+pub fn pool_share(limit: u64, outside: u64) -> Result<u64> {
+    let outside = outside + PROCESS_HEADROOM;
+    match limit.checked_sub(outside) {
+        Some(pool) if pool >= MIN_POOL => Ok(pool),
+        _ => Err(Error::LimitBelowOutside {
+            limit,
+            outside,
+            min_pool: MIN_POOL,
+        }),
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "pool" => Ok(Scope::Pool),
+            "process" => Ok(Scope::Process),
+            _ => Err(Error::InvalidConfig {
+                setting: "scope",
+                value: s.into(),
+                expected: SCOPE_FORMS,
+            }),
+        }
+    }
+}
 
 /// How the cache grows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -229,6 +299,10 @@ pub struct Config {
     pub policy: Policy,
     /// Hard cap on reserved bytes; `None`: the device's capacity.
     pub limit: Option<Limit>,
+    /// What the limit covers: the pool, or the whole process (applied by the tensor crate, which sees what lies
+    /// outside the pool, through [`crate::Bfc::resize_limit`]).
+    #[serde(default)]
+    pub scope: Scope,
     /// Which device (used by [`crate::device_allocator`]).
     pub device: DeviceSelector,
     /// Stitched layout: idle physical pages kept mapped before pages are moved instead of created. The allocator
@@ -251,6 +325,7 @@ impl Default for Config {
             backend: Backend::Bfc,
             policy: Policy::Growth,
             limit: None,
+            scope: Scope::Pool,
             device: DeviceSelector::Auto,
             idle_page_slack: DEFAULT_IDLE_PAGE_SLACK,
             record_events: 0,
@@ -274,8 +349,8 @@ impl Config {
         ConfigBuilder { config }
     }
 
-    /// The defaults overridden by `COHORT_MEMORY_LIMIT`, `COHORT_MEMORY_GROWTH`, `COHORT_ALLOCATOR` and
-    /// `COHORT_DEVICE`.
+    /// The defaults overridden by `COHORT_MEMORY_LIMIT`, `COHORT_MEMORY_SCOPE`, `COHORT_MEMORY_GROWTH`,
+    /// `COHORT_ALLOCATOR` and `COHORT_DEVICE`.
     ///
     /// # Errors
     /// [`Error::InvalidEnv`] naming the variable, its value and the accepted forms.
@@ -333,6 +408,11 @@ impl ConfigBuilder {
     pub fn limit_percent(self, percent: f64) -> Self {
         self.limit(Limit::Percent(percent))
     }
+    /// Sets what the limit covers.
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.config.scope = scope;
+        self
+    }
     /// Sets the device.
     pub fn device(mut self, device: DeviceSelector) -> Self {
         self.config.device = device;
@@ -384,6 +464,13 @@ impl ConfigBuilder {
                 expected: LIMIT_FORMS,
             })?;
             self.config.limit = Some(limit);
+        }
+        if let Some(v) = get("COHORT_MEMORY_SCOPE") {
+            self.config.scope = v.parse().map_err(|_| Error::InvalidEnv {
+                var: "COHORT_MEMORY_SCOPE",
+                value: v.clone(),
+                expected: SCOPE_FORMS,
+            })?;
         }
         if let Some(v) = get("COHORT_MEMORY_GROWTH") {
             let growth = parse_bool(&v).ok_or_else(|| Error::InvalidEnv {

@@ -87,6 +87,23 @@ pub enum Error {
     #[error("unknown tenant {0}: add it with Bfc::add_tenant first")]
     UnknownTenant(TenantId),
 
+    /// A process-wide limit that leaves the pool nothing after what the process holds outside it.
+    #[error(
+        "the process-wide memory limit of {} is below what the process needs outside the allocator's pool ({}: the CUDA \
+         context, kernel modules, library handles and graphs) plus a pool of {}: raise the limit to at least {}, or \
+         set scope = \"pool\" to cap only the pool",
+        crate::fmt_bytes(*limit), crate::fmt_bytes(*outside), crate::fmt_bytes(*min_pool),
+        crate::fmt_bytes(outside + min_pool)
+    )]
+    LimitBelowOutside {
+        /// The limit for the whole process.
+        limit: u64,
+        /// What lies outside the pool, with the headroom kept for its growth.
+        outside: u64,
+        /// The least pool worth running with.
+        min_pool: u64,
+    },
+
     /// Tenant limits that can never hold together.
     #[error("tenant {name:?}: {detail}")]
     InvalidTenant {

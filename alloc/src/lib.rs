@@ -118,8 +118,8 @@ mod tenant;
 pub use bfc::{Bfc, Block, ChunkInfo};
 pub use config::{
     Backend, Config, ConfigBuilder, DEFAULT_IDLE_PAGE_SLACK, DEFAULT_LARGE_BLOCK,
-    DEFAULT_PLACEMENT_CANDIDATES, DEFAULT_PREALLOCATE_FRACTION, DeviceSelector, Limit, Policy,
-    parse_bytes,
+    DEFAULT_PLACEMENT_CANDIDATES, DEFAULT_PREALLOCATE_FRACTION, DeviceSelector, Limit, MIN_POOL,
+    PROCESS_HEADROOM, Policy, Scope, parse_bytes, pool_share,
 };
 #[cfg(feature = "cuda")]
 pub use cuda::cuda_context;

@@ -752,3 +752,63 @@ fn replay_second_pass_makes_no_source_calls_with_segments() {
         }
     }
 }
+
+#[test]
+fn a_limit_resized_in_use_gives_idle_memory_back_and_never_touches_live_blocks() {
+    for bfc in [
+        sim(1 << 30),
+        Bfc::new(SimMemory::stitched(1 << 34), Config::default()).unwrap(),
+    ] {
+        let a = bfc.alloc((100 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.free(a);
+        assert!(bfc.stats().counters.reserved >= 100 * MIB);
+        // Lower: the idle cache goes back to the source at once, and nothing larger fits any more.
+        assert_eq!(bfc.resize_limit(50 * MIB).unwrap(), 0);
+        assert_eq!(bfc.limit(), 50 * MIB);
+        let e = bfc.alloc((60 * MIB) as usize, TenantId::DEFAULT).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        // Higher: it grows again.
+        bfc.resize_limit(200 * MIB).unwrap();
+        let live = bfc.alloc((120 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        // Below what is live: the block stays where it is, the pool only stops growing.
+        let reserved = bfc.resize_limit(50 * MIB).unwrap();
+        assert!(reserved >= 120 * MIB, "{reserved}");
+        assert!(bfc.alloc(1, TenantId::DEFAULT).unwrap_err().is_out_of_memory());
+        bfc.free(live);
+        assert_eq!(bfc.resize_limit(50 * MIB).unwrap(), 0, "applied again, it trims");
+        let small = bfc.alloc((10 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.free(small);
+        bfc.check_invariants().unwrap();
+        // A limit below the promised reserves is refused, naming both figures, and changes nothing.
+        bfc.resize_limit(200 * MIB).unwrap();
+        bfc.add_tenant("main", TenantLimits::unlimited().with_reserve(80 * MIB))
+            .unwrap();
+        let e = bfc.resize_limit(64 * MIB).unwrap_err().to_string();
+        assert!(e.contains("64.00 MiB") && e.contains("80.00 MiB"), "{e}");
+        assert_eq!(bfc.limit(), 200 * MIB);
+    }
+}
+
+#[test]
+fn a_process_limit_leaves_the_pool_what_lies_outside_it_does_not_take() {
+    assert_eq!(
+        pool_share(2 << 30, 600 * MIB).unwrap(),
+        (2 << 30) - 600 * MIB - PROCESS_HEADROOM
+    );
+    // 512 MiB for a process whose context and modules hold 530 MiB: refused with both figures and the way out.
+    let e = pool_share(512 * MIB, 530 * MIB).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::LimitBelowOutside { .. }));
+    assert!(
+        text.contains("512.00 MiB") && text.contains("562.00 MiB") && text.contains("566.00 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("scope = \"pool\""), "{text}");
+    assert!(pool_share(530 * MIB + PROCESS_HEADROOM + MIN_POOL, 530 * MIB).is_ok());
+    // The scope is read from the environment like the other settings, and checked.
+    let get = |v: &'static str| move |k: &str| (k == "COHORT_MEMORY_SCOPE").then(|| v.to_string());
+    let c = Config::builder().env_from(get("process")).unwrap().build().unwrap();
+    assert_eq!(c.scope, Scope::Process);
+    let e = Config::builder().env_from(get("card")).unwrap_err().to_string();
+    assert!(e.contains("COHORT_MEMORY_SCOPE") && e.contains("process"), "{e}");
+}

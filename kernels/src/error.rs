@@ -17,6 +17,14 @@ pub enum Error {
     /// A CUDA driver, NVRTC or cuBLAS call failed.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// The runtime's own device memory (a scratch area, a library workspace) could not be had from the arena.
+    #[error("cuda: {what}: {source}")]
+    DeviceMemory {
+        /// What was being allocated.
+        what: String,
+        /// The arena's error (the caching allocator's out-of-memory report).
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The crate was built without the `cuda` feature.
     #[error(
         "cohort-kernels was built without the `cuda` feature: rebuild with `--features cuda` to use a GPU"

@@ -123,8 +123,24 @@ pub enum Error {
     },
     /// A kernel failed (index out of range, CUDA error).
     #[error(transparent)]
-    Kernel(#[from] cohort_kernels::Error),
+    Kernel(cohort_kernels::Error),
     /// The allocator failed (out of memory, tenant limit).
     #[error(transparent)]
     Alloc(#[from] cohort_alloc::Error),
+}
+
+impl From<cohort_kernels::Error> for Error {
+    /// The runtime's scratch and workspaces come from the allocator: its out-of-memory error stays one, so that a
+    /// member's OOM recovery sees it.
+    fn from(e: cohort_kernels::Error) -> Self {
+        match e {
+            cohort_kernels::Error::DeviceMemory { what, source } => {
+                match source.downcast::<cohort_alloc::Error>() {
+                    Ok(alloc) => Error::Alloc(*alloc),
+                    Err(source) => Error::Kernel(cohort_kernels::Error::DeviceMemory { what, source }),
+                }
+            }
+            e => Error::Kernel(e),
+        }
+    }
 }

@@ -9,7 +9,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cohort_alloc::{Bfc, Block, MemoryReport, MemorySource, TenantId, TenantLimits, TenantReport};
+use cohort_alloc::{
+    Bfc, Block, MemoryReport, MemorySource, Scope, TenantId, TenantLimits, TenantReport, fmt_bytes,
+};
+use serde::Serialize;
 
 use crate::{Device, Error, Result};
 
@@ -67,6 +70,24 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     }
     /// Returns unused regions to the device; gives the bytes released.
     fn trim(&self) -> u64;
+    /// Changes the pool's limit while in use: idle cache above it goes back to the device at once, live blocks
+    /// stay (the pool only stops growing). Gives the bytes reserved afterwards.
+    ///
+    /// # Errors
+    /// The tenants' reserves together exceed the new limit.
+    fn resize_limit(&self, bytes: u64) -> cohort_alloc::Result<u64>;
+    /// Everything the process holds on the device, measured now; `None` where only the pool is known.
+    fn process_memory(&self) -> Option<ProcessMemory> {
+        None
+    }
+    /// Measures what lies outside the pool again and, under a process-wide limit ([`Scope::Process`]), gives the
+    /// pool what the limit leaves (trimming its idle cache when that is less than it holds).
+    ///
+    /// # Errors
+    /// [`cohort_alloc::Error::LimitBelowOutside`] when the limit leaves the pool nothing.
+    fn enforce_process_limit(&self) -> cohort_alloc::Result<()> {
+        Ok(())
+    }
     /// Device-wide and per-tenant statistics.
     fn stats(&self) -> MemoryReport;
     /// One tenant's statistics.
@@ -101,6 +122,9 @@ impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
     fn trim(&self) -> u64 {
         Bfc::trim(self)
     }
+    fn resize_limit(&self, bytes: u64) -> cohort_alloc::Result<u64> {
+        Bfc::resize_limit(self, bytes)
+    }
     fn stats(&self) -> MemoryReport {
         Bfc::stats(self)
     }
@@ -109,6 +133,100 @@ impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
     }
     fn reset_tenant_peak(&self, id: TenantId) -> bool {
         Bfc::reset_tenant_peak(self, id)
+    }
+}
+
+/// Everything one process holds on one GPU, the allocator's pool and what lies outside it, measured at one moment.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProcessMemory {
+    /// The device (`cuda:0 (NVIDIA H200)`).
+    pub device: String,
+    /// The card's memory.
+    pub card_total: u64,
+    /// Free on the card now (every process's use counts).
+    pub card_free: u64,
+    /// What the driver says this process holds on the card (NVML, the figure `nvidia-smi` shows); `None` where
+    /// NVML cannot see the process.
+    pub process: Option<u64>,
+    /// The allocator's pool: reserved bytes.
+    pub pool_reserved: u64,
+    /// Of the pool, what the GPU runtime itself holds: scratch areas, cuBLAS and cuBLASLt workspaces, flags.
+    pub runtime_in_pool: u64,
+    /// Loaded kernel modules (outside the pool).
+    pub modules: u64,
+    /// Instantiated CUDA graphs (outside the pool).
+    pub graphs: u64,
+    /// The CUDA context and the libraries' own state: the process's figure less the pool, modules and graphs.
+    pub context: Option<u64>,
+    /// Page-locked host memory for staging copies (host memory, not the card's).
+    pub pinned_host: u64,
+    /// What the limit covers.
+    pub scope: Scope,
+    /// The configured limit in bytes, if any.
+    pub limit: Option<u64>,
+    /// The pool's own limit now (under [`Scope::Process`], what the limit leaves after the rest).
+    pub pool_limit: u64,
+}
+
+impl ProcessMemory {
+    /// What lies outside the pool: the process's figure less the pool where NVML gives one, else the parts
+    /// measured one by one.
+    pub fn outside_pool(&self) -> u64 {
+        match self.process {
+            Some(p) => p.saturating_sub(self.pool_reserved),
+            None => self.modules + self.graphs,
+        }
+    }
+}
+
+impl fmt::Display for ProcessMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = |v: u64| fmt_bytes(v);
+        match self.process {
+            Some(p) => writeln!(
+                f,
+                "{}: the process holds {} of the card's {} ({} free)",
+                self.device,
+                b(p),
+                b(self.card_total),
+                b(self.card_free)
+            )?,
+            None => writeln!(
+                f,
+                "{}: the card has {} ({} free); NVML cannot see this process, so the context is not counted",
+                self.device,
+                b(self.card_total),
+                b(self.card_free)
+            )?,
+        }
+        writeln!(
+            f,
+            "  {:<16} {:>12}  (limit {}; the runtime's scratch and workspaces {} of it)",
+            "pool",
+            b(self.pool_reserved),
+            b(self.pool_limit),
+            b(self.runtime_in_pool)
+        )?;
+        if let Some(c) = self.context {
+            writeln!(f, "  {:<16} {:>12}  (CUDA context, library handles)", "context", b(c))?;
+        }
+        writeln!(f, "  {:<16} {:>12}", "kernel modules", b(self.modules))?;
+        writeln!(f, "  {:<16} {:>12}", "CUDA graphs", b(self.graphs))?;
+        writeln!(
+            f,
+            "  {:<16} {:>12}  (host memory)",
+            "pinned staging",
+            b(self.pinned_host)
+        )?;
+        match (self.limit, self.scope) {
+            (Some(l), Scope::Process) => write!(f, "  limit {} for the whole process", b(l)),
+            (Some(l), Scope::Pool) => write!(
+                f,
+                "  limit {} for the pool (scope = \"process\" would cover the rest too)",
+                b(l)
+            ),
+            (None, _) => write!(f, "  no limit"),
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use crate::events::{Event, EventKind, EventLog, chrome_trace};
 use crate::fault::Fault;
 use crate::pages::PageTable;
 use crate::source::{MemorySource, Region, SourceError};
-use crate::stats::{Counters, MemoryReport, TenantReport};
+use crate::stats::{Counters, MemoryReport, TenantReport, fmt_bytes};
 use crate::tenant::{Tenant, TenantId, TenantLimits};
 
 mod carve;
@@ -394,6 +394,51 @@ impl<S: MemorySource> Bfc<S> {
         self.reconfigure(c)
     }
 
+    /// Changes the hard limit while the allocator is in use: a process-wide limit moves the pool's share as memory
+    /// outside the pool grows or shrinks. When the cache holds more than the new limit, its idle memory goes back
+    /// to the source at once; live blocks are never touched, so a pool whose live bytes are above a lower limit
+    /// stays there (it only stops growing) until they are freed and the limit is applied again (the same limit
+    /// again trims what became idle above it). Gives the bytes reserved afterwards.
+    ///
+    /// On a GPU, wait for queued work first (as for [`trim`](Self::trim)): a freed block may still be read.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the tenants' reserves together exceed the new limit (nothing changes).
+    pub fn resize_limit(&self, bytes: u64) -> Result<u64> {
+        let mut g = self.lock();
+        let limit = bytes.max(GRANULE);
+        let reserves: u64 = g.tenants.iter().map(|t| t.limits.reserve).sum();
+        if reserves > limit {
+            return Err(Error::InvalidConfig {
+                setting: "limit",
+                value: format!(
+                    "{} (below the {} the members' reserves promise)",
+                    fmt_bytes(limit),
+                    fmt_bytes(reserves)
+                ),
+                expected: "a limit at least the sum of the members' reserves: lower a reserve first",
+            });
+        }
+        g.limit = limit;
+        if let Some(pt) = &g.pages {
+            let most = limit / pt.size;
+            g.page_limit = match g.config.policy {
+                Policy::Growth => most,
+                Policy::Preallocate { .. } => g.page_limit.min(most),
+            };
+        }
+        if g.c.reserved > limit {
+            g.trim();
+        }
+        tracing::debug!(
+            "{}: limit {} ({} reserved)",
+            g.name,
+            fmt_bytes(limit),
+            fmt_bytes(g.c.reserved)
+        );
+        Ok(g.c.reserved)
+    }
+
     /// Runs `f` on the source (for its own counters, or a device query).
     pub fn with_source<R>(&self, f: impl FnOnce(&S) -> R) -> R {
         f(&self.lock().source)
@@ -510,7 +555,11 @@ impl<S: MemorySource> Inner<S> {
             if limits.reserve > l {
                 return Err(Error::InvalidTenant {
                     name: name.into(),
-                    detail: format!("reserve {} is above its limit {}", limits.reserve, l),
+                    detail: format!(
+                        "reserve {} is above its limit {}",
+                        fmt_bytes(limits.reserve),
+                        fmt_bytes(l)
+                    ),
                 });
             }
         }
@@ -526,7 +575,9 @@ impl<S: MemorySource> Inner<S> {
                 name: name.into(),
                 detail: format!(
                     "reserve {} plus the other tenants' reserves {} exceeds the allocator's limit {}",
-                    limits.reserve, others, self.limit
+                    fmt_bytes(limits.reserve),
+                    fmt_bytes(others),
+                    fmt_bytes(self.limit)
                 ),
             });
         }

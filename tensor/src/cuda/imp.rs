@@ -14,7 +14,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cohort_alloc::{Block, MemoryReport, TenantId, TenantLimits, TenantReport};
+use cohort_alloc::{Block, MemoryReport, TenantId};
 use cohort_kernels::binary::{BinaryOp, cuda as binary_cuda};
 use cohort_kernels::conv::{ConvParams, cuda as conv_cuda};
 use cohort_kernels::copy::{Copy2d, cuda as copy_cuda};
@@ -31,9 +31,11 @@ use crate::memory::{self, DeviceAllocator};
 use crate::storage::CpuStorage;
 use crate::{DType, Device, Error, Result};
 
+mod allocator;
 mod capture;
 mod staging;
 
+pub use allocator::create_allocator;
 pub use capture::{CudaGraph, capture, replay_concurrently};
 pub use staging::{CopyReady, Uploader};
 
@@ -1483,69 +1485,4 @@ pub fn sgd_step_many(
         });
     }
     sgd_launch(&gpu, &bufs, h)
-}
-
-/// The device's caching allocator, with `trim` made safe for queued work: returning regions to the
-/// driver waits for the device first, since a freed block may still be read by a queued kernel.
-struct GpuAllocator {
-    bfc: cohort_alloc::DeviceBfc,
-    gpu: Arc<Gpu>,
-}
-
-impl fmt::Debug for GpuAllocator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GpuAllocator(cuda:{})", self.gpu.ordinal())
-    }
-}
-
-impl DeviceAllocator for GpuAllocator {
-    fn alloc(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
-        self.bfc.alloc(bytes, tenant)
-    }
-    fn alloc_without_sync(&self, bytes: usize, tenant: TenantId) -> cohort_alloc::Result<Block> {
-        self.bfc.alloc_without_sync(bytes, tenant)
-    }
-    fn free(&self, block: Block) {
-        self.bfc.free(block);
-    }
-    fn add_tenant(&self, name: &str, limits: TenantLimits) -> cohort_alloc::Result<TenantId> {
-        self.bfc.add_tenant(name, limits)
-    }
-    fn tenant(&self, name: &str) -> Option<TenantId> {
-        self.bfc.tenant(name)
-    }
-    fn set_tenant_limits(&self, id: TenantId, limits: TenantLimits) -> cohort_alloc::Result<()> {
-        self.bfc.set_tenant_limits(id, limits)
-    }
-    fn trim(&self) -> u64 {
-        // A failed synchronisation means the context is broken: releasing nothing is the safe answer.
-        if self.gpu.synchronize().is_err() {
-            return 0;
-        }
-        self.bfc.trim()
-    }
-    fn stats(&self) -> MemoryReport {
-        self.bfc.stats()
-    }
-    fn tenant_stats(&self, id: TenantId) -> Option<TenantReport> {
-        self.bfc.tenant_stats(id)
-    }
-    fn reset_tenant_peak(&self, id: TenantId) -> bool {
-        self.bfc.reset_tenant_peak(id)
-    }
-}
-
-/// Creates the allocator of device `ordinal` from the environment's configuration
-/// (`COHORT_ALLOCATOR`, `COHORT_MEMORY_LIMIT`, ...).
-///
-/// # Errors
-/// No driver or device, or a configuration the allocator rejects.
-pub fn create_allocator(ordinal: usize) -> Result<Arc<dyn DeviceAllocator>> {
-    let gpu = gpu(ordinal)?;
-    let config = cohort_alloc::Config::builder()
-        .env()?
-        .device(cohort_alloc::DeviceSelector::Cuda(ordinal))
-        .build()?;
-    let bfc = cohort_alloc::device_allocator(&config)?;
-    Ok(Arc::new(GpuAllocator { bfc, gpu }))
 }

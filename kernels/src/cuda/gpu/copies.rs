@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::{CudaContext, CudaEvent, result as drv, sys};
 
@@ -46,8 +47,17 @@ impl PinnedBuffer {
     }
 }
 
+/// Page-locked host bytes live in the process.
+static PINNED: AtomicU64 = AtomicU64::new(0);
+
+/// Page-locked host memory the process holds now (staging for copies; host memory, not the device's).
+pub fn pinned_host_bytes() -> u64 {
+    PINNED.load(Ordering::Relaxed)
+}
+
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        PINNED.fetch_sub(self.bytes as u64, Ordering::Relaxed);
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: ptr came from cuMemHostAlloc and is freed once.
             let _ = unsafe { drv::free_host(self.ptr.cast()) };
@@ -357,6 +367,7 @@ impl Gpu {
         // SAFETY: plain allocation in the bound context; flags 0 = cacheable, this context only.
         let ptr = unsafe { drv::malloc_host(bytes.max(1), 0) }
             .map_err(|e| cuda_err(&format!("cuMemHostAlloc of {bytes} bytes"), e))?;
+        PINNED.fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(PinnedBuffer {
             ptr: ptr.cast(),
             bytes,

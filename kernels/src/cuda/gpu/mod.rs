@@ -9,7 +9,7 @@ mod copies;
 mod shape;
 
 pub use capture::{GpuGraph, Turn};
-pub use copies::{CopyEvent, HostCopy, PinnedBuffer};
+pub use copies::{CopyEvent, HostCopy, PinnedBuffer, pinned_host_bytes};
 pub use shape::CudaType;
 pub(crate) use shape::{
     Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, kernel_args,
@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::ThreadId;
 
@@ -91,13 +91,39 @@ pub fn device_count() -> Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
-/// A device allocation owned outright (cuMemAlloc / cuMemFree): scratch space, tests, benches.
+/// Where a device's own buffers (scratch areas, library workspaces, error flags) come from once installed with
+/// [`Gpu::set_arena`]: the tensor crate's caching allocator, so that a process-wide memory limit covers them and
+/// they count in its report. Without one they are `cuMemAlloc`ed.
+pub trait DeviceArena: Send + Sync {
+    /// At least `bytes` of device memory in the device's context, 256-byte aligned. `may_sync` is false while a
+    /// CUDA graph is being captured: the arena may then not synchronize the device (no page moves, no trim).
+    ///
+    /// # Errors
+    /// Out of memory (the allocator's own error, kept as the source of [`Error::DeviceMemory`]).
+    fn alloc(
+        &self,
+        bytes: usize,
+        may_sync: bool,
+    ) -> std::result::Result<u64, Box<dyn std::error::Error + Send + Sync>>;
+    /// Gives back what [`alloc`](DeviceArena::alloc) returned; the device has finished with it.
+    fn free(&self, ptr: u64);
+}
+
+/// Who frees a [`DeviceBuffer`].
+enum Owner {
+    Driver,
+    Arena(Arc<dyn DeviceArena>),
+}
+
+/// A device allocation owned by one value: scratch space, workspaces, tests, benches; from the device's arena
+/// where one is installed, else from `cuMemAlloc`.
 ///
 /// Tensors do not use it: their storage comes from the caching allocator.
 pub struct DeviceBuffer {
     ptr: u64,
     bytes: usize,
     ctx: Arc<CudaContext>,
+    owner: Owner,
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -120,10 +146,20 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        match &self.owner {
             // SAFETY: ptr came from cuMemAlloc in this context and is freed once; cuMemFree
             // waits for work still using it.
-            let _ = unsafe { drv::free_sync(self.ptr) };
+            Owner::Driver => drop(unsafe { drv::free_sync(self.ptr) }),
+            // As cuMemFree does, wait for work still using it (on any stream: a graph's scratch may be read by
+            // a replay on a side lane) before the arena hands it to someone else. A broken context keeps it.
+            Owner::Arena(arena) => {
+                if self.ctx.synchronize().is_ok() {
+                    arena.free(self.ptr);
+                }
+            }
         }
     }
 }
@@ -205,6 +241,22 @@ pub struct Gpu {
     lanes: Mutex<Lanes>,
     /// GPU time per kernel, when `COHORT_CUDA_PROFILE` asks for it.
     profile: Option<Profile>,
+    /// Where [`Gpu::alloc`] takes memory from, once installed.
+    arena: OnceLock<Arc<dyn DeviceArena>>,
+    /// Device memory the loaded modules took (measured as the free memory each load took).
+    module_bytes: AtomicU64,
+    /// Device memory live graph instantiations took (measured likewise).
+    graph_bytes: AtomicU64,
+}
+
+/// Device memory the process holds outside the caching allocator's pool, as far as the runtime can measure it: each
+/// figure is the drop in the device's free memory across the call that made it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutsidePool {
+    /// Loaded kernel modules.
+    pub modules: u64,
+    /// Instantiated CUDA graphs still alive.
+    pub graphs: u64,
 }
 
 impl fmt::Debug for Gpu {
@@ -292,6 +344,9 @@ impl Gpu {
             captured_side_scratch: Mutex::new(Vec::new()),
             lanes: Mutex::new(Lanes::default()),
             profile: Profile::from_env(),
+            arena: OnceLock::new(),
+            module_bytes: AtomicU64::new(0),
+            graph_bytes: AtomicU64::new(0),
         })
     }
 
@@ -303,6 +358,21 @@ impl Gpu {
     /// The device's name as the driver reports it.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The card's PCI address (`0000:19:00.0`), by which NVML and `nvidia-smi` know it.
+    ///
+    /// # Errors
+    /// The driver refuses.
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer holds 32 bytes, as passed; the driver writes a NUL-terminated string into it.
+        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.ctx.cu_device()) }
+            .result()
+            .map_err(|e| cuda_err("cuDeviceGetPCIBusId", e))?;
+        // SAFETY: NUL-terminated within the buffer (above).
+        let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(id.to_string_lossy().into_owned())
     }
 
     /// Number of streaming multiprocessors.
@@ -391,20 +461,69 @@ impl Gpu {
         Ok(ptr)
     }
 
-    /// Allocates `bytes` (at least 1) of device memory owned by the returned buffer.
+    /// Allocates `bytes` (at least 1) of device memory owned by the returned buffer, from the device's arena where
+    /// one is installed.
     ///
     /// # Errors
-    /// The device is out of memory.
+    /// The device (or the arena: [`Error::DeviceMemory`]) is out of memory.
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
         self.bind()?;
-        // SAFETY: plain allocation in the bound context.
-        let ptr = unsafe { drv::malloc_sync(bytes.max(1)) }
-            .map_err(|e| cuda_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+        let (ptr, owner) = match self.arena.get() {
+            Some(arena) => {
+                let ptr = arena
+                    .alloc(bytes.max(1), !self.is_capturing())
+                    .map_err(|source| Error::DeviceMemory {
+                        what: format!("{bytes} bytes of runtime scratch or workspace"),
+                        source,
+                    })?;
+                (ptr, Owner::Arena(arena.clone()))
+            }
+            None => {
+                // SAFETY: plain allocation in the bound context.
+                let ptr = unsafe { drv::malloc_sync(bytes.max(1)) }
+                    .map_err(|e| cuda_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+                (ptr, Owner::Driver)
+            }
+        };
         Ok(DeviceBuffer {
             ptr,
             bytes,
             ctx: self.ctx.clone(),
+            owner,
         })
+    }
+
+    /// Makes [`Gpu::alloc`] (every scratch area, library workspace and flag the runtime makes from now on) take
+    /// memory from `arena`; buffers made before keep theirs. `false` when an arena was installed already.
+    pub fn set_arena(&self, arena: Arc<dyn DeviceArena>) -> bool {
+        self.arena.set(arena).is_ok()
+    }
+
+    /// What the process holds on this device outside the caching allocator, as measured so far.
+    pub fn outside_pool(&self) -> OutsidePool {
+        OutsidePool {
+            modules: self.module_bytes.load(Ordering::Relaxed),
+            graphs: self.graph_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The device's free and total memory (`cuMemGetInfo`: every process's use counts).
+    ///
+    /// # Errors
+    /// The driver refuses.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (free, total) = drv::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Runs `f` and gives, beside its result, how much the device's free memory dropped meanwhile (0 when it rose:
+    /// another process or a free on another thread).
+    pub(crate) fn measured<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, u64)> {
+        let before = self.mem_info().map_or(0, |(free, _)| free);
+        let r = f()?;
+        let after = self.mem_info().map_or(before, |(free, _)| free);
+        Ok((r, before.saturating_sub(after)))
     }
 
     /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
@@ -470,7 +589,8 @@ impl Gpu {
             match cached {
                 Some(m) => m,
                 None => {
-                    let m = self.load_module(src)?;
+                    let (m, bytes) = self.measured(|| self.load_module(src))?;
+                    self.module_bytes.fetch_add(bytes, Ordering::Relaxed);
                     lock(&self.modules).insert(src.name, m.clone());
                     m
                 }

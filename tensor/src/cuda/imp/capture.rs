@@ -254,10 +254,7 @@ pub fn capture<R, E: From<Error>>(
     let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     // Work queued before the capture (and its index checks) completes outside the graph.
     gpu.synchronize().map_err(Error::from)?;
-    let pool: Arc<dyn DeviceAllocator> = Arc::new(GpuAllocator {
-        bfc: private_pool(ordinal)?,
-        gpu: gpu.clone(),
-    });
+    let pool = super::allocator::graph_pool(private_pool(ordinal)?, gpu.clone());
     {
         let mut guard = active();
         *guard = Some(Active {
