@@ -765,7 +765,9 @@ fn a_limit_resized_in_use_gives_idle_memory_back_and_never_touches_live_blocks()
         // Lower: the idle cache goes back to the source at once, and nothing larger fits any more.
         assert_eq!(bfc.resize_limit(50 * MIB).unwrap(), 0);
         assert_eq!(bfc.limit(), 50 * MIB);
-        let e = bfc.alloc((60 * MIB) as usize, TenantId::DEFAULT).unwrap_err();
+        let e = bfc
+            .alloc((60 * MIB) as usize, TenantId::DEFAULT)
+            .unwrap_err();
         assert!(e.is_out_of_memory(), "{e}");
         // Higher: it grows again.
         bfc.resize_limit(200 * MIB).unwrap();
@@ -773,9 +775,17 @@ fn a_limit_resized_in_use_gives_idle_memory_back_and_never_touches_live_blocks()
         // Below what is live: the block stays where it is, the pool only stops growing.
         let reserved = bfc.resize_limit(50 * MIB).unwrap();
         assert!(reserved >= 120 * MIB, "{reserved}");
-        assert!(bfc.alloc(1, TenantId::DEFAULT).unwrap_err().is_out_of_memory());
+        assert!(
+            bfc.alloc(1, TenantId::DEFAULT)
+                .unwrap_err()
+                .is_out_of_memory()
+        );
         bfc.free(live);
-        assert_eq!(bfc.resize_limit(50 * MIB).unwrap(), 0, "applied again, it trims");
+        assert_eq!(
+            bfc.resize_limit(50 * MIB).unwrap(),
+            0,
+            "applied again, it trims"
+        );
         let small = bfc.alloc((10 * MIB) as usize, TenantId::DEFAULT).unwrap();
         bfc.free(small);
         bfc.check_invariants().unwrap();
@@ -807,8 +817,18 @@ fn a_process_limit_leaves_the_pool_what_lies_outside_it_does_not_take() {
     assert!(pool_share(530 * MIB + PROCESS_HEADROOM + MIN_POOL, 530 * MIB).is_ok());
     // The scope is read from the environment like the other settings, and checked.
     let get = |v: &'static str| move |k: &str| (k == "COHORT_MEMORY_SCOPE").then(|| v.to_string());
-    let c = Config::builder().env_from(get("process")).unwrap().build().unwrap();
+    let c = Config::builder()
+        .env_from(get("process"))
+        .unwrap()
+        .build()
+        .unwrap();
     assert_eq!(c.scope, Scope::Process);
-    let e = Config::builder().env_from(get("card")).unwrap_err().to_string();
-    assert!(e.contains("COHORT_MEMORY_SCOPE") && e.contains("process"), "{e}");
+    let e = Config::builder()
+        .env_from(get("card"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("COHORT_MEMORY_SCOPE") && e.contains("process"),
+        "{e}"
+    );
 }

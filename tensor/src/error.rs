@@ -137,7 +137,9 @@ impl From<cohort_kernels::Error> for Error {
             cohort_kernels::Error::DeviceMemory { what, source } => {
                 match source.downcast::<cohort_alloc::Error>() {
                     Ok(alloc) => Error::Alloc(*alloc),
-                    Err(source) => Error::Kernel(cohort_kernels::Error::DeviceMemory { what, source }),
+                    Err(source) => {
+                        Error::Kernel(cohort_kernels::Error::DeviceMemory { what, source })
+                    }
                 }
             }
             e => Error::Kernel(e),

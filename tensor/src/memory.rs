@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cohort_alloc::{
     Bfc, Block, MemoryReport, MemorySource, Scope, TenantId, TenantLimits, TenantReport, fmt_bytes,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Device, Error, Result};
 
@@ -137,7 +137,7 @@ impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
 }
 
 /// Everything one process holds on one GPU, the allocator's pool and what lies outside it, measured at one moment.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessMemory {
     /// The device (`cuda:0 (NVIDIA H200)`).
     pub device: String,
@@ -208,7 +208,12 @@ impl fmt::Display for ProcessMemory {
             b(self.runtime_in_pool)
         )?;
         if let Some(c) = self.context {
-            writeln!(f, "  {:<16} {:>12}  (CUDA context, library handles)", "context", b(c))?;
+            writeln!(
+                f,
+                "  {:<16} {:>12}  (CUDA context, library handles)",
+                "context",
+                b(c)
+            )?;
         }
         writeln!(f, "  {:<16} {:>12}", "kernel modules", b(self.modules))?;
         writeln!(f, "  {:<16} {:>12}", "CUDA graphs", b(self.graphs))?;

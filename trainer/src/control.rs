@@ -5,11 +5,15 @@
 //! it never stops the run.
 //!
 //! ```toml
+//! trim = true          # give every idle cached page back to the device now (each time the file changes)
+//!
 //! [mlp-lr1e-3]
 //! paused = true        # stop taking steps (memory and place in the schedule are kept); false resumes
 //!
 //! [cnn]
 //! batch = 32           # train on with this batch size from the next step (the data pipeline re-batches)
+//! limit = "1GiB"       # the member's memory budget from now on: lower trims, and a working set that no longer
+//! reserve = "256MiB"   # fits meets the member's OOM policy at its next step; higher lets it grow
 //!
 //! [mlp-lr3e-3]
 //! stop = true          # finish this member now: final checkpoint, evaluation, summary; the others go on
@@ -19,12 +23,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use cohort_alloc::Limit;
 use toml::{Table, Value};
 
 use crate::error::{Error, Result};
 
 /// The wanted state of one member.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MemberControl {
     /// Paused (true) or running (false); unset: leave as is.
     pub paused: Option<bool>,
@@ -32,13 +37,28 @@ pub struct MemberControl {
     pub batch: Option<usize>,
     /// Stop the member for good.
     pub stop: bool,
+    /// A new memory limit.
+    pub limit: Option<Limit>,
+    /// A new memory reserve.
+    pub reserve: Option<Limit>,
 }
+
+/// The wanted state of a run: its members', and whether to give idle memory back now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Control {
+    /// Give every idle cached page back to the device.
+    pub trim: bool,
+    /// By member name.
+    pub members: BTreeMap<String, MemberControl>,
+}
+
+const MEMBER_KEYS: &str = "paused, batch, stop, limit, reserve";
 
 /// Parses control-file text.
 ///
 /// # Errors
 /// [`Error::Control`] naming the file, the member and the key.
-pub fn parse(text: &str, path: &Path) -> Result<BTreeMap<String, MemberControl>> {
+pub fn parse(text: &str, path: &Path) -> Result<Control> {
     let bad = |message: String| Error::Control {
         path: path.to_path_buf(),
         message,
@@ -46,12 +66,24 @@ pub fn parse(text: &str, path: &Path) -> Result<BTreeMap<String, MemberControl>>
     let root: Table = text
         .parse()
         .map_err(|e: toml::de::Error| bad(format!("not valid TOML: {}", e.to_string().trim())))?;
-    let mut out = BTreeMap::new();
+    let mut out = Control::default();
     for (member, v) in root {
-        let Value::Table(t) = v else {
-            return Err(bad(format!(
-                "expected a table [{member}] with paused, batch or stop"
-            )));
+        let t = match (member.as_str(), v) {
+            ("trim", Value::Boolean(b)) => {
+                out.trim = b;
+                continue;
+            }
+            ("trim", v) => {
+                return Err(bad(format!(
+                    "key \"trim\": expected true or false, found {v}"
+                )));
+            }
+            (_, Value::Table(t)) => t,
+            (_, _) => {
+                return Err(bad(format!(
+                    "expected a table [{member}] with {MEMBER_KEYS}, or trim = true at the top"
+                )));
+            }
         };
         let mut c = MemberControl::default();
         for (k, v) in t {
@@ -69,14 +101,32 @@ pub fn parse(text: &str, path: &Path) -> Result<BTreeMap<String, MemberControl>>
                         "[{member}] key \"batch\": expected an integer ≥ 1, found {v}"
                     )));
                 }
+                (k @ ("limit" | "reserve"), v) => {
+                    let amount = match &v {
+                        Value::String(s) => s.parse::<Limit>().ok(),
+                        Value::Integer(n) if *n > 0 => Some(Limit::Bytes(*n as u64)),
+                        _ => None,
+                    };
+                    let Some(amount) = amount else {
+                        return Err(bad(format!(
+                            "[{member}] key \"{k}\": expected a size such as \"2GiB\", \"512MiB\", \"40%\" \
+                             or a number of bytes, found {v}"
+                        )));
+                    };
+                    if k == "limit" {
+                        c.limit = Some(amount);
+                    } else {
+                        c.reserve = Some(amount);
+                    }
+                }
                 (k, _) => {
                     return Err(bad(format!(
-                        "[{member}] key \"{k}\": unknown; accepted: paused, batch, stop"
+                        "[{member}] key \"{k}\": unknown; accepted: {MEMBER_KEYS}"
                     )));
                 }
             }
         }
-        out.insert(member, c);
+        out.members.insert(member, c);
     }
     Ok(out)
 }
@@ -115,7 +165,7 @@ impl ControlFile {
     ///
     /// # Errors
     /// [`Error::Control`] when the changed file is malformed (the caller reports it and goes on).
-    pub fn poll(&mut self) -> Result<Option<BTreeMap<String, MemberControl>>> {
+    pub fn poll(&mut self) -> Result<Option<Control>> {
         let now = Instant::now();
         if let Some(t) = self.last_check
             && now.duration_since(t) < self.interval
@@ -146,16 +196,29 @@ mod tests {
     #[test]
     fn parses_and_rejects() {
         let p = Path::new("control.toml");
-        let m = parse("[a]\npaused = true\n[b]\nbatch = 32\nstop = true\n", p).unwrap();
+        let c = parse("[a]\npaused = true\n[b]\nbatch = 32\nstop = true\n", p).unwrap();
+        let m = &c.members;
         assert_eq!(m["a"].paused, Some(true));
         assert_eq!(m["b"].batch, Some(32));
         assert!(m["b"].stop);
+        assert!(!c.trim);
+        let c = parse("trim = true\n[a]\nlimit = \"64MiB\"\nreserve = 4096\n", p).unwrap();
+        assert!(c.trim);
+        assert_eq!(c.members["a"].limit, Some(Limit::Bytes(64 << 20)));
+        assert_eq!(c.members["a"].reserve, Some(Limit::Bytes(4096)));
+        let e = parse("[a]\nlimit = \"lots\"\n", p).unwrap_err().to_string();
+        assert!(e.contains("\"limit\"") && e.contains("512MiB"), "{e}");
+        let e = parse("trim = 3\n", p).unwrap_err().to_string();
+        assert!(e.contains("trim") && e.contains("true or false"), "{e}");
         let e = parse("[a]\nbatch = 0\n", p).unwrap_err().to_string();
         assert!(
             e.contains("control.toml") && e.contains("batch") && e.contains("≥ 1"),
             "{e}"
         );
         let e = parse("[a]\nspeed = 3\n", p).unwrap_err().to_string();
-        assert!(e.contains("accepted: paused, batch, stop"), "{e}");
+        assert!(
+            e.contains("accepted: paused, batch, stop, limit, reserve"),
+            "{e}"
+        );
     }
 }

@@ -275,6 +275,9 @@ fn memory(run_dir: Option<PathBuf>, device: &str) -> anyhow::Result<()> {
             Some(r) => println!("{r}"),
             None => println!("(no allocator report)"),
         }
+        if let Some(p) = cohort_trainer::memory::process_report(&dev) {
+            println!("\n{p}");
+        }
     } else {
         println!(
             "allocator: host tensors are plain host memory; members' budgets are charged to a host-accounting \

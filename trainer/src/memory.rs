@@ -41,7 +41,7 @@ use cohort_alloc::{
     Bfc, Block, Config as AllocConfig, MemoryReport, SimMemory, TenantId, TenantLimits,
 };
 use cohort_tensor::Device;
-use cohort_tensor::memory::DeviceAllocator;
+use cohort_tensor::memory::{DeviceAllocator, ProcessMemory};
 
 use crate::error::Result;
 
@@ -169,12 +169,37 @@ impl Tenant {
         };
     }
 
-    /// Returns the cache's unused regions to the device (a GPU's; nothing to do for host accounting).
+    /// Returns the cache's unused regions to the device (a GPU's pages to the driver; host accounting's
+    /// simulated regions to its address space).
     pub fn trim(&self) -> u64 {
         match &self.accounting {
             Accounting::Device(a) => a.trim(),
-            Accounting::Host(_) => 0,
+            Accounting::Host(b) => b.trim(),
         }
+    }
+
+    /// Changes the tenant's limit and reserve while it trains. A limit below what it holds only stops its growth.
+    ///
+    /// # Errors
+    /// The reserves of all tenants together would exceed the device's limit, or the reserve is above the limit.
+    pub fn set_limits(&self, limits: TenantLimits) -> Result<()> {
+        match &self.accounting {
+            Accounting::Device(a) => a.set_tenant_limits(self.id, limits)?,
+            Accounting::Host(b) => b.set_tenant_limits(self.id, limits)?,
+        }
+        Ok(())
+    }
+
+    /// The tenant's limit and reserve now.
+    pub fn limits(&self) -> TenantLimits {
+        let r = match &self.accounting {
+            Accounting::Device(a) => a.tenant_stats(self.id),
+            Accounting::Host(b) => b.tenant_stats(self.id),
+        };
+        r.map_or_else(TenantLimits::default, |r| TenantLimits {
+            limit: r.limit,
+            reserve: r.reserve,
+        })
     }
 
     /// The allocator's report (device-wide, every tenant).
@@ -242,4 +267,36 @@ pub fn device_report(device: &Device) -> Option<MemoryReport> {
             .ok()
             .map(|a| a.stats()),
     }
+}
+
+/// Gives `device`'s idle cache back to it (a GPU's cached pages to the driver, not only to the pool; host
+/// accounting's regions on the CPU); the bytes released.
+pub fn hand_back(device: &Device) -> u64 {
+    match device {
+        Device::Cpu => host_accounting().map_or(0, |b| b.trim()),
+        Device::Cuda(_) => cohort_tensor::memory::allocator(device).map_or(0, |a| a.trim()),
+    }
+}
+
+/// Everything the process holds on a GPU, measured now (`None` for the CPU, or where the GPU's allocator was never
+/// made).
+pub fn process_report(device: &Device) -> Option<ProcessMemory> {
+    match device {
+        Device::Cpu => None,
+        Device::Cuda(_) => cohort_tensor::memory::allocator(device)
+            .ok()
+            .and_then(|a| a.process_memory()),
+    }
+}
+
+/// Re-applies a process-wide limit on a GPU (`[memory] scope = "process"`): the pool gets what the limit leaves
+/// after what lies outside it now.
+///
+/// # Errors
+/// The limit is below what lies outside the pool.
+pub fn enforce_process_limit(device: &Device) -> Result<()> {
+    if let Device::Cuda(_) = device {
+        cohort_tensor::memory::allocator(device)?.enforce_process_limit()?;
+    }
+    Ok(())
 }

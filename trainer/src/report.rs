@@ -67,6 +67,12 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// Each member.
     pub members: Vec<MemberSummary>,
+    /// On a GPU, everything the process held on it at the end: the pool and what lies outside it.
+    #[serde(default)]
+    pub process_memory: Option<cohort_tensor::memory::ProcessMemory>,
+    /// The most the driver saw the process hold on the GPU while it trained (sampled once a second).
+    #[serde(default)]
+    pub peak_process_bytes: Option<u64>,
 }
 
 /// `1,880`.
@@ -167,6 +173,21 @@ impl fmt::Display for Summary {
                 thousands(m.model_steps_per_s.round() as u64),
                 m.oom_events,
                 device
+            );
+        }
+        if let Some(p) = &self.process_memory {
+            let held = p.process.map_or("-".to_string(), bytes);
+            let peak = self.peak_process_bytes.map_or("-".to_string(), bytes);
+            let _ = writeln!(
+                out,
+                "{}: the process held {held} at the end (peak {peak}): pool {} (limit {}), context {}, modules {}, \
+                 graphs {}",
+                p.device,
+                bytes(p.pool_reserved),
+                bytes(p.pool_limit),
+                p.context.map_or("-".to_string(), bytes),
+                bytes(p.modules),
+                bytes(p.graphs)
             );
         }
         f.write_str(out.trim_end())

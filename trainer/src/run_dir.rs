@@ -28,6 +28,8 @@ const CONFIG_DIR_FILE: &str = "config-dir";
 pub const CONTROL_FILE: &str = "control.toml";
 /// The summary inside a run directory.
 pub const SUMMARY_FILE: &str = "summary.json";
+/// The process's device memory once a second while a run trains (JSON lines: the pool and what lies outside it).
+pub const MEMORY_LOG_FILE: &str = "memory.jsonl";
 
 /// A run's directory.
 #[derive(Debug, Clone)]

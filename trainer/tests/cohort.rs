@@ -688,3 +688,122 @@ fn a_model_with_dropout_resumes_bit_identical() {
         final_tensors(&halted.run_dir, "d")
     );
 }
+
+#[test]
+fn budgets_change_while_training_through_the_control_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hog = "[[member]]\nname = \"hog\"\nmodel = { layers = [{ linear = 256, act = \"relu\" }, { linear = 4 }] }\n\
+               data = \"blobs\"\nbatch = 64\noom = { shrink = 0.15, min_batch = 8 }\n";
+    let c = config(
+        tmp.path(),
+        "budgets",
+        "epochs = 2\nfuse = false",
+        &format!(
+            "{hog}\n{}\n{}",
+            mlp("tiny", "batch = 64"),
+            mlp("grows", "batch = 64\nmemory = { limit = \"40KiB\" }")
+        ),
+    );
+    let cohort = Cohort::new(c, quiet()).unwrap();
+    let run = cohort.run_dir().to_path_buf();
+    // hog: a limit its working set at batch 64 does not fit (it fits 256 KiB only at a smaller batch); tiny: a
+    // limit below its parameters and Adam's state; grows: a larger one than its config's, which it needs.
+    std::fs::write(
+        run.join("control.toml"),
+        "trim = true\n[hog]\nlimit = \"256KiB\"\n[tiny]\nlimit = \"1KiB\"\n[grows]\nlimit = \"4MiB\"\n",
+    )
+    .unwrap();
+    let s = cohort.run().unwrap().summary.unwrap();
+    let member = |n: &str| s.members.iter().find(|m| m.name == n).unwrap();
+    let events = |n: &str| -> Vec<String> {
+        records(&run, n)
+            .into_iter()
+            .filter_map(|r| r.event)
+            .collect()
+    };
+
+    let hog = member("hog");
+    assert!(hog.oom_events >= 1 && hog.batch < 64, "{hog:?}");
+    assert!(
+        hog.peak_memory_bytes <= 256 * 1024,
+        "{}",
+        hog.peak_memory_bytes
+    );
+    assert_eq!(hog.epochs, 2, "hog trained on at a smaller batch");
+    let e = events("hog");
+    assert!(
+        e.iter()
+            .any(|e| e.contains("memory budget") && e.contains("limit none -> 256.0 KiB")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.contains("out of memory") && e.contains("batch 64 ->")),
+        "{e:?}"
+    );
+
+    let tiny = member("tiny");
+    assert_eq!(tiny.oom_events, 0, "a refused budget changes nothing");
+    assert_eq!(tiny.steps, 16);
+    let e = events("tiny");
+    assert!(
+        e.iter().any(|e| e.contains("refused")
+            && e.contains("1.0 KiB")
+            && e.contains("would need at least")),
+        "{e:?}"
+    );
+
+    // 40 KiB holds its parameters and Adam's moments (about 37 KiB) but not a step; 4 MiB lets it train.
+    let grows = member("grows");
+    assert_eq!(grows.oom_events, 0);
+    assert_eq!(grows.steps, 16);
+    assert!(
+        grows.peak_memory_bytes > 40 * 1024,
+        "{}",
+        grows.peak_memory_bytes
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_finished_member_hands_its_memory_back_to_the_card_on_cuda() {
+    let _turn = gpu_turn();
+    let tmp = tempfile::tempdir().unwrap();
+    let wide = "model = { layers = [{ linear = 2048, act = \"relu\" }, { linear = 2048, act = \"relu\" }, { linear = 4 }] }";
+    let short =
+        format!("[[member]]\nname = \"short\"\n{wide}\ndata = \"blobs\"\nbatch = 64\nepochs = 1\n");
+    let c = config_on(
+        "cuda",
+        tmp.path(),
+        "handback",
+        "epochs = 3\nfuse = false",
+        &format!("{short}\n{}", mlp("long", "batch = 64")),
+    );
+    let out = train(c, quiet()).unwrap();
+    let s = out.summary.unwrap();
+    let e: Vec<String> = records(&out.run_dir, "short")
+        .into_iter()
+        .filter_map(|r| r.event)
+        .collect();
+    // Its 2 x 2048 x 2048 weights with Adam's moments (about 48 MiB) went back to the driver, not only to the pool.
+    let handed = e
+        .iter()
+        .find(|e| e.contains("handed back to cuda:0"))
+        .unwrap_or_else(|| panic!("{e:?}"));
+    assert!(handed.contains("MiB"), "{handed}");
+    let p = s
+        .process_memory
+        .expect("the summary has the process's memory on a GPU");
+    // What the pool keeps after both ended is the runtime's own workspaces, within a few 2 MiB pages.
+    assert!(
+        p.pool_reserved <= p.runtime_in_pool + (8 << 20),
+        "the pool kept {} after both members ended ({} of it the runtime's)",
+        p.pool_reserved,
+        p.runtime_in_pool
+    );
+    assert!(p.modules > 0, "the loaded modules were measured");
+    assert!(
+        p.runtime_in_pool > 0,
+        "the runtime's workspaces come from the pool"
+    );
+}

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use cohort_alloc::Limit;
+use cohort_alloc::{Limit, Scope};
 use cohort_autograd::ModelSpec;
 use cohort_autograd::spec::{Fields, SpecError, describe};
 use cohort_optim::OptimConfig;
@@ -111,8 +111,11 @@ pub struct RunConfig {
 pub struct MemoryConfig {
     /// Grow the pool on demand (allow_growth) instead of reserving the limit up front.
     pub growth: bool,
-    /// A hard cap on the whole pool.
+    /// A hard cap on the pool, or on everything the process holds on the device (`scope`).
     pub limit: Option<Limit>,
+    /// What `limit` covers: `"pool"` (the default, as TensorFlow's `memory_limit`) or `"process"` (the CUDA
+    /// context, modules and library handles too: what `nvidia-smi` shows for the process stays within it).
+    pub scope: Scope,
 }
 
 /// How the learning rate changes over a member's steps.
@@ -686,8 +689,24 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
 fn parse_memory(s: &Section<'_>) -> CResult<MemoryConfig> {
     let growth = s.bool("growth")?.unwrap_or(true);
     let limit = s.mem("limit")?;
+    let scope = match s.str("scope", "\"pool\" or \"process\"")? {
+        None => Scope::Pool,
+        Some(v) => v.parse().map_err(|_| {
+            s.error(
+                "scope",
+                format!(
+                    "expected \"pool\" (the limit caps the allocator's pool) or \"process\" (everything the \
+                     process holds on the device), found \"{v}\""
+                ),
+            )
+        })?,
+    };
     s.finish()?;
-    Ok(MemoryConfig { growth, limit })
+    Ok(MemoryConfig {
+        growth,
+        limit,
+        scope,
+    })
 }
 
 /// Checks that a name can be a directory name.

@@ -34,7 +34,9 @@ pub struct GpuGraph {
 
 impl Drop for GpuGraph {
     fn drop(&mut self) {
-        self.gpu.graph_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.gpu
+            .graph_bytes
+            .fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -255,9 +257,7 @@ impl Gpu {
         let host = std::mem::take(&mut *lock(&self.captured_host));
         let mut scratch = std::mem::take(&mut *lock(&self.captured_scratch));
         scratch.append(&mut lock(&self.captured_side_scratch));
-        let r = self.measured(|| {
-            Ok(self.compute.end_capture(sys::CUgraphInstantiate_flags(0)))
-        });
+        let r = self.measured(|| Ok(self.compute.end_capture(sys::CUgraphInstantiate_flags(0))));
         self.release_turns();
         let (r, bytes) = r?;
         match r {

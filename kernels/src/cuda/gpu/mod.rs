@@ -367,9 +367,11 @@ impl Gpu {
     pub fn pci_bus_id(&self) -> Result<String> {
         let mut buf = [0 as std::ffi::c_char; 32];
         // SAFETY: the buffer holds 32 bytes, as passed; the driver writes a NUL-terminated string into it.
-        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.ctx.cu_device()) }
-            .result()
-            .map_err(|e| cuda_err("cuDeviceGetPCIBusId", e))?;
+        unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.ctx.cu_device())
+        }
+        .result()
+        .map_err(|e| cuda_err("cuDeviceGetPCIBusId", e))?;
         // SAFETY: NUL-terminated within the buffer (above).
         let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
         Ok(id.to_string_lossy().into_owned())

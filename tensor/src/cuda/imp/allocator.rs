@@ -232,7 +232,9 @@ mod nvml {
             Nvml::builder()
                 .lib_path(OsStr::new("libnvidia-ml.so.1"))
                 .init()
-                .map_err(|e| tracing::info!("NVML unavailable ({e}): the process's own figure is not read"))
+                .map_err(|e| {
+                    tracing::info!("NVML unavailable ({e}): the process's own figure is not read")
+                })
                 .ok()
         })
         .as_ref()

@@ -401,6 +401,7 @@ mod tests {
     use super::*;
     use crate::Tensor;
     use crate::storage::Storage;
+    use cohort_alloc::TenantLimits;
 
     const N: usize = 4096;
 

@@ -28,6 +28,8 @@ use crate::config::{
     CheckpointEvery, Config, LrScheduleConfig, MemberConfig, MemberModel, ScheduleKind,
 };
 use crate::control::ControlFile;
+
+mod budget;
 use crate::dataset::{DataSet, EvalSplit};
 use crate::error::{Error, Result};
 use crate::feed::Feed;
@@ -393,6 +395,11 @@ pub struct Cohort {
     opts: RunOptions,
     slice_cursor: usize,
     halted: bool,
+    /// When the process's memory was last measured ([`Cohort::memory_tick`]).
+    last_memory_tick: Option<Instant>,
+    /// The process's device memory as last measured, and its peak (NVML's figure).
+    last_process: Option<cohort_tensor::memory::ProcessMemory>,
+    peak_process: u64,
 }
 
 impl Cohort {
@@ -447,7 +454,7 @@ impl Cohort {
     }
 
     fn start(config: Config, run: RunDir, opts: RunOptions, resuming: bool) -> Result<Cohort> {
-        apply_memory_env(&config);
+        budget::apply_memory_env(&config);
         crate::kernel_cache::configure();
         let device = Device::parse(&config.run.device)?;
         let config_dir = run
@@ -577,6 +584,9 @@ impl Cohort {
             opts,
             slice_cursor: 0,
             halted: false,
+            last_memory_tick: None,
+            last_process: None,
+            peak_process: 0,
         };
         for m in messages {
             cohort.progress.message(&m);
@@ -1416,7 +1426,8 @@ impl Cohort {
             .iter()
             .all(|&i| self.members[i].state == State::Done)
         {
-            self.units.remove(ui);
+            let device = self.units.remove(ui).device;
+            self.handed_back(&members, device)?;
             return Ok(true);
         }
         // Some members of a fused group stopped early: the others go on without them.
@@ -1432,86 +1443,10 @@ impl Cohort {
             .iter()
             .position(|u| u.members.iter().all(|i| done.contains(i)))
         {
-            self.units.remove(k);
+            let device = self.units.remove(k).device;
+            self.handed_back(&done, device)?;
         }
         Ok(true)
-    }
-
-    /// OOM recovery for unit `ui`.
-    fn recover(&mut self, ui: usize, oom: &cohort_alloc::Error) -> Result<()> {
-        let u = &self.units[ui];
-        let trimmed = u.tenant.trim();
-        let members = u.members.clone();
-        let batch = u.batch;
-        let device = u.device;
-        for &i in &members {
-            self.members[i].c.oom_events += 1;
-        }
-        // The captured step's graph holds a step's memory beside what eager steps (an epoch's
-        // short last batch) need: give it back and go on eagerly before touching the batch.
-        if matches!(self.units[ui].graphs, Graphs::Ready(_)) {
-            self.units[ui].graphs = Graphs::Off;
-            let text = format!(
-                "out of memory at step {} with batch {batch} on {device}: the captured step's CUDA \
-                 graph is released and steps run eagerly ({})",
-                self.members[members[0]].step,
-                oom.to_string().lines().next().unwrap_or("")
-            );
-            for &i in &members {
-                self.event(i, text.clone())?;
-            }
-            return Ok(());
-        }
-        let first = &self.members[members[0]].cfg;
-        let policy = first.oom;
-        let detail = oom.to_string();
-        let head = format!(
-            "out of memory at step {} with batch {batch} on {device} (cache trimmed: {} released): {}",
-            self.members[members[0]].step,
-            crate::report::bytes(trimmed),
-            detail.lines().next().unwrap_or("")
-        );
-        if members.len() > 1 {
-            let half: Vec<usize> = members[..members.len() / 2].to_vec();
-            for &i in &members {
-                self.event(
-                    i,
-                    format!(
-                        "{head}; the fused group of {} splits in halves",
-                        members.len()
-                    ),
-                )?;
-            }
-            return self.split_unit(ui, &half, device);
-        }
-        let i = members[0];
-        if policy.shrink && batch > policy.min_batch {
-            let new = ((batch as f64 * (1.0 - policy.factor)).floor() as usize)
-                .clamp(policy.min_batch, batch - 1);
-            self.units[ui].batch = new;
-            self.members[i].batch = new;
-            return self.event(i, format!("{head}; batch {batch} -> {new}"));
-        }
-        if policy.cpu_fallback && device.is_cuda() {
-            self.event(
-                i,
-                format!("{head}; batch at its floor {batch}: moving the member to the CPU"),
-            )?;
-            self.members[i].device = Device::Cpu;
-            return self.split_unit(ui, &[i], Device::Cpu);
-        }
-        let why = if policy.shrink {
-            format!("batch at its floor ({batch}) and no CPU fallback left")
-        } else {
-            "oom = \"fail\"".to_string()
-        };
-        self.event(i, format!("{head}; {why}: the member stops"))?;
-        self.members[i].state = State::Done;
-        self.members[i].c.stopped = Some("out of memory".into());
-        Err(Error::OutOfMemory {
-            member: self.members[i].cfg.name.clone(),
-            message: format!("{detail}\n  {why}"),
-        })
     }
 
     /// Applies a changed control file.
@@ -1525,7 +1460,10 @@ impl Cohort {
                 return Ok(());
             }
         };
-        for (name, c) in wanted {
+        if wanted.trim {
+            self.trim_all();
+        }
+        for (name, c) in wanted.members {
             let Some(i) = self.members.iter().position(|m| m.cfg.name == name) else {
                 let known: Vec<&str> = self.members.iter().map(|m| m.cfg.name.as_str()).collect();
                 self.progress.message(&format!(
@@ -1544,6 +1482,9 @@ impl Cohort {
                 self.members[i].c.stopped = Some("stopped".into());
                 self.event(i, "stopped through the control file".into())?;
                 continue;
+            }
+            if c.limit.is_some() || c.reserve.is_some() {
+                self.resize_member(i, c.limit, c.reserve)?;
             }
             if let Some(b) = c.batch
                 && b != self.members[i].batch
@@ -1685,6 +1626,7 @@ impl Cohort {
         self.started = Instant::now();
         while !self.halted && self.members.iter().any(|m| m.state != State::Done) {
             self.poll_control()?;
+            self.memory_tick()?;
             // Members stopped through the control file get their final evaluation and checkpoint.
             let mut ui = 0;
             while ui < self.units.len() {
@@ -1752,6 +1694,8 @@ impl Cohort {
             });
         }
         self.progress.finish();
+        self.last_memory_tick = None;
+        self.memory_tick()?;
         let summary = self.summary();
         summary.write(&self.run.root().join(crate::run_dir::SUMMARY_FILE))?;
         crate::plot::write_run_plots(
@@ -1801,28 +1745,8 @@ impl Cohort {
                     stopped: m.c.stopped.clone(),
                 })
                 .collect(),
-        }
-    }
-}
-
-/// Passes `[memory]` to the GPU allocator through its environment variables, unless the user set them.
-fn apply_memory_env(config: &Config) {
-    let mut vars: Vec<(&str, String)> =
-        vec![("COHORT_MEMORY_GROWTH", config.memory.growth.to_string())];
-    if let Some(l) = config.memory.limit {
-        vars.push((
-            "COHORT_MEMORY_LIMIT",
-            match l {
-                cohort_alloc::Limit::Bytes(b) => b.to_string(),
-                cohort_alloc::Limit::Percent(p) => format!("{p}%"),
-            },
-        ));
-    }
-    for (k, v) in vars {
-        if std::env::var_os(k).is_none() {
-            // SAFETY: called before the trainer starts any thread of its own (data pipelines open later); the
-            // allocator reads these variables when the device is first used, which happens after this.
-            unsafe { std::env::set_var(k, v) };
+            process_memory: self.last_process.clone(),
+            peak_process_bytes: (self.peak_process > 0).then_some(self.peak_process),
         }
     }
 }

@@ -1,0 +1,273 @@
+//! Memory of a running cohort: the `[memory]` settings handed to the allocator, OOM recovery, budgets resized
+//! through the control file, memory handed back to the device, and the process-wide limit kept as what lies
+//! outside the pool changes.
+
+use std::io::Write;
+use std::time::Instant;
+
+use cohort_alloc::TenantLimits;
+use cohort_tensor::Device;
+
+use super::{Cohort, State};
+use crate::config::{Config, MemberMemory};
+use crate::error::{Error, Result};
+use crate::graph::Graphs;
+use crate::memory::device_total_bytes;
+use crate::report::bytes;
+
+/// How often the process's memory is measured (and a process-wide limit re-applied) while a run trains.
+const MEMORY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Passes `[memory]` to the GPU allocator through its environment variables, unless the user set them.
+pub(super) fn apply_memory_env(config: &Config) {
+    let mut vars: Vec<(&str, String)> = vec![
+        ("COHORT_MEMORY_GROWTH", config.memory.growth.to_string()),
+        ("COHORT_MEMORY_SCOPE", config.memory.scope.to_string()),
+    ];
+    if let Some(l) = config.memory.limit {
+        vars.push((
+            "COHORT_MEMORY_LIMIT",
+            match l {
+                cohort_alloc::Limit::Bytes(b) => b.to_string(),
+                cohort_alloc::Limit::Percent(p) => format!("{p}%"),
+            },
+        ));
+    }
+    for (k, v) in vars {
+        if std::env::var_os(k).is_none() {
+            // SAFETY: called before the trainer starts any thread of its own (data pipelines open later); the
+            // allocator reads these variables when the device is first used, which happens after this.
+            unsafe { std::env::set_var(k, v) };
+        }
+    }
+}
+
+impl Cohort {
+    /// OOM recovery for unit `ui`.
+    pub(super) fn recover(&mut self, ui: usize, oom: &cohort_alloc::Error) -> Result<()> {
+        let u = &self.units[ui];
+        let trimmed = u.tenant.trim();
+        let members = u.members.clone();
+        let batch = u.batch;
+        let device = u.device;
+        for &i in &members {
+            self.members[i].c.oom_events += 1;
+        }
+        // The captured step's graph holds a step's memory beside what eager steps (an epoch's
+        // short last batch) need: give it back and go on eagerly before touching the batch.
+        if matches!(self.units[ui].graphs, Graphs::Ready(_)) {
+            self.units[ui].graphs = Graphs::Off;
+            let text = format!(
+                "out of memory at step {} with batch {batch} on {device}: the captured step's CUDA \
+                 graph is released and steps run eagerly ({})",
+                self.members[members[0]].step,
+                oom.to_string().lines().next().unwrap_or("")
+            );
+            for &i in &members {
+                self.event(i, text.clone())?;
+            }
+            return Ok(());
+        }
+        let first = &self.members[members[0]].cfg;
+        let policy = first.oom;
+        let detail = oom.to_string();
+        let head = format!(
+            "out of memory at step {} with batch {batch} on {device} (cache trimmed: {} released): {}",
+            self.members[members[0]].step,
+            crate::report::bytes(trimmed),
+            detail.lines().next().unwrap_or("")
+        );
+        if members.len() > 1 {
+            let half: Vec<usize> = members[..members.len() / 2].to_vec();
+            for &i in &members {
+                self.event(
+                    i,
+                    format!(
+                        "{head}; the fused group of {} splits in halves",
+                        members.len()
+                    ),
+                )?;
+            }
+            return self.split_unit(ui, &half, device);
+        }
+        let i = members[0];
+        if policy.shrink && batch > policy.min_batch {
+            let new = ((batch as f64 * (1.0 - policy.factor)).floor() as usize)
+                .clamp(policy.min_batch, batch - 1);
+            self.units[ui].batch = new;
+            self.members[i].batch = new;
+            return self.event(i, format!("{head}; batch {batch} -> {new}"));
+        }
+        if policy.cpu_fallback && device.is_cuda() {
+            self.event(
+                i,
+                format!("{head}; batch at its floor {batch}: moving the member to the CPU"),
+            )?;
+            self.members[i].device = Device::Cpu;
+            self.split_unit(ui, &[i], Device::Cpu)?;
+            return self.handed_back(&[i], device);
+        }
+        let why = if policy.shrink {
+            format!("batch at its floor ({batch}) and no CPU fallback left")
+        } else {
+            "oom = \"fail\"".to_string()
+        };
+        self.event(i, format!("{head}; {why}: the member stops"))?;
+        self.members[i].state = State::Done;
+        self.members[i].c.stopped = Some("out of memory".into());
+        Err(Error::OutOfMemory {
+            member: self.members[i].cfg.name.clone(),
+            message: format!("{detail}\n  {why}"),
+        })
+    }
+
+    /// Applies a budget from the control file to member `i`: its own tenant (out of a fused group) gets the new
+    /// limit and reserve. A limit below what the member holds between steps (its parameters, gradients and
+    /// optimizer state) is refused with what it needs; a lower limit trims the cache, and a working set that no
+    /// longer fits meets the member's OOM policy at its next step.
+    ///
+    /// # Errors
+    /// Splitting the member out of its fused group failed.
+    pub(super) fn resize_member(
+        &mut self,
+        i: usize,
+        limit: Option<cohort_alloc::Limit>,
+        reserve: Option<cohort_alloc::Limit>,
+    ) -> Result<()> {
+        let old = self.members[i].cfg.memory;
+        let new = MemberMemory {
+            limit: limit.or(old.limit),
+            reserve: reserve.or(old.reserve),
+        };
+        if new == old {
+            return Ok(());
+        }
+        let name = self.members[i].cfg.name.clone();
+        let Some(ui) = self.isolate(i)? else {
+            return Ok(());
+        };
+        let u = &self.units[ui];
+        let total = device_total_bytes(&u.device)?;
+        let limits = TenantLimits {
+            limit: new.limit.map(|l| l.bytes(total)),
+            reserve: new.reserve.map_or(0, |r| r.bytes(total)),
+        };
+        let (held, _) = u.tenant.usage();
+        let path = self.control.path().display().to_string();
+        if let Some(l) = limits.limit
+            && l < held
+        {
+            return self.event(
+                i,
+                format!(
+                    "memory budget through {path} refused: limit {} is below the {} that {name}'s parameters, \
+                     gradients and optimizer state hold; it would need at least that",
+                    bytes(l),
+                    bytes(held)
+                ),
+            );
+        }
+        if let Err(e) = u.tenant.set_limits(limits) {
+            return self.event(i, format!("memory budget through {path} refused: {e}"));
+        }
+        let lowered = limits
+            .limit
+            .is_some_and(|l| old.limit.is_none_or(|o| l < o.bytes(total)));
+        let trimmed = if lowered { u.tenant.trim() } else { 0 };
+        self.members[i].cfg.memory = new;
+        let show = |l: Option<u64>| l.map_or("none".to_string(), bytes);
+        self.event(
+            i,
+            format!(
+                "memory budget through the control file: limit {} -> {}, reserve {} -> {} (holds {}{})",
+                show(old.limit.map(|l| l.bytes(total))),
+                show(limits.limit),
+                bytes(old.reserve.map_or(0, |r| r.bytes(total))),
+                bytes(limits.reserve),
+                bytes(held),
+                if trimmed > 0 {
+                    format!("; {} of idle cache handed back", bytes(trimmed))
+                } else {
+                    String::new()
+                }
+            ),
+        )
+    }
+
+    /// Gives the idle cache of `device` back to it (a GPU's pages to the driver); the bytes released.
+    pub(super) fn hand_back(&self, device: Device) -> u64 {
+        crate::memory::hand_back(&device)
+    }
+
+    /// Members that finished, stopped or left `device` for the CPU give its cache back (what TensorFlow cannot do
+    /// short of ending the process), and say how much.
+    pub(super) fn handed_back(&mut self, members: &[usize], device: Device) -> Result<()> {
+        let released = self.hand_back(device);
+        if released == 0 {
+            return Ok(());
+        }
+        let text = format!(
+            "{} of cached memory handed back to {device}",
+            bytes(released)
+        );
+        for &i in members {
+            self.event(i, text.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Gives every device's idle cache back now (`trim = true` in the control file).
+    pub(super) fn trim_all(&mut self) {
+        let released = self.hand_back(self.device);
+        self.progress.message(&format!(
+            "{}: trim: {} of idle cache handed back to {}",
+            self.control.path().display(),
+            bytes(released),
+            self.device
+        ));
+    }
+
+    /// Once a second: re-applies a process-wide limit (what lies outside the pool moves as modules load and
+    /// graphs are made) and appends the process's memory to `memory.jsonl`.
+    pub(super) fn memory_tick(&mut self) -> Result<()> {
+        if self
+            .last_memory_tick
+            .is_some_and(|t| t.elapsed() < MEMORY_TICK)
+        {
+            return Ok(());
+        }
+        self.last_memory_tick = Some(Instant::now());
+        if !self.device.is_cuda() {
+            return Ok(());
+        }
+        if let Err(e) = crate::memory::enforce_process_limit(&self.device) {
+            self.progress.message(&format!("warning: {e}"));
+        }
+        let Some(p) = crate::memory::process_report(&self.device) else {
+            return Ok(());
+        };
+        self.peak_process = self.peak_process.max(p.process.unwrap_or(0));
+        let record = serde_json::json!({
+            "time": self.elapsed(),
+            "process": p.process,
+            "pool_reserved": p.pool_reserved,
+            "pool_limit": p.pool_limit,
+            "runtime_in_pool": p.runtime_in_pool,
+            "context": p.context,
+            "modules": p.modules,
+            "graphs": p.graphs,
+            "pinned_host": p.pinned_host,
+            "card_free": p.card_free,
+        });
+        let path = self.run.root().join(crate::run_dir::MEMORY_LOG_FILE);
+        let line = format!("{record}\n");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| Error::io(&path, e))?;
+        self.last_process = Some(p);
+        Ok(())
+    }
+}
