@@ -854,16 +854,36 @@ impl Cohort {
     }
 
     /// Member `j` of unit `u`'s parameters and optimizer state.
+    /// Member `j`'s parameters, buffers and optimizer state, on the host. Whole tensors are copied to the host
+    /// before the member's slice is cut, so that a checkpoint or a split takes no device memory: under a tight
+    /// limit a device-side slice could fail for want of the very memory the member is about to give back.
     fn member_state(u: &Unit, j: usize) -> Result<MemberState> {
-        let params = u.model.member_state(j)?;
+        let host = |(name, t): (String, Tensor)| -> Result<(String, Tensor)> {
+            Ok((name, t.to_device(&Device::Cpu)?))
+        };
+        let member = |(name, t): (String, Tensor)| -> Result<(String, Tensor)> {
+            let shape = t.shape().to_vec();
+            Ok((name, t.narrow(0, j, 1)?.reshape(&shape[1..])?))
+        };
+        let params = u
+            .model
+            .state()
+            .into_iter()
+            .map(|p| host(p).and_then(member))
+            .collect::<Result<Vec<_>>>()?;
         let ostate = u.opt.state_dict();
-        let o = if ostate.tensors.is_empty() {
-            OptimizerState {
-                step: ostate.step,
-                tensors: Vec::new(),
-            }
+        let o = OptimizerState {
+            step: ostate.step,
+            tensors: ostate
+                .tensors
+                .into_iter()
+                .map(host)
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let o = if o.tensors.is_empty() {
+            o
         } else {
-            ostate.member(j)?
+            o.member(j)?
         };
         Ok((params, o))
     }
@@ -878,21 +898,8 @@ impl Cohort {
         let mut a = (Vec::new(), Vec::new());
         let mut b = (Vec::new(), Vec::new());
         for (j, &i) in u.members.iter().enumerate() {
+            // On the host, so the old unit's device memory can go before the new units are built.
             let s = Cohort::member_state(u, j)?;
-            let s = (
-                s.0.into_iter()
-                    .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
-                    .collect::<Result<Vec<_>>>()?,
-                OptimizerState {
-                    step: s.1.step,
-                    tensors: s
-                        .1
-                        .tensors
-                        .into_iter()
-                        .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
-                        .collect::<Result<Vec<_>>>()?,
-                },
-            );
             if first.contains(&i) {
                 a.0.push(i);
                 a.1.push(s);
@@ -1619,6 +1626,8 @@ impl Cohort {
         if self.config.run.warmup {
             self.warm_up();
         }
+        // The warm-up loaded the kernel modules: what lies outside the pool is measured again at once.
+        self.memory_tick()?;
         for i in 0..self.members.len() {
             let s = self.status(i);
             self.progress.update(i, s);

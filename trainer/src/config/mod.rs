@@ -1086,6 +1086,25 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.key, "memory.limit");
         assert!(e.message.contains("\"512MiB\""), "{e}");
+        assert_eq!(
+            c.memory.scope,
+            Scope::Pool,
+            "the limit caps the pool unless told"
+        );
+        let member = "[[member]]\nname = \"m\"\nmodel = { layers = [{ linear = 2 }] }\n";
+        let c = Config::parse(
+            &format!("[memory]\nscope = \"process\"\n{member}"),
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(c.memory.scope, Scope::Process);
+        let e =
+            Config::parse(&format!("[memory]\nscope = \"card\"\n{member}"), "m.toml").unwrap_err();
+        assert_eq!(e.key, "memory.scope");
+        assert!(
+            e.message.contains("\"process\"") && e.message.contains("\"card\""),
+            "{e}"
+        );
     }
 
     #[test]

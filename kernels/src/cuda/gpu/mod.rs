@@ -243,7 +243,7 @@ pub struct Gpu {
     profile: Option<Profile>,
     /// Where [`Gpu::alloc`] takes memory from, once installed.
     arena: OnceLock<Arc<dyn DeviceArena>>,
-    /// Device memory the loaded modules took (measured as the free memory each load took).
+    /// Device memory the loaded modules and kernels took (measured as the free memory each load took).
     module_bytes: AtomicU64,
     /// Device memory live graph instantiations took (measured likewise).
     graph_bytes: AtomicU64,
@@ -253,7 +253,7 @@ pub struct Gpu {
 /// figure is the drop in the device's free memory across the call that made it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OutsidePool {
-    /// Loaded kernel modules.
+    /// Loaded kernel modules and the kernels looked up in them (lazy loading brings code in at the lookup).
     pub modules: u64,
     /// Instantiated CUDA graphs still alive.
     pub graphs: u64,
@@ -598,9 +598,13 @@ impl Gpu {
                 }
             }
         };
-        let f = module
-            .load_function(name)
-            .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))?;
+        // With lazy loading (CUDA's default) a kernel's code reaches the device here, not at the module's load.
+        let (f, bytes) = self.measured(|| {
+            module
+                .load_function(name)
+                .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))
+        })?;
+        self.module_bytes.fetch_add(bytes, Ordering::Relaxed);
         lock(&self.functions).insert(name, f.clone());
         Ok(f)
     }
