@@ -90,7 +90,7 @@ pub enum Error {
     /// A process-wide limit that leaves the pool nothing after what the process holds outside it.
     #[error(
         "the process-wide memory limit of {} is below what the process needs outside the allocator's pool ({}: the CUDA \
-         context, kernel modules, library handles and graphs) plus a pool of {}: raise the limit to at least {}, or \
+         context and what is loaded into it, and headroom for its growth) plus a pool of {}: raise the limit to at least {}, or \
          set scope = \"pool\" to cap only the pool",
         crate::fmt_bytes(*limit), crate::fmt_bytes(*outside), crate::fmt_bytes(*min_pool),
         crate::fmt_bytes(outside + min_pool)

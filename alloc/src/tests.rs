@@ -810,7 +810,7 @@ fn a_process_limit_leaves_the_pool_what_lies_outside_it_does_not_take() {
     let text = e.to_string();
     assert!(matches!(e, Error::LimitBelowOutside { .. }));
     assert!(
-        text.contains("512.00 MiB") && text.contains("562.00 MiB") && text.contains("566.00 MiB"),
+        text.contains("512.00 MiB") && text.contains("594.00 MiB") && text.contains("598.00 MiB"),
         "{text}"
     );
     assert!(text.contains("scope = \"pool\""), "{text}");

@@ -152,12 +152,12 @@ pub struct ProcessMemory {
     pub pool_reserved: u64,
     /// Of the pool, what the GPU runtime itself holds: scratch areas, cuBLAS and cuBLASLt workspaces, flags.
     pub runtime_in_pool: u64,
-    /// Loaded kernel modules (outside the pool).
-    pub modules: u64,
-    /// Instantiated CUDA graphs (outside the pool).
-    pub graphs: u64,
-    /// The CUDA context and the libraries' own state: the process's figure less the pool, modules and graphs.
+    /// Everything outside the pool: the CUDA context, the kernels and library code loaded into it (lazily, as
+    /// they are first used), the libraries' handles and graph instantiations; the process's figure less the pool.
     pub context: Option<u64>,
+    /// The same when the allocator was made, before any kernel ran: `context` less this is what loading kernels,
+    /// libraries and graphs added since.
+    pub context_at_start: Option<u64>,
     /// Page-locked host memory for staging copies (host memory, not the card's).
     pub pinned_host: u64,
     /// What the limit covers.
@@ -169,13 +169,9 @@ pub struct ProcessMemory {
 }
 
 impl ProcessMemory {
-    /// What lies outside the pool: the process's figure less the pool where NVML gives one, else the parts
-    /// measured one by one.
+    /// What lies outside the pool (0 where NVML cannot see the process).
     pub fn outside_pool(&self) -> u64 {
-        match self.process {
-            Some(p) => p.saturating_sub(self.pool_reserved),
-            None => self.modules + self.graphs,
-        }
+        self.context.unwrap_or(0)
     }
 }
 
@@ -208,15 +204,16 @@ impl fmt::Display for ProcessMemory {
             b(self.runtime_in_pool)
         )?;
         if let Some(c) = self.context {
+            let start = self
+                .context_at_start
+                .map_or(String::new(), |s| format!("; {} at start", b(s)));
             writeln!(
                 f,
-                "  {:<16} {:>12}  (CUDA context, library handles)",
-                "context",
+                "  {:<16} {:>12}  (CUDA context, kernels, library handles, graphs{start})",
+                "outside the pool",
                 b(c)
             )?;
         }
-        writeln!(f, "  {:<16} {:>12}", "kernel modules", b(self.modules))?;
-        writeln!(f, "  {:<16} {:>12}", "CUDA graphs", b(self.graphs))?;
         writeln!(
             f,
             "  {:<16} {:>12}  (host memory)",

@@ -180,14 +180,12 @@ impl fmt::Display for Summary {
             let peak = self.peak_process_bytes.map_or("-".to_string(), bytes);
             let _ = writeln!(
                 out,
-                "{}: the process held {held} at the end (peak {peak}): pool {} (limit {}), context {}, modules {}, \
-                 graphs {}",
+                "{}: the process held {held} at the end (peak {peak}, sampled once a second): pool {} (limit {}), \
+                 outside it {} (the CUDA context and what is loaded into it)",
                 p.device,
                 bytes(p.pool_reserved),
                 bytes(p.pool_limit),
                 p.context.map_or("-".to_string(), bytes),
-                bytes(p.modules),
-                bytes(p.graphs)
             );
         }
         f.write_str(out.trim_end())

@@ -754,6 +754,15 @@ fn budgets_change_while_training_through_the_control_file() {
     );
 
     // 40 KiB holds its parameters and Adam's moments (about 37 KiB) but not a step; 4 MiB lets it train.
+    // trim = true gave the idle cache back, once, and said so to every member.
+    for n in ["hog", "tiny", "grows"] {
+        let trims = events(n)
+            .into_iter()
+            .filter(|e| e.starts_with("trim through the control file"))
+            .count();
+        assert_eq!(trims, 1, "{n}: {:?}", events(n));
+    }
+
     let grows = member("grows");
     assert_eq!(grows.oom_events, 0);
     assert_eq!(grows.steps, 16);
@@ -801,7 +810,11 @@ fn a_finished_member_hands_its_memory_back_to_the_card_on_cuda() {
         p.pool_reserved,
         p.runtime_in_pool
     );
-    assert!(p.modules > 0, "the loaded modules were measured");
+    let (now, start) = (p.context.unwrap(), p.context_at_start.unwrap());
+    assert!(
+        now >= start && start > 0,
+        "outside the pool: {now} now, {start} at start"
+    );
     assert!(
         p.runtime_in_pool > 0,
         "the runtime's workspaces come from the pool"

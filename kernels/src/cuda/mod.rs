@@ -23,8 +23,8 @@ mod profile;
 pub use absent::{Gpu, device_count, driver_present, set_kernel_cache};
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    CopyEvent, CudaType, DeviceArena, DeviceBuffer, Gpu, GpuGraph, HostCopy, OutsidePool,
-    PinnedBuffer, Turn, device_count, driver_present, pinned_host_bytes,
+    CopyEvent, CudaType, DeviceArena, DeviceBuffer, Gpu, GpuGraph, HostCopy, PinnedBuffer, Turn,
+    device_count, driver_present, pinned_host_bytes,
 };
 
 #[cfg(feature = "cuda")]

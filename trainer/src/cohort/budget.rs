@@ -202,13 +202,15 @@ impl Cohort {
     /// Members that finished, stopped or left `device` for the CPU give its cache back (what TensorFlow cannot do
     /// short of ending the process), and say how much.
     pub(super) fn handed_back(&mut self, members: &[usize], device: Device) -> Result<()> {
+        let t0 = Instant::now();
         let released = self.hand_back(device);
         if released == 0 {
             return Ok(());
         }
         let text = format!(
-            "{} of cached memory handed back to {device}",
-            bytes(released)
+            "{} of cached memory handed back to {device} in {:.0} ms",
+            bytes(released),
+            t0.elapsed().as_secs_f64() * 1e3
         );
         for &i in members {
             self.event(i, text.clone())?;
@@ -216,15 +218,21 @@ impl Cohort {
         Ok(())
     }
 
-    /// Gives every device's idle cache back now (`trim = true` in the control file).
-    pub(super) fn trim_all(&mut self) {
+    /// Gives the device's idle cache back now (`trim = true` in the control file), logged as an event of every
+    /// member still training: the cache is theirs together.
+    pub(super) fn trim_all(&mut self) -> Result<()> {
         let released = self.hand_back(self.device);
-        self.progress.message(&format!(
-            "{}: trim: {} of idle cache handed back to {}",
-            self.control.path().display(),
+        let text = format!(
+            "trim through the control file: {} of idle cache handed back to {}",
             bytes(released),
             self.device
-        ));
+        );
+        for i in 0..self.members.len() {
+            if self.members[i].state != State::Done {
+                self.event(i, text.clone())?;
+            }
+        }
+        Ok(())
     }
 
     /// Once a second: re-applies a process-wide limit (what lies outside the pool moves as modules load and
@@ -253,9 +261,7 @@ impl Cohort {
             "pool_reserved": p.pool_reserved,
             "pool_limit": p.pool_limit,
             "runtime_in_pool": p.runtime_in_pool,
-            "context": p.context,
-            "modules": p.modules,
-            "graphs": p.graphs,
+            "outside_pool": p.context,
             "pinned_host": p.pinned_host,
             "card_free": p.card_free,
         });

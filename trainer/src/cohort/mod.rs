@@ -1468,7 +1468,7 @@ impl Cohort {
             }
         };
         if wanted.trim {
-            self.trim_all();
+            self.trim_all()?;
         }
         for (name, c) in wanted.members {
             let Some(i) = self.members.iter().position(|m| m.cfg.name == name) else {

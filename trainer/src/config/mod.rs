@@ -1100,7 +1100,7 @@ mod tests {
         assert_eq!(c.memory.scope, Scope::Process);
         let e =
             Config::parse(&format!("[memory]\nscope = \"card\"\n{member}"), "m.toml").unwrap_err();
-        assert_eq!(e.key, "memory.scope");
+        assert_eq!((e.section.as_str(), e.key.as_str()), ("[memory]", "scope"));
         assert!(
             e.message.contains("\"process\"") && e.message.contains("\"card\""),
             "{e}"

@@ -27,17 +27,7 @@ pub struct GpuGraph {
     _host: Vec<PinnedBuffer>,
     /// Scratch areas the graph's ops use.
     _scratch: Vec<DeviceBuffer>,
-    /// Device memory its instantiation took, counted in [`Gpu::outside_pool`] while it lives.
-    bytes: u64,
     gpu: Arc<Gpu>,
-}
-
-impl Drop for GpuGraph {
-    fn drop(&mut self) {
-        self.gpu
-            .graph_bytes
-            .fetch_sub(self.bytes, Ordering::Relaxed);
-    }
 }
 
 // SAFETY: the graph and its instantiation are driver objects of the device's context, usable from
@@ -257,20 +247,15 @@ impl Gpu {
         let host = std::mem::take(&mut *lock(&self.captured_host));
         let mut scratch = std::mem::take(&mut *lock(&self.captured_scratch));
         scratch.append(&mut lock(&self.captured_side_scratch));
-        let r = self.measured(|| Ok(self.compute.end_capture(sys::CUgraphInstantiate_flags(0))));
+        let r = self.compute.end_capture(sys::CUgraphInstantiate_flags(0));
         self.release_turns();
-        let (r, bytes) = r?;
         match r {
-            Ok(Some(graph)) => {
-                self.graph_bytes.fetch_add(bytes, Ordering::Relaxed);
-                Ok(GpuGraph {
-                    graph,
-                    _host: host,
-                    _scratch: scratch,
-                    bytes,
-                    gpu: self.clone(),
-                })
-            }
+            Ok(Some(graph)) => Ok(GpuGraph {
+                graph,
+                _host: host,
+                _scratch: scratch,
+                gpu: self.clone(),
+            }),
             Ok(None) => Err(Error::Cuda(
                 "the CUDA graph capture recorded no work".into(),
             )),

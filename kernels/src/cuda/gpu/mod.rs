@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::ThreadId;
 
@@ -243,20 +243,6 @@ pub struct Gpu {
     profile: Option<Profile>,
     /// Where [`Gpu::alloc`] takes memory from, once installed.
     arena: OnceLock<Arc<dyn DeviceArena>>,
-    /// Device memory the loaded modules and kernels took (measured as the free memory each load took).
-    module_bytes: AtomicU64,
-    /// Device memory live graph instantiations took (measured likewise).
-    graph_bytes: AtomicU64,
-}
-
-/// Device memory the process holds outside the caching allocator's pool, as far as the runtime can measure it: each
-/// figure is the drop in the device's free memory across the call that made it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OutsidePool {
-    /// Loaded kernel modules and the kernels looked up in them (lazy loading brings code in at the lookup).
-    pub modules: u64,
-    /// Instantiated CUDA graphs still alive.
-    pub graphs: u64,
 }
 
 impl fmt::Debug for Gpu {
@@ -345,8 +331,6 @@ impl Gpu {
             lanes: Mutex::new(Lanes::default()),
             profile: Profile::from_env(),
             arena: OnceLock::new(),
-            module_bytes: AtomicU64::new(0),
-            graph_bytes: AtomicU64::new(0),
         })
     }
 
@@ -501,14 +485,6 @@ impl Gpu {
         self.arena.set(arena).is_ok()
     }
 
-    /// What the process holds on this device outside the caching allocator, as measured so far.
-    pub fn outside_pool(&self) -> OutsidePool {
-        OutsidePool {
-            modules: self.module_bytes.load(Ordering::Relaxed),
-            graphs: self.graph_bytes.load(Ordering::Relaxed),
-        }
-    }
-
     /// The device's free and total memory (`cuMemGetInfo`: every process's use counts).
     ///
     /// # Errors
@@ -517,15 +493,6 @@ impl Gpu {
         self.bind()?;
         let (free, total) = drv::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))?;
         Ok((free as u64, total as u64))
-    }
-
-    /// Runs `f` and gives, beside its result, how much the device's free memory dropped meanwhile (0 when it rose:
-    /// another process or a free on another thread).
-    pub(crate) fn measured<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, u64)> {
-        let before = self.mem_info().map_or(0, |(free, _)| free);
-        let r = f()?;
-        let after = self.mem_info().map_or(before, |(free, _)| free);
-        Ok((r, before.saturating_sub(after)))
     }
 
     /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
@@ -591,20 +558,15 @@ impl Gpu {
             match cached {
                 Some(m) => m,
                 None => {
-                    let (m, bytes) = self.measured(|| self.load_module(src))?;
-                    self.module_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    let m = self.load_module(src)?;
                     lock(&self.modules).insert(src.name, m.clone());
                     m
                 }
             }
         };
-        // With lazy loading (CUDA's default) a kernel's code reaches the device here, not at the module's load.
-        let (f, bytes) = self.measured(|| {
-            module
-                .load_function(name)
-                .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))
-        })?;
-        self.module_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let f = module
+            .load_function(name)
+            .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))?;
         lock(&self.functions).insert(name, f.clone());
         Ok(f)
     }

@@ -1,6 +1,9 @@
 //! The device's caching allocator as tensors and the GPU runtime see it: one pool for tensors and for the
 //! runtime's own scratch areas and library workspaces, and under a process-wide limit ([`Scope::Process`]) a pool
-//! that gets what the limit leaves after the CUDA context, modules and graphs.
+//! that gets what the limit leaves after what lies outside it: the CUDA context and what the driver loads into it
+//! (kernels, library code and handles, graph instantiations). That part is measured as a whole, NVML's figure for
+//! the process less the pool: on the H200 the driver serves kernel loads and graph instantiations out of memory the
+//! context already holds (the device's free memory does not move across them), so no finer split can be measured.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,6 +28,8 @@ struct GpuAllocator {
     scope: Scope,
     /// The configured limit in bytes.
     limit: Option<u64>,
+    /// What lay outside the pool when it was made.
+    context_at_start: Option<u64>,
 }
 
 impl fmt::Debug for GpuAllocator {
@@ -89,7 +94,6 @@ impl DeviceAllocator for GpuAllocator {
             .iter()
             .find(|t| t.id == self.runtime)
             .map_or(0, |t| t.in_use);
-        let outside = self.gpu.outside_pool();
         let process = self.bus_id.as_deref().and_then(nvml::process_bytes);
         let pool_reserved = report.counters.reserved;
         Some(ProcessMemory {
@@ -99,10 +103,8 @@ impl DeviceAllocator for GpuAllocator {
             process,
             pool_reserved,
             runtime_in_pool,
-            modules: outside.modules,
-            graphs: outside.graphs,
-            context: process
-                .map(|p| p.saturating_sub(pool_reserved + outside.modules + outside.graphs)),
+            context: process.map(|p| p.saturating_sub(pool_reserved)),
+            context_at_start: self.context_at_start,
             pinned_host: pinned_host_bytes(),
             scope: self.scope,
             limit: self.limit,
@@ -120,8 +122,8 @@ impl DeviceAllocator for GpuAllocator {
             static WARNED: OnceLock<()> = OnceLock::new();
             WARNED.get_or_init(|| {
                 tracing::warn!(
-                    "scope = \"process\": NVML cannot see this process, so the CUDA context is not counted \
-                     against the limit (only the pool, modules and graphs are)"
+                    "scope = \"process\": NVML cannot see this process, so only the pool is counted \
+                     against the limit (the CUDA context and what is loaded into it are not)"
                 );
             });
         }
@@ -182,6 +184,7 @@ pub(super) fn graph_pool(bfc: DeviceBfc, gpu: Arc<Gpu>) -> Arc<dyn DeviceAllocat
         runtime: TenantId::DEFAULT,
         scope: Scope::Pool,
         limit: None,
+        context_at_start: None,
     })
 }
 
@@ -200,13 +203,16 @@ pub fn create_allocator(ordinal: usize) -> Result<Arc<dyn DeviceAllocator>> {
     let bfc = Arc::new(cohort_alloc::device_allocator(&config)?);
     let runtime = bfc.add_tenant("cuda runtime", TenantLimits::unlimited())?;
     let (_, card) = gpu.mem_info()?;
+    let bus_id = gpu.pci_bus_id().ok();
+    let context_at_start = bus_id.as_deref().and_then(nvml::process_bytes);
     let a = Arc::new(GpuAllocator {
         bfc: bfc.clone(),
-        bus_id: gpu.pci_bus_id().ok(),
+        bus_id,
         gpu: gpu.clone(),
         runtime,
         scope: config.scope,
         limit: config.limit.map(|l| l.bytes(card)),
+        context_at_start,
     });
     a.enforce_process_limit()?;
     gpu.set_arena(Arc::new(RuntimeArena {
