@@ -153,14 +153,13 @@ impl Cohort {
             reserve: new.reserve.map_or(0, |r| r.bytes(total)),
         };
         let (held, _) = u.tenant.usage();
-        let path = self.control.path().display().to_string();
         if let Some(l) = limits.limit
             && l < held
         {
             return self.event(
                 i,
                 format!(
-                    "memory budget through {path} refused: limit {} is below the {} that {name}'s parameters, \
+                    "memory budget through the control file refused: limit {} is below the {} that {name}'s parameters, \
                      gradients and optimizer state hold; it would need at least that",
                     bytes(l),
                     bytes(held)
@@ -168,7 +167,10 @@ impl Cohort {
             );
         }
         if let Err(e) = u.tenant.set_limits(limits) {
-            return self.event(i, format!("memory budget through {path} refused: {e}"));
+            return self.event(
+                i,
+                format!("memory budget through the control file refused: {e}"),
+            );
         }
         let lowered = limits
             .limit
@@ -194,16 +196,11 @@ impl Cohort {
         )
     }
 
-    /// Gives the idle cache of `device` back to it (a GPU's pages to the driver); the bytes released.
-    pub(super) fn hand_back(&self, device: Device) -> u64 {
-        crate::memory::hand_back(&device)
-    }
-
     /// Members that finished, stopped or left `device` for the CPU give its cache back (what TensorFlow cannot do
     /// short of ending the process), and say how much.
     pub(super) fn handed_back(&mut self, members: &[usize], device: Device) -> Result<()> {
         let t0 = Instant::now();
-        let released = self.hand_back(device);
+        let released = crate::memory::hand_back(&device);
         if released == 0 {
             return Ok(());
         }
@@ -221,7 +218,7 @@ impl Cohort {
     /// Gives the device's idle cache back now (`trim = true` in the control file), logged as an event of every
     /// member still training: the cache is theirs together.
     pub(super) fn trim_all(&mut self) -> Result<()> {
-        let released = self.hand_back(self.device);
+        let released = crate::memory::hand_back(&self.device);
         let text = format!(
             "trim through the control file: {} of idle cache handed back to {}",
             bytes(released),
@@ -235,8 +232,8 @@ impl Cohort {
         Ok(())
     }
 
-    /// Once a second: re-applies a process-wide limit (what lies outside the pool moves as modules load and
-    /// graphs are made) and appends the process's memory to `memory.jsonl`.
+    /// Once a second: re-applies a process-wide limit (what lies outside the pool grows as kernels load and graphs
+    /// are made) and appends the process's memory to `memory.jsonl`.
     pub(super) fn memory_tick(&mut self) -> Result<()> {
         if self
             .last_memory_tick
