@@ -1,0 +1,72 @@
+//! The control file applied to a running cohort: pause, stop, batch, budgets and trim.
+
+use crate::error::Result;
+
+use super::{Cohort, State};
+
+impl Cohort {
+    /// Applies a changed control file.
+    pub(super) fn poll_control(&mut self) -> Result<()> {
+        let wanted = match self.control.poll() {
+            Ok(Some(w)) => w,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.progress
+                    .message(&format!("warning: control file ignored: {e}"));
+                return Ok(());
+            }
+        };
+        if wanted.trim {
+            self.trim_all()?;
+        }
+        for (name, c) in wanted.members {
+            let Some(i) = self.members.iter().position(|m| m.cfg.name == name) else {
+                let known: Vec<&str> = self.members.iter().map(|m| m.cfg.name.as_str()).collect();
+                self.progress.message(&format!(
+                    "warning: {}: no member \"{name}\" (members: {})",
+                    self.control.path().display(),
+                    known.join(", ")
+                ));
+                continue;
+            };
+            if self.members[i].state == State::Done {
+                continue;
+            }
+            if c.stop {
+                self.isolate(i)?;
+                self.members[i].state = State::Done;
+                self.members[i].c.stopped = Some("stopped".into());
+                self.event(i, "stopped through the control file".into())?;
+                continue;
+            }
+            if c.limit.is_some() || c.reserve.is_some() {
+                self.resize_member(i, c.limit, c.reserve)?;
+            }
+            if let Some(b) = c.batch
+                && b != self.members[i].batch
+            {
+                if let Some(ui) = self.isolate(i)? {
+                    let old = self.units[ui].batch;
+                    self.units[ui].batch = b;
+                    self.members[i].batch = b;
+                    self.event(i, format!("batch {old} -> {b} through the control file"))?;
+                }
+            }
+            match (c.paused, &self.members[i].state) {
+                (Some(true), State::Running) => {
+                    self.isolate(i)?;
+                    self.members[i].state = State::Paused;
+                    self.event(i, "paused through the control file".into())?;
+                }
+                (Some(false), State::Paused) => {
+                    self.members[i].state = State::Running;
+                    self.event(i, "resumed through the control file".into())?;
+                }
+                _ => {}
+            }
+            let s = self.status(i);
+            self.progress.update(i, s);
+        }
+        Ok(())
+    }
+}

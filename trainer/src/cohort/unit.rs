@@ -1,0 +1,623 @@
+//! Units: a model of `M` members with its optimizer, feed of batches and allocator tenant. Built from the members'
+//! specs (same-spec members fused), from checkpoints where there are some; split when members leave; warmed up,
+//! stepped (eagerly or by replaying a captured CUDA graph) and evaluated.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use cohort_alloc::TenantLimits;
+use cohort_autograd::{BuildOptions, Model, Shape, Tape};
+use cohort_data::Position;
+use cohort_data::Task;
+use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
+use cohort_tensor::{DType, Device, HostRead, Tensor};
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{LrScheduleConfig, MemberConfig, MemberModel, ScheduleKind};
+use crate::dataset::{DataSet, EvalSplit};
+use crate::error::{Error, Result};
+use crate::feed::Feed;
+use crate::graph::{Graphs, StepGraph};
+use crate::memory::{Tenant, device_total_bytes};
+use crate::models::Models;
+use crate::objective::{Scores, Tally};
+
+use super::{Cohort, LOSSES_IN_FLIGHT, MemberState, State, StepOutcome, Unit, oom_of};
+
+/// Why a member's model cannot train on its data, if it cannot: a layer that does not fit, token ids against float
+/// features or the other way round, an embedding smaller than the vocabulary, a custom model nobody registered.
+pub(super) fn misfit(cfg: &MemberConfig, data: &DataSet, models: &Models) -> Option<String> {
+    let (name, shape) = (&data.name, &data.shape);
+    let spec = match (&cfg.model, data.token_ids) {
+        (MemberModel::Custom(model), _) => {
+            return (!models.contains(model)).then(|| models.unknown(model));
+        }
+        (MemberModel::Spec(s), None) if s.vocab().is_some() => {
+            return Some(format!(
+                "layer 0 takes token ids, but [data.{name}] holds float features (give it a text or tokens \
+                 source) (the data \"{name}\" has examples of shape {shape:?})"
+            ));
+        }
+        (MemberModel::Spec(s), Some(ids)) => match s.vocab() {
+            None => Err(format!(
+                "[data.{name}] holds token ids: start the model with {{ embedding = D, vocab = {ids} }}"
+            )),
+            Some(v) if v < ids => Err(format!(
+                "layer 0 (embedding): vocab = {v} is smaller than the {ids} ids of [data.{name}]'s vocabulary"
+            )),
+            Some(_) => Ok(s),
+        },
+        (MemberModel::Spec(s), None) => Ok(s),
+    };
+    let reason = match spec.and_then(|s| {
+        let shapes = s.shapes(&s.input_for(shape)).map_err(|e| e.to_string())?;
+        Ok(shapes.last().map(Shape::dims).unwrap_or_default())
+    }) {
+        Err(reason) => reason,
+        Ok(out) => output_misfit(&out, data.objective.task(), name)?,
+    };
+    Some(format!(
+        "{reason} (the data \"{name}\" has examples of shape {shape:?})"
+    ))
+}
+
+/// Why a model's output of shape `out` (one example's) cannot be scored against `task`'s targets, if it cannot.
+pub(super) fn output_misfit(out: &[usize], task: &Task, name: &str) -> Option<String> {
+    let last = out.last().copied().unwrap_or(0);
+    match task {
+        Task::Classify { classes } if out.len() == 1 && last >= classes.len() => None,
+        Task::Classify { classes } => Some(format!(
+            "the model gives scores of shape {out:?} and [data.{name}] has {} classes: end it with \
+             {{ linear = {} }}",
+            classes.len(),
+            classes.len()
+        )),
+        Task::Regress { width } if out == [*width] => None,
+        Task::Regress { width } => Some(format!(
+            "the model gives outputs of shape {out:?} and [data.{name}]'s targets have {width} values: end it \
+             with {{ linear = {width} }}"
+        )),
+        Task::NextToken { vocab } if out.len() == 2 && last >= *vocab => None,
+        Task::NextToken { vocab } => Some(format!(
+            "the model gives scores of shape {out:?} and [data.{name}] asks for a score per position for \
+             each of {vocab} tokens: end it with {{ linear = {vocab} }} and no pooling"
+        )),
+    }
+}
+
+/// Bytes of one example's activations and their gradients (f32) for host accounting: the spec's estimate, none for a
+/// custom model (whose activations the spec cannot see).
+pub(super) fn activation_bytes(cfg: &MemberConfig, data: &[usize]) -> u64 {
+    cfg.model.spec().map_or(0, |s| {
+        s.activation_count(&s.input_for(data)).unwrap_or(0) as u64 * 2 * 4
+    })
+}
+
+/// The learning-rate schedule of a member that trains `total` steps.
+pub(super) fn lr_schedule(cfg: &MemberConfig, total: u64) -> Schedule {
+    match cfg.lr_schedule {
+        LrScheduleConfig::Constant => Schedule::Constant,
+        LrScheduleConfig::Step { every, gamma } => Schedule::Step { every, gamma },
+        LrScheduleConfig::Cosine { warmup, min_lr } => {
+            let cos = Schedule::Cosine {
+                total: total.saturating_sub(warmup).max(1),
+                min_factor: (min_lr / cfg.optimizer.lr()).min(1.0),
+            };
+            if warmup > 0 {
+                Schedule::Warmup {
+                    steps: warmup,
+                    then: Box::new(cos),
+                }
+            } else {
+                cos
+            }
+        }
+    }
+}
+
+/// Steps a member takes in total with its configured batch.
+pub(super) fn planned_steps(cfg: &MemberConfig, data: &DataSet) -> u64 {
+    let s = u64::from(cfg.epochs) * data.batches_per_epoch(cfg.batch);
+    cfg.max_steps.map_or(s, |m| m.min(s))
+}
+
+/// What members must share to be fused: everything but the learning rate and the seed.
+pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
+    let mut opt = cfg.optimizer.clone();
+    match &mut opt {
+        OptimConfig::Sgd { lr, .. }
+        | OptimConfig::Adam { lr, .. }
+        | OptimConfig::AdamW { lr, .. } => {
+            *lr = 0.0;
+        }
+    }
+    serde_json::json!({
+        "model": cfg.model,
+        "optimizer": opt,
+        "schedule": lr_schedule(cfg, planned_steps(cfg, data)),
+        "batch": cfg.batch,
+        "data": cfg.data,
+        "weight": cfg.weight,
+        "epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "oom": cfg.oom,
+    })
+    .to_string()
+}
+
+/// An evaluation batch as tensors on `device`: features `[n, prod(shape)]`, targets as the task has them.
+pub(super) fn eval_tensors(
+    (x, y): (cohort_data::Array, cohort_data::Array),
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let n = x.shape().first().copied().unwrap_or(0);
+    let per = x.elem_count() / n.max(1);
+    Ok((
+        x.reshape(&[n, per])?.to_tensor(device)?,
+        y.to_tensor(device)?,
+    ))
+}
+
+impl Cohort {
+    /// Groups members into units (fusing compatible ones) and builds them, from checkpoints where there are some.
+    pub(super) fn build_units(&mut self, mut loaded: Vec<Option<Checkpoint>>) -> Result<()> {
+        let fusion = self.config.run.fuse && self.config.run.schedule != ScheduleKind::EpochSliced;
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.state == State::Done {
+                continue;
+            }
+            // A checkpointed member fuses only with members at the same point (step, data position, batch, device).
+            let mut key = if fusion && m.cfg.fuse && m.cfg.model.spec().is_some() {
+                fusion_key(&m.cfg, &self.data[&m.cfg.data])
+            } else {
+                format!("single:{i}")
+            };
+            if let Some(ck) = &loaded[i] {
+                let mf = &ck.manifest;
+                key.push_str(&format!(
+                    "|{}|{}|{}|{}",
+                    mf.step, mf.data_position, mf.batch, mf.device
+                ));
+            }
+            key.push_str(&format!("|{}", m.device));
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        for (_, g) in groups {
+            let mut states = Vec::new();
+            let mut pos = Position::default();
+            let mut forwards = 0;
+            for &i in &g {
+                match loaded[i].take() {
+                    Some(ck) => {
+                        pos = serde_json::from_value(ck.manifest.data_position.clone())
+                            .map_err(|e| Error::json("checkpoint data position", e))?;
+                        forwards = ck
+                            .manifest
+                            .rng
+                            .get("dropout_forwards")
+                            .and_then(serde_json::Value::as_u64)
+                            .unwrap_or(0);
+                        states.push(Some(self.state_from_checkpoint(&ck, i)?));
+                    }
+                    None => states.push(None),
+                }
+            }
+            let states = if states.iter().all(Option::is_some) {
+                Some(states.into_iter().flatten().collect())
+            } else {
+                None
+            };
+            let dev = self.members[g[0]].device;
+            let batch = self.members[g[0]].batch;
+            match self.build_unit(g.clone(), dev, &pos, batch, states, forwards) {
+                Ok(unit) => self.units.push(unit),
+                // Not even the parameters fit the budget: that member cannot train, the others can.
+                Err(e) if oom_of(&e).is_some() => {
+                    for &i in &g {
+                        let m = &mut self.members[i];
+                        m.state = State::Done;
+                        m.finalized = true;
+                        m.c.oom_events += 1;
+                        m.c.stopped = Some("out of memory".into());
+                        let msg = format!(
+                            "error: member \"{}\" does not fit its memory budget even before its first step: {e}",
+                            m.cfg.name
+                        );
+                        self.progress.message(&msg);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.note_fusion();
+        Ok(())
+    }
+
+    pub(super) fn note_fusion(&mut self) {
+        for u in &self.units {
+            let names: Vec<String> = u
+                .members
+                .iter()
+                .map(|&i| self.members[i].cfg.name.clone())
+                .collect();
+            for &i in &u.members {
+                self.members[i].fused_with = names
+                    .iter()
+                    .filter(|n| **n != self.members[i].cfg.name)
+                    .cloned()
+                    .collect();
+            }
+        }
+    }
+
+    /// A member's model of `opts.seeds.len()` members, for examples of shape `data`.
+    pub(super) fn build_model(
+        &self,
+        cfg: &MemberConfig,
+        data: &[usize],
+        opts: &BuildOptions,
+    ) -> Result<Model> {
+        match &cfg.model {
+            MemberModel::Spec(spec) => Ok(spec.build(&spec.input_for(data), opts)?),
+            MemberModel::Custom(name) => {
+                self.opts
+                    .models
+                    .build(name, data, opts)
+                    .map_err(|reason| Error::Model {
+                        member: cfg.name.clone(),
+                        reason,
+                    })
+            }
+        }
+    }
+
+    /// Builds a unit of `members` on `device`, its feed at `pos`, from saved states when given.
+    pub(super) fn build_unit(
+        &self,
+        members: Vec<usize>,
+        device: Device,
+        pos: &Position,
+        batch: usize,
+        states: Option<Vec<MemberState>>,
+        forwards: u64,
+    ) -> Result<Unit> {
+        let first = &self.members[members[0]].cfg;
+        let data = self.data[&first.data].clone();
+        let spec = first.model.spec();
+        let seeds: Vec<u64> = members.iter().map(|&i| self.members[i].cfg.seed).collect();
+        let m = members.len();
+        let total = device_total_bytes(&device)?;
+        let limits: Vec<Option<u64>> = members
+            .iter()
+            .map(|&i| self.members[i].cfg.memory.limit.map(|l| l.bytes(total)))
+            .collect();
+        let mut limit: Option<u64> = limits.iter().copied().sum();
+        let mut reserve: u64 = members
+            .iter()
+            .map(|&i| {
+                self.members[i]
+                    .cfg
+                    .memory
+                    .reserve
+                    .map_or(0, |r| r.bytes(total))
+            })
+            .sum();
+        // A member that moved to the CPU as a last resort has no budget there.
+        if device == Device::Cpu && self.device.is_cuda() {
+            limit = None;
+            reserve = 0;
+        }
+        let group_name = if m == 1 {
+            first.name.clone()
+        } else {
+            format!(
+                "fused:{}",
+                members
+                    .iter()
+                    .map(|&i| self.members[i].cfg.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+")
+            )
+        };
+        let mut tenant = Tenant::new(&device, &group_name, TenantLimits { limit, reserve })?;
+        let opts = BuildOptions {
+            dtype: DType::F32,
+            device,
+            seeds,
+        };
+        let (model, opt) = tenant.scope(|| -> Result<(Model, Optimizer)> {
+            let model = self.build_model(first, &data.shape, &opts)?;
+            let planned = planned_steps(first, &data);
+            let mut opt = Optimizer::new(first.optimizer.clone(), model.params())?
+                .with_schedule(lr_schedule(first, planned));
+            if m > 1 {
+                let lrs: Vec<f64> = members
+                    .iter()
+                    .map(|&i| self.members[i].cfg.optimizer.lr())
+                    .collect();
+                opt.set_member_lrs(&lrs)?;
+            }
+            if let Some(states) = &states {
+                let step = states.first().map_or(0, |s| s.1.step);
+                opt.load_state_dict(&OptimizerState {
+                    step,
+                    tensors: Vec::new(),
+                })?;
+                for (j, (params, ostate)) in states.iter().enumerate() {
+                    // Saved states live on the host; the parameters may be on a GPU.
+                    let params = params
+                        .iter()
+                        .map(|(n, t)| Ok((n.clone(), t.to_device(&device)?)))
+                        .collect::<Result<Vec<_>>>()?;
+                    model.load_member(j, &params)?;
+                    if !ostate.tensors.is_empty() {
+                        opt.load_member_state(j, ostate)?;
+                    }
+                }
+            }
+            // Dropout layers draw their n-th mask from (seed, n): continue where the saved (or split) unit left.
+            model.set_masks_drawn(forwards);
+            Ok((model, opt))
+        })?;
+        let per_member =
+            model.member_param_count() as u64 * 4 * (2 + first.optimizer.state_slots() as u64);
+        tenant.charge_persistent(per_member * m as u64)?;
+        let act_bytes_per_example = activation_bytes(first, &data.shape) * m as u64;
+        let prefetch = self.config.data[&first.data].prefetch * batch;
+        let feed = Feed::open(data, pos, prefetch)?.with_device_prefetch(&device)?;
+        // A replay would draw a dropout layer's captured mask again.
+        // An embedding reads its ids back to check them, which a graph cannot replay.
+        let graphs = Graphs::new(
+            device.is_cuda()
+                && self.config.run.cuda_graphs
+                && spec.is_some_and(|s| !s.draws_masks() && s.vocab().is_none()),
+        );
+        Ok(Unit {
+            act_bytes_per_example,
+            members,
+            model,
+            opt,
+            feed,
+            device,
+            tenant,
+            batch,
+            forwards,
+            graphs,
+            losses: VecDeque::new(),
+        })
+    }
+
+    /// Member `j` of unit `u`'s parameters and optimizer state.
+    /// Member `j`'s parameters, buffers and optimizer state, on the host. Whole tensors are copied to the host
+    /// before the member's slice is cut, so that a checkpoint or a split takes no device memory: under a tight
+    /// limit a device-side slice could fail for want of the very memory the member is about to give back.
+    pub(super) fn member_state(u: &Unit, j: usize) -> Result<MemberState> {
+        let host = |(name, t): (String, Tensor)| -> Result<(String, Tensor)> {
+            Ok((name, t.to_device(&Device::Cpu)?))
+        };
+        let member = |(name, t): (String, Tensor)| -> Result<(String, Tensor)> {
+            let shape = t.shape().to_vec();
+            Ok((name, t.narrow(0, j, 1)?.reshape(&shape[1..])?))
+        };
+        let params = u
+            .model
+            .state()
+            .into_iter()
+            .map(|p| host(p).and_then(member))
+            .collect::<Result<Vec<_>>>()?;
+        let ostate = u.opt.state_dict();
+        let o = OptimizerState {
+            step: ostate.step,
+            tensors: ostate
+                .tensors
+                .into_iter()
+                .map(host)
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let o = if o.tensors.is_empty() {
+            o
+        } else {
+            o.member(j)?
+        };
+        Ok((params, o))
+    }
+
+    /// Splits unit `ui`: the members in `first` go into a new unit, the rest into another; both continue where the
+    /// unit stood (same data position, batch, device, parameters and optimizer state).
+    pub(super) fn split_unit(&mut self, ui: usize, first: &[usize], device: Device) -> Result<()> {
+        self.take_losses(ui, true)?;
+        let u = &self.units[ui];
+        let pos = u.feed.position();
+        let batch = u.batch;
+        let mut a = (Vec::new(), Vec::new());
+        let mut b = (Vec::new(), Vec::new());
+        for (j, &i) in u.members.iter().enumerate() {
+            // On the host, so the old unit's device memory can go before the new units are built.
+            let s = Cohort::member_state(u, j)?;
+            if first.contains(&i) {
+                a.0.push(i);
+                a.1.push(s);
+            } else {
+                b.0.push(i);
+                b.1.push(s);
+            }
+        }
+        let old_device = u.device;
+        let forwards = u.forwards;
+        // Drop the old unit (and its memory) before building the new ones.
+        self.units.remove(ui);
+        let ua = self.build_unit(a.0, device, &pos, batch, Some(a.1), forwards)?;
+        self.units.insert(ui, ua);
+        if !b.0.is_empty() {
+            let ub = self.build_unit(b.0, old_device, &pos, batch, Some(b.1), forwards)?;
+            self.units.push(ub);
+        }
+        self.note_fusion();
+        Ok(())
+    }
+
+    /// Moves member `i` out of its fused group into a unit of its own; returns its unit's index.
+    pub(super) fn isolate(&mut self, i: usize) -> Result<Option<usize>> {
+        let Some(ui) = self.units.iter().position(|u| u.members.contains(&i)) else {
+            return Ok(None);
+        };
+        if self.units[ui].members.len() > 1 {
+            let dev = self.units[ui].device;
+            self.split_unit(ui, &[i], dev)?;
+        }
+        Ok(self.units.iter().position(|u| u.members.contains(&i)))
+    }
+
+    /// Runs every unit's warm-up step: a forward and backward pass on a small batch of test examples, gradients
+    /// discarded (the parameters do not change), so kernels are compiled and caches filled before timing starts.
+    pub(super) fn warm_up(&mut self) {
+        for u in &self.units {
+            let d = u.feed.data();
+            let Some(split) = d.test.as_ref().or(d.val.as_ref()).filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            let r = u.tenant.scope(|| -> Result<()> {
+                let Some(batch) = split.batches(8).iter().next() else {
+                    return Ok(());
+                };
+                let (x, y) = eval_tensors(batch?, &u.device)?;
+                let tape = Tape::new();
+                // Inference mode: dropout draws no mask, so its sequence (part of exact resume) is untouched.
+                tape.set_training(false);
+                let l = d.objective.loss(&u.model.forward(&tape, &x)?, &y)?;
+                tape.backward(&l)?;
+                u.model.zero_grad();
+                u.device.synchronize()?;
+                Ok(())
+            });
+            if let Err(e) = r {
+                u.model.zero_grad();
+                let names: Vec<&str> = u
+                    .members
+                    .iter()
+                    .map(|&i| self.members[i].cfg.name.as_str())
+                    .collect();
+                self.progress.message(&format!(
+                    "warning: warm-up of {} failed ({e}); training goes on",
+                    names.join(", ")
+                ));
+            }
+        }
+    }
+
+    /// The scores of every member of unit `u` on `split`.
+    pub(super) fn evaluate(u: &Unit, split: &EvalSplit) -> Result<Vec<Scores>> {
+        let objective = &u.feed.data().objective;
+        let mut tallies = vec![Tally::default(); u.members.len()];
+        // In batches no larger than the training step's, which fits the member's budget (after an OOM its batch
+        // has shrunk) and holds more than an inference pass.
+        let chunk = u.batch.clamp(1, 500);
+        u.tenant.scope(|| -> Result<()> {
+            for batch in split.batches(chunk).iter() {
+                let (x, y) = eval_tensors(batch?, &u.device)?;
+                let tape = Tape::new();
+                tape.set_training(false);
+                let out = tape.no_grad(|| u.model.forward(&tape, &x))?;
+                objective.tally(&out, &y, &mut tallies)?;
+            }
+            Ok(())
+        })?;
+        Ok(tallies.iter().map(|t| objective.scores(t)).collect())
+    }
+
+    /// One optimizer step of every member of unit `u`: replayed from its CUDA graph where it has one
+    /// for this batch size (captured here once a full batch has run eagerly), eager otherwise.
+    pub(super) fn unit_step(u: &mut Unit) -> Result<StepOutcome> {
+        let device = u.device;
+        let (feed, batch) = (&mut u.feed, u.batch);
+        let (x, y) = u.tenant.scope(|| feed.next_tensors(batch, &device))?;
+        let n = y.shape().first().copied().unwrap_or(0);
+        let mut note = None;
+        if u.graphs.should_capture(n, u.batch, &u.opt) {
+            let (model, opt, objective) = (&u.model, &mut u.opt, &u.feed.data().objective);
+            let captured = u
+                .tenant
+                .scope(|| StepGraph::capture(model, opt, objective, &device, x.copy()?, y.copy()?));
+            u.graphs = match captured {
+                Ok(g) => {
+                    note = Some(format!(
+                        "training step captured as a CUDA graph (batch {n}, {} of graph memory): \
+                         one launch per step from here",
+                        crate::report::bytes(g.pool_bytes())
+                    ));
+                    Graphs::Ready(Box::new(g))
+                }
+                Err(e) => {
+                    note = Some(format!(
+                        "the training step could not be captured as a CUDA graph, so it runs \
+                         eagerly: {e}"
+                    ));
+                    Graphs::Off
+                }
+            };
+        }
+        if let Some(g) = u.graphs.replayable(n) {
+            let losses = u.tenant.scope(|| -> Result<HostRead> {
+                Ok(g.replay(&mut u.opt, &x, &y)?.read_later()?)
+            })?;
+            u.forwards += 1;
+            return Ok(StepOutcome {
+                losses,
+                in_step: u.tenant.usage().0,
+                note,
+            });
+        }
+        let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
+        let (model, opt, tenant, forwards) = (&u.model, &mut u.opt, &u.tenant, &mut u.forwards);
+        let objective = &u.feed.data().objective;
+        let (losses, in_step) = tenant.scope(|| -> Result<(HostRead, u64)> {
+            let tape = Tape::new();
+            let logits = model.forward(&tape, &x)?;
+            *forwards += 1;
+            let l = objective.loss(&logits, &y)?;
+            let result = tape
+                .backward(&l)
+                .map_err(Error::from)
+                .and_then(|_| opt.step().map_err(Error::from));
+            let in_step = tenant.usage().0;
+            opt.zero_grad();
+            result?;
+            Ok((l.value().read_later()?, in_step))
+        })?;
+        u.graphs.ran_eagerly(n, u.batch);
+        Ok(StepOutcome {
+            losses,
+            in_step,
+            note,
+        })
+    }
+
+    /// Reads back unit `ui`'s queued losses into its members' counters: all of them when `all`,
+    /// otherwise those that have arrived and any beyond [`LOSSES_IN_FLIGHT`]. Returns the seconds
+    /// spent waiting (device time of steps already counted as taken).
+    pub(super) fn take_losses(&mut self, ui: usize, all: bool) -> Result<f64> {
+        let t0 = Instant::now();
+        let u = &mut self.units[ui];
+        while let Some(front) = u.losses.front() {
+            if !(all || front.is_ready() || u.losses.len() > LOSSES_IN_FLIGHT) {
+                break;
+            }
+            let Some(read) = u.losses.pop_front() else {
+                break;
+            };
+            let losses = read.wait::<f32>()?;
+            for (j, &i) in u.members.iter().enumerate() {
+                let loss = f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
+                let c = &mut self.members[i].c;
+                c.loss_sum += loss;
+                c.loss_n += 1;
+                c.last_loss = loss;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    }
+}
