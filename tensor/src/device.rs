@@ -39,6 +39,30 @@ impl Device {
         }
     }
 
+    /// The device itself when it exists on this machine (the CPU always does).
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] for a GPU the driver does not see, with how many it sees.
+    pub fn verify(self) -> Result<Device> {
+        let Device::Cuda(n) = self else {
+            return Ok(self);
+        };
+        let count = crate::cuda::device_count().unwrap_or(0);
+        if n < count {
+            return Ok(self);
+        }
+        let reason = match count {
+            0 => "this machine has no usable CUDA GPU (no driver, or none visible through CUDA_VISIBLE_DEVICES): \
+                  use \"cpu\" or \"auto\""
+                .to_string(),
+            _ => format!("the driver sees {count} GPU(s), cuda:0 to cuda:{}", count - 1),
+        };
+        Err(Error::DeviceUnavailable {
+            device: self,
+            reason,
+        })
+    }
+
     /// Whether this is a CUDA device.
     pub fn is_cuda(&self) -> bool {
         matches!(self, Device::Cuda(_))

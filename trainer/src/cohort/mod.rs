@@ -249,7 +249,7 @@ impl Cohort {
     fn start(config: Config, run: RunDir, opts: RunOptions, resuming: bool) -> Result<Cohort> {
         budget::apply_memory_env(&config);
         crate::kernel_cache::configure();
-        let device = Device::parse(&config.run.device)?;
+        let device = run_device(&config)?;
         let config_dir = run
             .config_dir()
             .or_else(|| Path::new(&config.file).parent().map(Path::to_path_buf));
@@ -946,6 +946,27 @@ impl Cohort {
             peak_process_bytes: (self.peak_process > 0).then_some(self.peak_process),
         }
     }
+}
+
+/// The device a run trains on: `COHORT_DEVICE` where set (the environment wins over the config, as for memory),
+/// else `[run] device`; checked to exist. The allocator's other variables (`COHORT_MEMORY_LIMIT`,
+/// `COHORT_MEMORY_SCOPE`, `COHORT_MEMORY_GROWTH`, `COHORT_ALLOCATOR`) are checked here too, on every machine: a
+/// GPU's allocator reads them, and a bad value must not pass unnoticed where there is none.
+///
+/// # Errors
+/// A `COHORT_*` value the allocator refuses, naming the variable and the accepted forms; a device that does not
+/// exist.
+fn run_device(config: &Config) -> Result<Device> {
+    let env = cohort_alloc::Config::from_env()?;
+    let device = match std::env::var("COHORT_DEVICE") {
+        Ok(_) => match env.device {
+            cohort_alloc::DeviceSelector::Auto => Device::best(),
+            cohort_alloc::DeviceSelector::Cpu => Device::Cpu,
+            cohort_alloc::DeviceSelector::Cuda(n) => Device::Cuda(n),
+        },
+        Err(_) => Device::parse(&config.run.device)?,
+    };
+    Ok(device.verify()?)
 }
 
 /// Starts a new run of `config` and trains it to the end.
