@@ -1,7 +1,7 @@
 //! `metrics.jsonl`: one JSON object per logged step of a member, the source of the plots.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -42,11 +42,12 @@ pub struct MetricRecord {
     pub event: Option<String>,
 }
 
-/// Appends records to a member's `metrics.jsonl`.
+/// Appends records to a member's `metrics.jsonl`, each as it is written (one `write` per line, no buffer): a live
+/// reader sees it at once and a crash loses nothing written.
 #[derive(Debug)]
 pub struct MetricsWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: File,
 }
 
 impl MetricsWriter {
@@ -76,10 +77,7 @@ impl MetricsWriter {
             .append(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        Ok(MetricsWriter {
-            path,
-            out: BufWriter::new(f),
-        })
+        Ok(MetricsWriter { path, out: f })
     }
 
     /// Appends one record.
@@ -87,22 +85,19 @@ impl MetricsWriter {
     /// # Errors
     /// I/O errors naming the file.
     pub fn write(&mut self, r: &MetricRecord) -> Result<()> {
-        let line = serde_json::to_string(r).map_err(|e| Error::json("metrics record", e))?;
-        writeln!(self.out, "{line}").map_err(|e| Error::io(&self.path, e))
+        let mut line = serde_json::to_string(r).map_err(|e| Error::json("metrics record", e))?;
+        line.push('\n');
+        self.out
+            .write_all(line.as_bytes())
+            .map_err(|e| Error::io(&self.path, e))
     }
 
-    /// Flushes buffered records.
+    /// Makes what was written durable (`fsync`): a checkpoint's records survive a power cut with it.
     ///
     /// # Errors
     /// I/O errors naming the file.
-    pub fn flush(&mut self) -> Result<()> {
-        self.out.flush().map_err(|e| Error::io(&self.path, e))
-    }
-}
-
-impl Drop for MetricsWriter {
-    fn drop(&mut self) {
-        let _ = self.out.flush();
+    pub fn sync(&mut self) -> Result<()> {
+        self.out.sync_data().map_err(|e| Error::io(&self.path, e))
     }
 }
 

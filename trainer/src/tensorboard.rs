@@ -5,9 +5,14 @@
 //! carries `file_version = "brain.Event:2"`; the others a `Summary` of `simple_value` scalars. Only the few protobuf
 //! fields TensorBoard needs are encoded, as proto3 does: field tag varint, then a fixed64 double, a varint, or a
 //! length-delimited string or message.
+//!
+//! Every event reaches the file as it is written (one `write` per record, no buffer), so a TensorBoard watching a
+//! live run sees it at its next reload and a crash loses nothing written. A resumed run's new file begins with a
+//! `SessionLog { status: START }` at the resume step: TensorBoard then purges what the older files hold past that
+//! step (the interrupted run's records after its last checkpoint), as `tf.summary` writers do on restart.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -80,6 +85,17 @@ pub fn scalars_event(wall_time: f64, step: i64, scalars: &[(&str, f32)]) -> Vec<
     e
 }
 
+/// The encoded `Event { wall_time, step, session_log { status: START } }`: at `step`, TensorBoard drops the
+/// events of earlier files past it.
+pub fn session_start_event(wall_time: f64, step: i64) -> Vec<u8> {
+    let mut log = Vec::new();
+    key(&mut log, 1, 0); // SessionLog.status
+    varint(&mut log, 1); // START
+    let mut e = event_head(wall_time, step);
+    bytes_field(&mut e, 6, &log); // Event.session_log
+    e
+}
+
 /// Seconds since the Unix epoch.
 pub fn now() -> f64 {
     std::time::SystemTime::now()
@@ -101,15 +117,16 @@ fn hostname() -> String {
 #[derive(Debug)]
 pub struct EventWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: File,
 }
 
 impl EventWriter {
-    /// Creates a new event file in `dir` and writes its version record.
+    /// Creates a new event file in `dir` and writes its version record; for a run resumed at step `resumed_at`, a
+    /// session start there too (TensorBoard's purge of what older files hold past it).
     ///
     /// # Errors
     /// I/O errors naming the file.
-    pub fn create(dir: &Path) -> Result<EventWriter> {
+    pub fn create(dir: &Path, resumed_at: Option<u64>) -> Result<EventWriter> {
         let t = now();
         let mut path = dir.join(format!("events.out.tfevents.{}.{}", t as u64, hostname()));
         // A resumed run may start within the same second: never append to another writer's file.
@@ -123,12 +140,11 @@ impl EventWriter {
             n += 1;
         }
         let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        let mut w = EventWriter {
-            path,
-            out: BufWriter::new(f),
-        };
+        let mut w = EventWriter { path, out: f };
         w.write_event(&file_version_event(t))?;
-        w.flush()?;
+        if let Some(step) = resumed_at {
+            w.write_event(&session_start_event(t, step as i64))?;
+        }
         Ok(w)
     }
 
@@ -151,17 +167,11 @@ impl EventWriter {
         self.write_event(&scalars_event(now(), step as i64, scalars))
     }
 
-    /// Flushes buffered records to the file.
+    /// Makes what was written durable (`fsync`): a checkpoint's logs survive a power cut with it.
     ///
     /// # Errors
     /// I/O errors naming the file.
-    pub fn flush(&mut self) -> Result<()> {
-        self.out.flush().map_err(|e| Error::io(&self.path, e))
-    }
-}
-
-impl Drop for EventWriter {
-    fn drop(&mut self) {
-        let _ = self.out.flush();
+    pub fn sync(&mut self) -> Result<()> {
+        self.out.sync_data().map_err(|e| Error::io(&self.path, e))
     }
 }

@@ -821,3 +821,38 @@ fn a_finished_member_hands_its_memory_back_to_the_card_on_cuda() {
         "the runtime's workspaces come from the pool"
     );
 }
+
+#[test]
+fn records_reach_the_metrics_file_while_the_run_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 1,536 steps (3 epochs at batch 1), a record every 400 and at each epoch's end: a kilobyte or so in all,
+    // which an 8 KiB buffer would have held to the end.
+    let wide = "[[member]]\nname = \"m\"\nmodel = { layers = [{ linear = 256, act = \"relu\" }, { linear = 4 }] }\n\
+                data = \"blobs\"\nbatch = 1\n";
+    let c = config(tmp.path(), "live", "epochs = 3\nlog_every = 400", wide);
+    let cohort = Cohort::new(c, quiet()).unwrap();
+    let path = cohort.run_dir().join("m").join("metrics.jsonl");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let records = metrics::read(&path).unwrap();
+                if !records.is_empty() {
+                    return records.iter().map(|r| r.step).collect();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Vec::new()
+        })
+    };
+    let s = cohort.run().unwrap().summary.unwrap();
+    done.store(true, std::sync::atomic::Ordering::Release);
+    assert_eq!(s.members[0].steps, 1536);
+    // What the file held when a record first showed: the early ones only, not the whole run's at its end.
+    let seen = watcher.join().unwrap();
+    assert!(
+        seen.first() == Some(&400) && seen.last().is_some_and(|&s| s < 1536),
+        "records on disk when first seen: steps {seen:?}"
+    );
+}

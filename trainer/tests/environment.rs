@@ -53,6 +53,12 @@ fn cohort_variables_are_checked_and_the_device_must_exist() {
     let e = run_with(dir, "cuda:99", &[]).unwrap_err();
     assert!(e.contains("cuda:99"), "{e}");
     // The environment wins over the config; good values train.
-    assert_eq!(run_with(dir, "cuda:99", &[("COHORT_DEVICE", "cpu")]).unwrap(), "cpu");
-    assert_eq!(run_with(dir, "cpu", &[("COHORT_MEMORY_LIMIT", "40%")]).unwrap(), "cpu");
+    assert_eq!(
+        run_with(dir, "cuda:99", &[("COHORT_DEVICE", "cpu")]).unwrap(),
+        "cpu"
+    );
+    assert_eq!(
+        run_with(dir, "cpu", &[("COHORT_MEMORY_LIMIT", "40%")]).unwrap(),
+        "cpu"
+    );
 }

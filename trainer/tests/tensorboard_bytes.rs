@@ -2,7 +2,7 @@
 //! tensorflow/core/lib/hash/crc32c.h) and the Event/Summary protobuf wire format.
 
 use cohort_trainer::tensorboard::{
-    EventWriter, file_version_event, masked_crc32c, record, scalars_event,
+    EventWriter, file_version_event, masked_crc32c, record, scalars_event, session_start_event,
 };
 
 /// The mask as the TFRecord documentation states it, written independently of the crate's code.
@@ -65,16 +65,16 @@ fn event_protobufs_are_encoded_field_by_field() {
 #[test]
 fn an_event_file_reads_back_record_by_record() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut w = EventWriter::create(tmp.path()).unwrap();
+    let mut w = EventWriter::create(tmp.path(), None).unwrap();
     w.scalars(10, &[("train/loss", 0.25), ("train/lr", 0.001)])
         .unwrap();
     w.scalars(20, &[("train/loss", 0.125)]).unwrap();
-    w.flush().unwrap();
     let path = w.path().to_path_buf();
-    drop(w);
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("events.out.tfevents."), "{name}");
+    // Read while the writer is still open: every event is on disk as soon as it is written.
     let bytes = std::fs::read(&path).unwrap();
+    drop(w);
     let mut at = 0;
     let mut events = Vec::new();
     while at < bytes.len() {
@@ -93,4 +93,20 @@ fn an_event_file_reads_back_record_by_record() {
     assert!(events[0].ends_with(b"brain.Event:2"));
     assert!(events[1].windows(10).any(|w| w == b"train/loss"));
     assert!(events[2].windows(4).any(|w| w == 0.125f32.to_le_bytes()));
+}
+
+#[test]
+fn a_resumed_writer_starts_a_session_at_its_step_so_tensorboard_purges_what_lies_past_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = EventWriter::create(tmp.path(), Some(300)).unwrap();
+    let bytes = std::fs::read(w.path()).unwrap();
+    // The second record: Event { wall_time, step: 300, session_log { status: START } }.
+    let first = 16 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let len = u64::from_le_bytes(bytes[first..first + 8].try_into().unwrap()) as usize;
+    let event = &bytes[first + 12..first + 12 + len];
+    assert_eq!(
+        event,
+        session_start_event(f64::from_le_bytes(event[1..9].try_into().unwrap()), 300)
+    );
+    assert_eq!(&event[9..], &[0x10, 0xac, 0x02, 0x32, 2, 0x08, 1]);
 }

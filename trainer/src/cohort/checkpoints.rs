@@ -162,6 +162,9 @@ impl Cohort {
             },
             tensors,
         };
+        // The logs up to the checkpoint are as durable as it is: a resume keeps them.
+        m.metrics.sync()?;
+        m.events.sync()?;
         m.ckpt.save(&mut ck)?;
         m.last_ckpt_step = Some(m.step);
         Ok(())

@@ -338,7 +338,7 @@ impl Cohort {
             };
             time_offset = time_offset.max(c.time);
             let metrics = MetricsWriter::open(&dir, resuming.then_some(step))?;
-            let events = EventWriter::create(&dir)?;
+            let events = EventWriter::create(&dir, resuming.then_some(step))?;
             let epochs_done = d.epochs_done(&pos);
             let done =
                 epochs_done >= u64::from(cfg.epochs) || cfg.max_steps.is_some_and(|s| step >= s);
@@ -676,8 +676,8 @@ impl Cohort {
                 self.checkpoint(ui, i)?;
             }
             let m = &mut self.members[i];
-            m.events.flush()?;
-            m.metrics.flush()?;
+            m.events.sync()?;
+            m.metrics.sync()?;
             m.finalized = true;
             let s = self.status(i);
             self.progress.update(i, s);
