@@ -1,12 +1,14 @@
 //! The `cohort` binary: `cohort train [CONFIG.toml]`, `cohort resume RUN_DIR`, `cohort memory`, `cohort replay`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use cohort_trainer::cohort::{Cohort, RunOptions};
+use cohort_trainer::cohort::{Cohort, RunOptions, RunOutcome, signal_name};
 use cohort_trainer::config::Config;
 use cohort_trainer::report::{Summary, bytes};
 
@@ -86,12 +88,54 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// SIGINT and SIGTERM: the first sets the flag to its number, and the run checkpoints every member and stops; a
+/// second ends the process at once, with 128 + its number.
+fn interrupt_on_signals() -> anyhow::Result<Arc<AtomicUsize>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let signal = Arc::new(AtomicUsize::new(0));
+    let once = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        // In registration order: exit if one came before, then note this one.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, once.clone())?;
+        signal_hook::flag::register(sig, once.clone())?;
+        signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
+    }
+    Ok(signal)
+}
+
+/// What a finished or interrupted run prints, and the exit code: 0, or 128 + the signal's number.
+fn conclude(outcome: RunOutcome, t0: Instant) -> ExitCode {
+    if let Some(s) = &outcome.summary {
+        print_summary(s, t0.elapsed().as_secs_f64());
+    }
+    match outcome.interrupted {
+        Some(sig) => {
+            eprintln!(
+                "\ninterrupted by {}: every member still training was checkpointed where it stood and its logs \
+                 written; continue with\n  cohort resume {}",
+                signal_name(sig),
+                resume_path(&outcome.run_dir).display()
+            );
+            ExitCode::from((128 + sig) as u8)
+        }
+        None => ExitCode::SUCCESS,
+    }
+}
+
+/// The run directory as the user can type it: relative to the working directory where it lies inside it.
+fn resume_path(dir: &Path) -> PathBuf {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| dir.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| dir.to_path_buf())
 }
 
 fn print_summary(summary: &Summary, wall: f64) {
@@ -115,7 +159,7 @@ fn print_summary(summary: &Summary, wall: f64) {
     println!("tensorboard --logdir {dir}");
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let command = cli.command.unwrap_or(Command::Train {
         config: None,
         name: None,
@@ -157,6 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 config,
                 RunOptions {
                     progress: !quiet,
+                    interrupt: Some(interrupt_on_signals()?),
                     ..RunOptions::default()
                 },
             )?;
@@ -170,11 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 if is_default { "default job: " } else { "" },
                 cohort.describe()
             );
-            let outcome = cohort.run()?;
-            if let Some(s) = outcome.summary {
-                print_summary(&s, t0.elapsed().as_secs_f64());
-            }
-            Ok(())
+            Ok(conclude(cohort.run()?, t0))
         }
         Command::Resume { run_dir, quiet } => {
             let t0 = Instant::now();
@@ -182,6 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 &run_dir,
                 RunOptions {
                     progress: !quiet,
+                    interrupt: Some(interrupt_on_signals()?),
                     ..RunOptions::default()
                 },
             )?;
@@ -191,13 +233,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 run_dir.display(),
                 describe_device(cohort.device())
             );
-            let outcome = cohort.run()?;
-            if let Some(s) = outcome.summary {
-                print_summary(&s, t0.elapsed().as_secs_f64());
-            }
-            Ok(())
+            Ok(conclude(cohort.run()?, t0))
         }
-        Command::Memory { run_dir, device } => memory(run_dir, &device),
+        Command::Memory { run_dir, device } => memory(run_dir, &device).map(|()| ExitCode::SUCCESS),
         Command::Replay {
             trace,
             policy,
@@ -237,7 +275,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("OOMs             {}", r.ooms);
                 println!("ns per op        {:.1}", r.ns_per_op);
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

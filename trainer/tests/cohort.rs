@@ -856,3 +856,68 @@ fn records_reach_the_metrics_file_while_the_run_trains() {
         "records on disk when first seen: steps {seen:?}"
     );
 }
+
+#[test]
+fn an_interrupt_checkpoints_every_member_and_the_resumed_run_ends_bit_identical() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let members = mlp("a", "batch = 16") + &mlp("b", "batch = 32\nseed = 3");
+    let run_cfg = "epochs = 60\nfuse = false";
+    let signal = Arc::new(AtomicUsize::new(0));
+    let c = config(tmp.path(), "sig", run_cfg, &members);
+    let cohort = Cohort::new(
+        c,
+        RunOptions {
+            interrupt: Some(signal.clone()),
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
+    let run = cohort.run_dir().to_path_buf();
+    // SIGTERM (15) once a's first record is on disk, as a signal handler would set it.
+    let watcher = {
+        let (signal, path) = (signal.clone(), run.join("a").join("metrics.jsonl"));
+        std::thread::spawn(move || {
+            while metrics::read(&path).unwrap().is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            signal.store(15, Ordering::Relaxed);
+        })
+    };
+    let out = cohort.run().unwrap();
+    watcher.join().unwrap();
+    assert_eq!(out.interrupted, Some(15));
+    assert!(out.summary.is_none());
+    for (m, full) in [("a", 1920), ("b", 960)] {
+        let e: Vec<MetricRecord> = records(&run, m)
+            .into_iter()
+            .filter(|r| r.event.is_some())
+            .collect();
+        let last = e.last().unwrap_or_else(|| panic!("{m}: no event"));
+        assert!(
+            last.event
+                .as_deref()
+                .unwrap()
+                .starts_with("interrupted by SIGTERM at step"),
+            "{last:?}"
+        );
+        assert!(last.step < full, "{m} was stopped early, at {}", last.step);
+        let ckpt = run
+            .join(m)
+            .join("checkpoints")
+            .join(format!("ckpt-{:06}.json", last.step));
+        assert!(ckpt.exists(), "{m}: a checkpoint at step {}", last.step);
+    }
+    // Resumed, it ends exactly where a run that was never interrupted does.
+    let resumed = resume(&run, quiet()).unwrap();
+    assert!(resumed.summary.is_some() && resumed.interrupted.is_none());
+    let whole = train(config(tmp.path(), "whole", run_cfg, &members), quiet()).unwrap();
+    for m in ["a", "b"] {
+        assert_eq!(
+            final_tensors(&run, m),
+            final_tensors(&whole.run_dir, m),
+            "{m}"
+        );
+    }
+}

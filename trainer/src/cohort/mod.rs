@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -55,6 +56,9 @@ pub struct RunOptions {
     pub halt_after_steps: Option<u64>,
     /// The models `model = { custom = "NAME" }` members name.
     pub models: Models,
+    /// Set to a signal's number (by the binary's SIGINT and SIGTERM handlers) to stop the run at the next step
+    /// boundary: every member still training is checkpointed and its logs synced, and the outcome names the signal.
+    pub interrupt: Option<Arc<AtomicUsize>>,
 }
 
 /// What a run produced.
@@ -62,8 +66,10 @@ pub struct RunOptions {
 pub struct RunOutcome {
     /// The run directory.
     pub run_dir: PathBuf,
-    /// The summary; `None` when the run was halted by [`RunOptions::halt_after_steps`].
+    /// The summary; `None` when the run was halted by [`RunOptions::halt_after_steps`] or interrupted.
     pub summary: Option<Summary>,
+    /// The signal that interrupted the run ([`RunOptions::interrupt`]), after every member was checkpointed.
+    pub interrupted: Option<i32>,
 }
 
 /// Where a member stands.
@@ -716,11 +722,54 @@ impl Cohort {
             .all(|&i| self.members[i].state == State::Running)
     }
 
+    /// The signal that asked the run to stop, if one did.
+    fn interrupted(&self) -> Option<i32> {
+        let signal = self.opts.interrupt.as_ref()?.load(Ordering::Relaxed);
+        (signal != 0).then_some(signal as i32)
+    }
+
+    /// After an interruption: every member still training is checkpointed where it stands (unless its policy is
+    /// `never`) and says so; every member's logs are synced.
+    fn checkpoint_all(&mut self, signal: i32) -> Result<()> {
+        for ui in 0..self.units.len() {
+            self.take_losses(ui, true)?;
+            for i in self.units[ui].members.clone() {
+                let m = &self.members[i];
+                if m.state == State::Done {
+                    continue;
+                }
+                let saved = m.cfg.checkpoint.every != CheckpointEvery::Never;
+                if saved && m.last_ckpt_step != Some(m.step) {
+                    self.checkpoint(ui, i)?;
+                }
+                let step = self.members[i].step;
+                let name = signal_name(signal);
+                let text = if saved {
+                    format!("interrupted by {name} at step {step}: checkpointed")
+                } else {
+                    format!(
+                        "interrupted by {name} at step {step}: not checkpointed (checkpoint = \"never\")"
+                    )
+                };
+                self.event(i, text)?;
+            }
+        }
+        for m in &mut self.members {
+            m.metrics.sync()?;
+            m.events.sync()?;
+        }
+        Ok(())
+    }
+
     /// Up to `k` steps of unit `ui`; stops early at an epoch end when `until_epoch_end`. Returns whether the unit
     /// still exists at `ui` afterwards (it may be replaced by a split).
     fn step_unit(&mut self, ui: usize, k: u32, until_epoch_end: bool) -> Result<()> {
         for _ in 0..k {
-            if ui >= self.units.len() || !self.runnable(ui) || self.halted {
+            if ui >= self.units.len()
+                || !self.runnable(ui)
+                || self.halted
+                || self.interrupted().is_some()
+            {
                 return Ok(());
             }
             let before = self.before_step(ui);
@@ -821,7 +870,10 @@ impl Cohort {
             self.progress.update(i, s);
         }
         self.started = Instant::now();
-        while !self.halted && self.members.iter().any(|m| m.state != State::Done) {
+        while !self.halted
+            && self.interrupted().is_none()
+            && self.members.iter().any(|m| m.state != State::Done)
+        {
             self.poll_control()?;
             self.memory_tick()?;
             // Members stopped through the control file get their final evaluation and checkpoint.
@@ -888,6 +940,16 @@ impl Cohort {
             return Ok(RunOutcome {
                 run_dir: self.run.root().to_path_buf(),
                 summary: None,
+                interrupted: None,
+            });
+        }
+        if let Some(signal) = self.interrupted() {
+            self.checkpoint_all(signal)?;
+            self.progress.finish();
+            return Ok(RunOutcome {
+                run_dir: self.run.root().to_path_buf(),
+                summary: None,
+                interrupted: Some(signal),
             });
         }
         self.progress.finish();
@@ -906,6 +968,7 @@ impl Cohort {
         Ok(RunOutcome {
             run_dir: self.run.root().to_path_buf(),
             summary: Some(summary),
+            interrupted: None,
         })
     }
 
@@ -945,6 +1008,15 @@ impl Cohort {
             process_memory: self.last_process.clone(),
             peak_process_bytes: (self.peak_process > 0).then_some(self.peak_process),
         }
+    }
+}
+
+/// A signal's name as a user knows it (`SIGINT (Ctrl-C)`, `SIGTERM`).
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        signal_hook::consts::SIGINT => "SIGINT (Ctrl-C)",
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        _ => "a signal",
     }
 }
 
