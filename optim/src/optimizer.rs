@@ -124,9 +124,10 @@ impl OptimConfig {
         let o = f.sub(&format!("{key}.{kind}"), table);
         let rate = |default| -> SpecResult<f64> {
             match o.f64("lr")? {
-                Some(lr) if lr <= 0.0 || lr > 1e3 => {
-                    Err(o.error("lr", format!("expected a learning rate > 0, found {lr}")))
-                }
+                Some(lr) if lr <= 0.0 || lr > 1e3 => Err(o.error(
+                    "lr",
+                    format!("expected a learning rate in (0, 1000], found {lr}"),
+                )),
                 lr => Ok(lr.unwrap_or(default)),
             }
         };

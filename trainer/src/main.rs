@@ -111,10 +111,23 @@ fn interrupt_on_signals() -> anyhow::Result<Arc<AtomicUsize>> {
     Ok(signal)
 }
 
-/// What a finished or interrupted run prints, and the exit code: 0, or 128 + the signal's number.
+/// What a finished or interrupted run prints, and the exit code: 0; 1 when a member failed (each is listed with
+/// its reason); 128 + the signal's number when one interrupted the run.
 fn conclude(outcome: RunOutcome, t0: Instant) -> ExitCode {
     if let Some(s) = &outcome.summary {
         print_summary(s, t0.elapsed().as_secs_f64());
+        let failed = s.failures();
+        if !failed.is_empty() {
+            eprintln!(
+                "error: {} of {} members failed:",
+                failed.len(),
+                s.members.len()
+            );
+            for (name, why) in failed {
+                eprintln!("  {name}: {why}");
+            }
+            return ExitCode::FAILURE;
+        }
     }
     match outcome.interrupted {
         Some(sig) => {

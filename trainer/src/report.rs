@@ -105,6 +105,20 @@ pub fn bytes(n: u64) -> String {
 }
 
 impl Summary {
+    /// The members that ended on a failure (an error, out of memory, a loss that stopped being finite), with
+    /// the reason; a member stopped through the control file did not fail.
+    pub fn failures(&self) -> Vec<(&str, &str)> {
+        self.members
+            .iter()
+            .filter_map(|m| {
+                m.stopped
+                    .as_deref()
+                    .filter(|s| *s != "stopped")
+                    .map(|s| (m.name.as_str(), s))
+            })
+            .collect()
+    }
+
     /// Writes `summary.json` atomically.
     ///
     /// # Errors

@@ -921,3 +921,130 @@ fn an_interrupt_checkpoints_every_member_and_the_resumed_run_ends_bit_identical(
         );
     }
 }
+
+#[test]
+fn a_member_whose_checkpoints_cannot_be_written_fails_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "isolated",
+        "epochs = 2\nfuse = false",
+        &(mlp("broken", "batch = 64") + &mlp("fine", "batch = 64")),
+    );
+    let cohort = Cohort::new(c, quiet()).unwrap();
+    let run = cohort.run_dir().to_path_buf();
+    // Its checkpoint folder replaced by a file: no write can succeed there, whoever runs the test.
+    let ckpts = run.join("broken").join("checkpoints");
+    std::fs::remove_dir_all(&ckpts).unwrap();
+    std::fs::write(&ckpts, b"not a folder").unwrap();
+    let s = cohort.run().unwrap().summary.unwrap();
+    let broken = s.members.iter().find(|m| m.name == "broken").unwrap();
+    let fine = s.members.iter().find(|m| m.name == "fine").unwrap();
+    let why = broken.stopped.as_deref().unwrap_or_default();
+    assert!(
+        why.starts_with("failed:") && why.contains("checkpoints"),
+        "{why}"
+    );
+    assert!(
+        broken.steps < 16,
+        "it stopped at its first checkpoint, step {}",
+        broken.steps
+    );
+    assert_eq!(
+        (fine.steps, fine.stopped.as_deref()),
+        (16, None),
+        "the other member trained to its end"
+    );
+    assert!(fine.test_accuracy.is_some());
+    assert_eq!(s.failures(), vec![("broken", why)]);
+    let e: Vec<String> = records(&run, "broken")
+        .into_iter()
+        .filter_map(|r| r.event)
+        .collect();
+    assert!(
+        e.iter().any(|e| e.contains("the other members go on")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_member_whose_loss_diverges_stops_alone_and_keeps_its_last_good_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wild = mlp(
+        "wild",
+        "batch = 64\noptimizer = { sgd = { lr = 1000, momentum = 0.9 } }\ncheckpoint = { every = \"4 steps\", keep = 2 }",
+    );
+    let c = config(
+        tmp.path(),
+        "nan",
+        "epochs = 3",
+        &(wild + &mlp("calm", "batch = 64")),
+    );
+    let out = train(c, quiet()).unwrap();
+    let s = out.summary.unwrap();
+    let wild = s.members.iter().find(|m| m.name == "wild").unwrap();
+    let calm = s.members.iter().find(|m| m.name == "calm").unwrap();
+    let why = wild.stopped.as_deref().unwrap_or_default();
+    assert!(why.starts_with("loss became"), "{why}");
+    assert!(wild.steps < 24);
+    assert_eq!(calm.steps, 24, "the other member trained to its end");
+    assert_eq!(s.failures().len(), 1);
+    // Whatever checkpoint it has holds finite weights: none was written after its loss went bad.
+    let dir = out.run_dir.join("wild").join("checkpoints");
+    if let Some(newest) = CheckpointDir::new(&dir, 2).unwrap().load_latest().unwrap() {
+        for (name, t) in &newest.checkpoint.tensors {
+            let values: &[f32] = bytemuck::cast_slice(&t.data);
+            assert!(
+                values.iter().all(|v| v.is_finite()),
+                "{name} holds non-finite values"
+            );
+        }
+    }
+}
+
+#[test]
+fn paused_members_run_again_once_the_control_file_no_longer_pauses_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "paused",
+        "epochs = 1\nfuse = false",
+        &(mlp("a", "batch = 64") + &mlp("b", "batch = 64")),
+    );
+    let cohort = Cohort::new(c, quiet()).unwrap();
+    let run = cohort.run_dir().to_path_buf();
+    let control = run.join("control.toml");
+    std::fs::write(&control, "[a]\npaused = true\n[b]\npaused = true\n").unwrap();
+    // Once both are paused, the keys go: removing one unpauses a, an empty file unpauses b.
+    let editor = {
+        let (control, run) = (control.clone(), run.clone());
+        std::thread::spawn(move || {
+            let paused = |m: &str| {
+                metrics::read(&run.join(m).join("metrics.jsonl"))
+                    .unwrap()
+                    .iter()
+                    .any(|r| r.event.as_deref() == Some("paused through the control file"))
+            };
+            while !(paused("a") && paused("b")) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            std::fs::write(&control, "[a]\nbatch = 64\n[b]\npaused = true\n").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            std::fs::write(&control, "").unwrap();
+        })
+    };
+    let s = cohort.run().unwrap().summary.unwrap();
+    editor.join().unwrap();
+    assert!(
+        s.members.iter().all(|m| m.steps == 8),
+        "{:?}",
+        s.members.iter().map(|m| m.steps).collect::<Vec<_>>()
+    );
+    for m in ["a", "b"] {
+        let e: Vec<String> = records(&run, m)
+            .into_iter()
+            .filter_map(|r| r.event)
+            .collect();
+        assert!(e.iter().any(|e| e.starts_with("resumed")), "{m}: {e:?}");
+    }
+}

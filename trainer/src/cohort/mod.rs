@@ -117,6 +117,8 @@ struct MemberRun {
     fused_with: Vec<String>,
     last_ckpt_step: Option<u64>,
     finalized: bool,
+    /// Its loss stopped being finite: it ends, and its last checkpoint (of finite weights) is kept as the newest.
+    diverged: bool,
 }
 
 /// A model of `M` members trained together (M = 1: one member on its own).
@@ -199,6 +201,8 @@ pub struct Cohort {
     /// The process's device memory as last measured, and its peak (NVML's figure).
     last_process: Option<cohort_tensor::memory::ProcessMemory>,
     peak_process: u64,
+    /// The "every member is paused" line was printed (until one runs again).
+    said_all_paused: bool,
 }
 
 impl Cohort {
@@ -365,6 +369,7 @@ impl Cohort {
                 fused_with: Vec::new(),
                 last_ckpt_step: checkpoint.as_ref().map(|c| c.manifest.step),
                 finalized: done,
+                diverged: false,
             });
             loaded.push(checkpoint);
         }
@@ -386,6 +391,7 @@ impl Cohort {
             last_memory_tick: None,
             last_process: None,
             peak_process: 0,
+            said_all_paused: false,
         };
         for m in messages {
             cohort.progress.message(&m);
@@ -613,7 +619,7 @@ impl Cohort {
             if (due.log || val.is_some()) && !due.complete {
                 self.log(i, lr, val, None)?;
             }
-            if due.checkpoint {
+            if due.checkpoint && !self.members[i].diverged {
                 self.checkpoint(ui, i)?;
             }
             if due.complete {
@@ -677,7 +683,9 @@ impl Cohort {
             let (val, test) = (m.c.val.clone(), m.c.test.clone());
             self.log(i, lr, val, test)?;
             let m = &self.members[i];
-            if m.cfg.checkpoint.every != CheckpointEvery::Never && m.last_ckpt_step != Some(m.step)
+            if m.cfg.checkpoint.every != CheckpointEvery::Never
+                && m.last_ckpt_step != Some(m.step)
+                && !m.diverged
             {
                 self.checkpoint(ui, i)?;
             }
@@ -827,6 +835,29 @@ impl Cohort {
         (epochs_before, pos): (u64, Position),
         until_epoch_end: bool,
     ) -> Result<bool> {
+        // Whatever goes wrong with this unit (its step, its logs, its checkpoints, its final evaluation) ends its
+        // members alone; the others train on.
+        match self.finish_unit_step(ui, r, dt, pos) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                self.fail_unit(ui, &e);
+                return Ok(false);
+            }
+        }
+        Ok(!(until_epoch_end
+            && self.members[self.units[ui].members[0]].epochs_done > epochs_before))
+    }
+
+    /// The bookkeeping of unit `ui`'s step: logs and checkpoints, OOM recovery, members that are done. `false`
+    /// when the unit is gone or changed (split, recovered, finalized).
+    fn finish_unit_step(
+        &mut self,
+        ui: usize,
+        r: Result<StepOutcome>,
+        dt: f64,
+        pos: Position,
+    ) -> Result<bool> {
         match r {
             Ok(step) => self.after_step(ui, step, dt)?,
             Err(e) => {
@@ -848,11 +879,33 @@ impl Cohort {
                 return Ok(false);
             }
         }
-        if self.finalize_done(ui)? {
-            return Ok(false);
+        Ok(!self.finalize_done(ui)?)
+    }
+
+    /// Ends every member of unit `ui` on `e`, with the cause in the summary; the unit's memory goes back. Writing
+    /// the event may fail too (a full disk): the member still ends, and the progress line says why.
+    fn fail_unit(&mut self, ui: usize, e: &Error) {
+        let members = self.units[ui].members.clone();
+        let cause = e.to_string();
+        let headline = cause.lines().next().unwrap_or("").to_string();
+        for &i in &members {
+            let m = &mut self.members[i];
+            m.state = State::Done;
+            m.finalized = true;
+            m.c.stopped = Some(format!("failed: {headline}"));
+            let text = format!(
+                "failed at step {}: {cause}; the other members go on",
+                m.step
+            );
+            if self.event(i, text.clone()).is_err() {
+                let name = self.members[i].cfg.name.clone();
+                self.progress.message(&format!("{name}: {text}"));
+            }
+            let s = self.status(i);
+            self.progress.update(i, s);
         }
-        Ok(!(until_epoch_end
-            && self.members[self.units[ui].members[0]].epochs_done > epochs_before))
+        let device = self.units.remove(ui).device;
+        let _ = self.handed_back(&members, device);
     }
 
     /// Trains until every member is done (or the run is halted); returns the summary (`None` when halted).
@@ -892,7 +945,15 @@ impl Cohort {
                 if self.members.iter().all(|m| m.state == State::Done) {
                     break;
                 }
-                // Everyone left is paused: wait for the control file.
+                // Everyone left is paused: say so once, and wait for the control file.
+                if !self.said_all_paused {
+                    self.said_all_paused = true;
+                    self.progress.message(&format!(
+                        "every member still training is paused: set paused = false (or remove the key) in {} to \
+                         continue, or stop = true to finish them",
+                        self.control.path().display()
+                    ));
+                }
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
             }

@@ -19,6 +19,16 @@ impl Cohort {
         if wanted.trim {
             self.trim_all()?;
         }
+        // The file is the wanted state: a paused member the file no longer names runs again.
+        for i in 0..self.members.len() {
+            if self.members[i].state == State::Paused
+                && !wanted.members.contains_key(&self.members[i].cfg.name)
+            {
+                self.members[i].state = State::Running;
+                self.said_all_paused = false;
+                self.event(i, "resumed: the control file no longer pauses it".into())?;
+            }
+        }
         for (name, c) in wanted.members {
             let Some(i) = self.members.iter().position(|m| m.cfg.name == name) else {
                 let known: Vec<&str> = self.members.iter().map(|m| m.cfg.name.as_str()).collect();
@@ -58,8 +68,10 @@ impl Cohort {
                     self.members[i].state = State::Paused;
                     self.event(i, "paused through the control file".into())?;
                 }
-                (Some(false), State::Paused) => {
+                // The file is the wanted state: without `paused = true` a paused member runs again.
+                (Some(false) | None, State::Paused) => {
                     self.members[i].state = State::Running;
+                    self.said_all_paused = false;
                     self.event(i, "resumed through the control file".into())?;
                 }
                 _ => {}

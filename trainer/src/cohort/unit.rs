@@ -601,6 +601,7 @@ impl Cohort {
     /// spent waiting (device time of steps already counted as taken).
     pub(super) fn take_losses(&mut self, ui: usize, all: bool) -> Result<f64> {
         let t0 = Instant::now();
+        let mut diverged = Vec::new();
         let u = &mut self.units[ui];
         while let Some(front) = u.losses.front() {
             if !(all || front.is_ready() || u.losses.len() > LOSSES_IN_FLIGHT) {
@@ -612,11 +613,26 @@ impl Cohort {
             let losses = read.wait::<f32>()?;
             for (j, &i) in u.members.iter().enumerate() {
                 let loss = f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
-                let c = &mut self.members[i].c;
-                c.loss_sum += loss;
-                c.loss_n += 1;
-                c.last_loss = loss;
+                let m = &mut self.members[i];
+                m.c.loss_sum += loss;
+                m.c.loss_n += 1;
+                m.c.last_loss = loss;
+                // A loss that is NaN or infinite ends its member alone (the others of a fused group go on
+                // without it): it cannot recover, and its weights are not saved over the last good checkpoint.
+                if !loss.is_finite() && m.state == State::Running {
+                    m.state = State::Done;
+                    m.diverged = true;
+                    m.c.stopped = Some(format!("loss became {loss} by step {}", m.step));
+                    diverged.push(i);
+                }
             }
+        }
+        for i in diverged {
+            let why = self.members[i].c.stopped.clone().unwrap_or_default();
+            self.event(
+                i,
+                format!("{why}: the member stops, its last checkpoint kept; the others go on"),
+            )?;
         }
         Ok(t0.elapsed().as_secs_f64())
     }
