@@ -110,6 +110,25 @@ pub struct Manifest {
     pub checksum: String,
     /// Seconds since the Unix epoch when written.
     pub wall_time: f64,
+    /// The member's data settings (its `[data.NAME]` table as it ran), so that a resume can refuse a changed one
+    /// with what differs. Null in manifests of earlier versions.
+    #[serde(default)]
+    pub data_settings: serde_json::Value,
+    /// `crc32c:xxxxxxxx` of the manifest file's own bytes with this field's value empty: an edited or damaged
+    /// manifest is refused like a corrupt checkpoint. Empty in manifests of earlier versions.
+    #[serde(default)]
+    pub manifest_checksum: String,
+}
+
+/// The manifest's checksum over its file's bytes, with the checksum field's own value taken out. Over the bytes as
+/// written, not a re-serialization: the random states hold 128-bit integers that a JSON value does not keep exact.
+fn manifest_sum(json: &str, checksum: &str) -> String {
+    let bare = json.replacen(
+        &format!("\"manifest_checksum\": \"{checksum}\""),
+        "\"manifest_checksum\": \"\"",
+        1,
+    );
+    format!("crc32c:{:08x}", crc32c::crc32c(bare.as_bytes()))
 }
 
 /// A loaded (or to-be-saved) checkpoint.
@@ -236,6 +255,10 @@ impl CheckpointDir {
             .unwrap_or_default();
         m.tensors_bytes = bytes.len() as u64;
         m.checksum = format!("crc32c:{:08x}", crc32c::crc32c(&bytes));
+        m.manifest_checksum.clear();
+        let bare =
+            serde_json::to_string_pretty(m).map_err(|e| Error::json("checkpoint manifest", e))?;
+        m.manifest_checksum = manifest_sum(&bare, "");
         let manifest_path = self.manifest_path(step);
         let json =
             serde_json::to_vec_pretty(m).map_err(|e| Error::json("checkpoint manifest", e))?;
@@ -312,6 +335,18 @@ impl CheckpointDir {
                     manifest.format
                 ),
             ));
+        }
+        if !manifest.manifest_checksum.is_empty() {
+            let sum = manifest_sum(&String::from_utf8_lossy(&text), &manifest.manifest_checksum);
+            if sum != manifest.manifest_checksum {
+                return Err(bad(
+                    &mpath,
+                    format!(
+                        "manifest checksum {sum}, it says {} (the manifest was edited or is corrupt)",
+                        manifest.manifest_checksum
+                    ),
+                ));
+            }
         }
         let tpath = self.dir.join(&manifest.tensors_file);
         let bytes =
@@ -413,6 +448,8 @@ mod tests {
                 tensors_bytes: 0,
                 checksum: String::new(),
                 wall_time: 0.0,
+                data_settings: serde_json::Value::Null,
+                manifest_checksum: String::new(),
             },
             tensors,
         }

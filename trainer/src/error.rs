@@ -83,6 +83,20 @@ pub enum Error {
         differences: Vec<String>,
     },
 
+    /// A resumed run's config names other members than the run trained (a changed grid, a member added or taken out).
+    #[error(
+        "cannot resume {}: its members changed since it ran ({}): resume with the config the run was started \
+         with, or start a new run",
+        run.display(),
+        changes.join("; ")
+    )]
+    ChangedMembers {
+        /// The run directory.
+        run: PathBuf,
+        /// Each change, naming the member.
+        changes: Vec<String>,
+    },
+
     /// A run directory is not one cohort wrote.
     #[error("{} is not a cohort run directory: {reason}", dir.display())]
     NotARun {

@@ -38,6 +38,8 @@ fn checkpoint(step: u64, elems: usize) -> Checkpoint {
             tensors_bytes: 0,
             checksum: String::new(),
             wall_time: 0.0,
+            data_settings: serde_json::Value::Null,
+            manifest_checksum: String::new(),
         },
         tensors,
     }

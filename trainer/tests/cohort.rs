@@ -1048,3 +1048,53 @@ fn paused_members_run_again_once_the_control_file_no_longer_pauses_them() {
         assert!(e.iter().any(|e| e.starts_with("resumed")), "{m}: {e:?}");
     }
 }
+
+#[test]
+fn resume_refuses_changed_data_a_changed_member_set_and_an_edited_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "strict",
+        "epochs = 1\nfuse = false",
+        &(mlp("a", "batch = 64") + &mlp("b", "batch = 64")),
+    );
+    let out = train(c, quiet()).unwrap();
+    let path = out.run_dir.join("config.toml");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let resume_with = |text: String| {
+        std::fs::write(&path, text).unwrap();
+        Cohort::resume(&out.run_dir, quiet())
+            .unwrap_err()
+            .to_string()
+    };
+    // A data setting that decides the batches (the shuffle buffer): refused, saying what changed.
+    let e = resume_with(original.replace("shuffle = 512", "shuffle = 17"));
+    assert!(
+        e.contains("[data.blobs] shuffle:") && e.contains("17 now"),
+        "{e}"
+    );
+    // A member renamed (a grid value changed): the old one would be abandoned, the new one never ran.
+    let e = resume_with(original.replace("name = \"b\"", "name = \"c\""));
+    assert!(
+        e.contains("\"b\" has checkpoints here but is not in the config"),
+        "{e}"
+    );
+    assert!(
+        e.contains("\"c\" is in the config but never ran here"),
+        "{e}"
+    );
+    // An edited manifest is refused like a corrupt one.
+    std::fs::write(&path, &original).unwrap();
+    let ck = out.run_dir.join("a").join("checkpoints");
+    let manifest = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .unwrap();
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("\"batch\": 64", "\"batch\": 32")).unwrap();
+    let e = Cohort::resume(&out.run_dir, quiet())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the manifest was edited or is corrupt"), "{e}");
+}

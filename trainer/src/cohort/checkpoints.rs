@@ -159,6 +159,8 @@ impl Cohort {
                 tensors_bytes: 0,
                 checksum: String::new(),
                 wall_time: crate::tensorboard::now(),
+                data_settings: self.config.data[&m.cfg.data].identity(),
+                manifest_checksum: String::new(),
             },
             tensors,
         };

@@ -284,6 +284,9 @@ impl Cohort {
                 run.write_vocabulary(&d.name, words)?;
             }
         }
+        if resuming {
+            check_member_set(&run, &config)?;
+        }
         // Lock every member directory first: two members (or runs) never share one.
         let mut members = Vec::new();
         let mut loaded: Vec<Option<Checkpoint>> = Vec::new();
@@ -307,6 +310,16 @@ impl Cohort {
                         return Err(Error::IncompatibleResume {
                             member: cfg.name.clone(),
                             differences: checkpoints::differences(&m.config, &cfg.identity()),
+                        });
+                    }
+                    let settings = config.data[&cfg.data].identity();
+                    if !m.data_settings.is_null() && m.data_settings != settings {
+                        return Err(Error::IncompatibleResume {
+                            member: cfg.name.clone(),
+                            differences: checkpoints::differences(&m.data_settings, &settings)
+                                .into_iter()
+                                .map(|d| format!("[data.{}] {d}", cfg.data))
+                                .collect(),
                         });
                     }
                     let words = m.vocabulary.clone().map(cohort_data::Vocabulary::reindexed);
@@ -1069,6 +1082,50 @@ impl Cohort {
             process_memory: self.last_process.clone(),
             peak_process_bytes: (self.peak_process > 0).then_some(self.peak_process),
         }
+    }
+}
+
+/// A resumed run must train the members it trained: a member folder with checkpoints that the config no longer names
+/// (a grid value changed or removed) would be abandoned, and a member without a folder is one the run never had.
+///
+/// # Errors
+/// [`Error::ChangedMembers`] listing each.
+fn check_member_set(run: &RunDir, config: &Config) -> Result<()> {
+    let named: std::collections::BTreeSet<&str> =
+        config.members.iter().map(|m| m.name.as_str()).collect();
+    let mut changes = Vec::new();
+    let entries = std::fs::read_dir(run.root()).map_err(|e| Error::io(run.root(), e))?;
+    let mut folders: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("checkpoints").is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    for f in &folders {
+        let has_checkpoints = CheckpointDir::new(run.checkpoint_dir(f), 1)
+            .and_then(|c| c.steps())
+            .is_ok_and(|s| !s.is_empty());
+        if has_checkpoints && !named.contains(f.as_str()) {
+            changes.push(format!(
+                "\"{f}\" has checkpoints here but is not in the config"
+            ));
+        }
+    }
+    for m in &config.members {
+        if !run.member_dir(&m.name).is_dir() {
+            changes.push(format!(
+                "\"{}\" is in the config but never ran here",
+                m.name
+            ));
+        }
+    }
+    if changes.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::ChangedMembers {
+            run: run.root().to_path_buf(),
+            changes,
+        })
     }
 }
 

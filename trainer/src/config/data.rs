@@ -206,6 +206,24 @@ pub struct DataConfig {
     pub top_k: usize,
 }
 
+impl DataConfig {
+    /// What decides the batches a member sees, which a checkpoint records and a resume compares: everything but
+    /// the worker and prefetch counts (how fast batches come, not which) and `top_k` (a score, not the data).
+    pub fn identity(&self) -> serde_json::Value {
+        serde_json::json!({
+            "source": self.source,
+            "val": self.val,
+            "test": self.test,
+            "normalize": self.normalize,
+            "augment": self.augment,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "limit": self.limit,
+            "test_limit": self.test_limit,
+        })
+    }
+}
+
 /// The bundled digits, which `data = "mnist"` names without a `[data.mnist]` table.
 pub(super) fn default_mnist() -> DataConfig {
     DataConfig {
