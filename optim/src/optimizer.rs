@@ -332,6 +332,9 @@ pub struct Optimizer {
     step: u64,
     /// Base rate per member (one value: all members).
     member_lrs: Vec<f64>,
+    /// A schedule per member of a fused model whose members' schedules differ (a cosine floor each: PyTorch's
+    /// `eta_min` is a rate, not a factor); empty: `schedule` for all.
+    member_schedules: Vec<Schedule>,
     lrs_now: Vec<f64>,
 }
 
@@ -344,6 +347,7 @@ impl Optimizer {
         config.validate()?;
         Ok(Optimizer {
             member_lrs: vec![config.lr()],
+            member_schedules: Vec::new(),
             config,
             schedule: Schedule::Constant,
             slots: params
@@ -395,6 +399,23 @@ impl Optimizer {
         Ok(())
     }
 
+    /// A schedule per member of a fused model, where their schedules differ (one per member of
+    /// [`Optimizer::set_member_lrs`]); rates are then computed per member on the host, and
+    /// [`Optimizer::rate_factor`] has no single value.
+    ///
+    /// # Errors
+    /// When the count is not the members' count.
+    pub fn set_member_schedules(&mut self, schedules: Vec<Schedule>) -> Result<()> {
+        if schedules.len() != self.member_lrs.len() {
+            return Err(Error::MemberLrs {
+                given: schedules.len(),
+                members: self.member_lrs.len(),
+            });
+        }
+        self.member_schedules = schedules;
+        Ok(())
+    }
+
     /// Updates made so far.
     pub fn steps(&self) -> u64 {
         self.step
@@ -408,15 +429,25 @@ impl Optimizer {
 
     /// The learning rate(s) the next update will use (schedule applied).
     pub fn current_lrs(&self) -> Vec<f64> {
-        let f = self.rate_factor();
-        self.member_lrs.iter().map(|l| l * f).collect()
+        match self.rate_factor() {
+            Some(f) => self.member_lrs.iter().map(|l| l * f).collect(),
+            None => self
+                .member_lrs
+                .iter()
+                .zip(&self.member_schedules)
+                .map(|(l, s)| l * s.factor(self.step))
+                .collect(),
+        }
     }
 
-    /// The schedule's factor on the base rates for the next update. A step captured in a CUDA
-    /// graph keeps the rates of its capture; replays scale them by this factor over the one at
-    /// capture ([`CudaGraph::set_optimizer_step`](cohort_tensor::cuda::CudaGraph)).
-    pub fn rate_factor(&self) -> f64 {
-        self.schedule.factor(self.step)
+    /// The schedule's factor on the base rates for the next update, the same for every member; `None` when
+    /// members have schedules of their own ([`Optimizer::set_member_schedules`]). A step captured in a CUDA
+    /// graph keeps the rates of its capture; replays scale them by this factor over the one at capture
+    /// ([`CudaGraph::set_optimizer_step`](cohort_tensor::cuda::CudaGraph)), so a graph needs it.
+    pub fn rate_factor(&self) -> Option<f64> {
+        self.member_schedules
+            .is_empty()
+            .then(|| self.schedule.factor(self.step))
     }
 
     /// Clears the gradients of all parameters.
@@ -429,9 +460,9 @@ impl Optimizer {
     /// # Errors
     /// When a tensor op fails (device, dtype).
     pub fn step(&mut self) -> Result<()> {
-        let f = self.rate_factor();
+        let lrs = self.current_lrs();
         self.lrs_now.clear();
-        self.lrs_now.extend(self.member_lrs.iter().map(|l| l * f));
+        self.lrs_now.extend(lrs);
         let t = self.step + 1;
         let all = &self.lrs_now;
         // One rate per member when the parameter has that many members, else the first for all.

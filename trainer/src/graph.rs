@@ -66,10 +66,11 @@ impl Graphs {
         if matches!(self, Graphs::Ready(g) if g.batch != batch) {
             *self = Graphs::Warming { warm: None };
         }
-        // A factor of 0 (the first step of some warm-ups) cannot be scaled from: wait a step.
+        // A factor of 0 (the first step of some warm-ups) cannot be scaled from: wait a step. Members with
+        // schedules of their own have no one factor to scale a captured step's rates by: they step eagerly.
         n == batch
             && matches!(self, Graphs::Warming { warm: Some(w) } if *w == n)
-            && opt.rate_factor() > 0.0
+            && opt.rate_factor().is_some_and(|f| f > 0.0)
     }
 
     /// The graph to replay for a step of `n` examples, if there is one.
@@ -106,7 +107,7 @@ impl StepGraph {
         y: Tensor,
     ) -> Result<StepGraph> {
         let steps = opt.steps();
-        let factor = opt.rate_factor();
+        let factor = opt.rate_factor().unwrap_or(1.0);
         let batch = y.shape().first().copied().unwrap_or(0);
         let captured = cohort_tensor::cuda::capture(device, || -> Result<Tensor> {
             let tape = Tape::new();
@@ -140,7 +141,7 @@ impl StepGraph {
         self.x.assign_(x)?;
         self.y.assign_(y)?;
         let next = opt.steps() + 1;
-        let scale = (opt.rate_factor() / self.factor) as f32;
+        let scale = (opt.rate_factor().unwrap_or(self.factor) / self.factor) as f32;
         self.graph.set_optimizer_step(next, scale)?;
         self.graph.replay()?;
         opt.set_steps(next);
@@ -201,7 +202,17 @@ mod tests {
         g.ran_eagerly(8, 8);
         assert!(g.should_capture(8, 8, &opt), "factor 1 at step 0");
         opt.set_steps(1);
-        assert_eq!(opt.rate_factor(), 0.0);
+        assert_eq!(opt.rate_factor(), Some(0.0));
+        assert!(!g.should_capture(8, 8, &opt));
+    }
+
+    #[test]
+    fn members_with_schedules_of_their_own_step_eagerly() {
+        let mut opt = adam(Schedule::Constant);
+        opt.set_member_schedules(vec![Schedule::Constant]).unwrap();
+        let mut g = Graphs::new(true);
+        g.ran_eagerly(8, 8);
+        assert_eq!(opt.rate_factor(), None);
         assert!(!g.should_capture(8, 8, &opt));
     }
 }

@@ -1098,3 +1098,44 @@ fn resume_refuses_changed_data_a_changed_member_set_and_an_edited_manifest() {
         .to_string();
     assert!(e.contains("the manifest was edited or is corrupt"), "{e}");
 }
+
+#[test]
+fn members_fuse_under_a_cosine_floor_and_keep_each_their_own_rates() {
+    let tmp = tempfile::tempdir().unwrap();
+    // As examples/grid.toml has it: a rate grid under one cosine schedule whose floor is a rate, not a factor.
+    let members = mlp(
+        "m",
+        "batch = 32\noptimizer = { adam = { lr = [1e-2, 3e-3] } }\n\
+         lr_schedule = { cosine = { warmup = 3, min_lr = 1e-3 } }\nseed = 5",
+    );
+    let fused = train(
+        config(tmp.path(), "fused", "epochs = 2\nfuse = true", &members),
+        quiet(),
+    )
+    .unwrap();
+    let single = train(
+        config(tmp.path(), "single", "epochs = 2\nfuse = false", &members),
+        quiet(),
+    )
+    .unwrap();
+    let s = fused.summary.unwrap();
+    assert!(
+        s.members.iter().all(|m| m.fused_with.len() == 1),
+        "{:?}",
+        s.members
+    );
+    for m in ["m-lr0.01", "m-lr3e-3"] {
+        assert_same_tensors(&fused.run_dir, &single.run_dir, m);
+        // Each ends at the floor, whatever its base rate.
+        let last = records(&fused.run_dir, m)
+            .into_iter()
+            .rev()
+            .find(|r| r.lr > 0.0)
+            .unwrap();
+        assert!(
+            (last.lr - 1e-3).abs() < 2e-4,
+            "{m}: lr {} at the end",
+            last.lr
+        );
+    }
+}

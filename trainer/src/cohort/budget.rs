@@ -201,7 +201,8 @@ impl Cohort {
     pub(super) fn handed_back(&mut self, members: &[usize], device: Device) -> Result<()> {
         let t0 = Instant::now();
         let released = crate::memory::hand_back(&device);
-        if released == 0 {
+        // On the CPU the figure is host accounting's, not memory the process gives back: no event.
+        if released == 0 || !device.is_cuda() {
             return Ok(());
         }
         let text = format!(

@@ -131,10 +131,19 @@ pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
             *lr = 0.0;
         }
     }
+    // The schedule's shape: its floor (a rate) may differ, as the base rate may; each member keeps its own.
+    let shape = match cfg.lr_schedule {
+        LrScheduleConfig::Cosine { warmup, .. } => LrScheduleConfig::Cosine {
+            warmup,
+            min_lr: 0.0,
+        },
+        ref other => other.clone(),
+    };
     serde_json::json!({
         "model": cfg.model,
         "optimizer": opt,
-        "schedule": lr_schedule(cfg, planned_steps(cfg, data)),
+        "schedule": shape,
+        "planned_steps": planned_steps(cfg, data),
         "batch": cfg.batch,
         "data": cfg.data,
         "weight": cfg.weight,
@@ -340,6 +349,13 @@ impl Cohort {
                     .map(|&i| self.members[i].cfg.optimizer.lr())
                     .collect();
                 opt.set_member_lrs(&lrs)?;
+                let schedules: Vec<Schedule> = members
+                    .iter()
+                    .map(|&i| lr_schedule(&self.members[i].cfg, planned))
+                    .collect();
+                if schedules.iter().any(|s| *s != schedules[0]) {
+                    opt.set_member_schedules(schedules)?;
+                }
             }
             if let Some(states) = &states {
                 let step = states.first().map_or(0, |s| s.1.step);
