@@ -178,12 +178,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    {
-        let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    let written = File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        // A full disk (or any failure) leaves nothing half-written behind.
+        let _ = fs::remove_file(&tmp);
     }
-    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    written?;
     sync_dir(dir)
 }
 
@@ -195,13 +198,18 @@ impl CheckpointDir {
     pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Result<CheckpointDir> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        // Temporary files of a writer that was killed midway are garbage: never part of a checkpoint.
+        // A writer killed midway leaves garbage, never part of a checkpoint: its temporary files, and a tensors
+        // file whose manifest was never written (killed while saving) or already removed (killed while rotating).
         if let Ok(rd) = fs::read_dir(&dir) {
             for e in rd.flatten() {
+                let path = e.path();
                 let name = e.file_name();
                 let name = name.to_string_lossy();
-                if name.starts_with(".ckpt-") && name.contains(".tmp-") {
-                    let _ = fs::remove_file(e.path());
+                let orphan = name.starts_with("ckpt-")
+                    && name.ends_with(".safetensors")
+                    && !path.with_extension("json").exists();
+                if orphan || (name.starts_with(".ckpt-") && name.contains(".tmp-")) {
+                    let _ = fs::remove_file(&path);
                 }
             }
         }
@@ -487,6 +495,56 @@ mod tests {
             latest.skipped[0].contains("checksum"),
             "{}",
             latest.skipped[0]
+        );
+    }
+
+    #[test]
+    fn leftovers_of_a_killed_save_or_rotation_are_removed_and_a_failed_write_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path(), 3).unwrap();
+        dir.save(&mut sample("m", 10)).unwrap();
+        // Killed after writing step 20's tensors and before its manifest; killed while rotating step 5 out (its
+        // manifest gone first); and a writer's temporary file.
+        fs::write(dir.tensors_path(20), b"half").unwrap();
+        fs::write(dir.tensors_path(5), b"old").unwrap();
+        fs::write(tmp.path().join(".ckpt-000030.json.tmp-1"), b"{").unwrap();
+        let dir = CheckpointDir::new(tmp.path(), 3).unwrap();
+        let mut left: Vec<String> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["ckpt-000010.json", "ckpt-000010.safetensors"]);
+        assert_eq!(
+            dir.load_latest().unwrap().unwrap().checkpoint.manifest.step,
+            10
+        );
+
+        // A write that fails (here the rename, onto a folder) removes its temporary file.
+        let target = tmp.path().join("taken");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("inside"), b"x").unwrap();
+        assert!(write_atomic(&target, b"bytes").is_err());
+        let temps = fs::read_dir(tmp.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains(".tmp-")
+            })
+            .count();
+        assert_eq!(temps, 0);
+    }
+
+    #[test]
+    fn a_full_disk_says_so_and_what_to_do() {
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let e = Error::io("runs/r/m/checkpoints/ckpt-000010.safetensors", full).to_string();
+        assert!(
+            e.contains("the disk is full") && e.contains("keep = N") && e.contains("cohort resume"),
+            "{e}"
         );
     }
 }

@@ -43,6 +43,17 @@ pub enum Error {
         pid: u32,
     },
 
+    /// The disk is full: a member's checkpoint or logs could not be written.
+    #[error(
+        "{}: the disk is full: free some space (or keep fewer checkpoints: checkpoint = {{ keep = N }}), then \
+         `cohort resume` the run",
+        path.display()
+    )]
+    DiskFull {
+        /// The file being written.
+        path: PathBuf,
+    },
+
     /// An I/O error on a named path.
     #[error("{}: {source}", path.display())]
     Io {
@@ -184,6 +195,9 @@ pub enum Error {
 impl Error {
     /// An I/O error on `path`.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            return Error::DiskFull { path: path.into() };
+        }
         Error::Io {
             path: path.into(),
             source,

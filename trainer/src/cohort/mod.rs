@@ -1102,9 +1102,14 @@ fn check_member_set(run: &RunDir, config: &Config) -> Result<()> {
         .collect();
     folders.sort();
     for f in &folders {
-        let has_checkpoints = CheckpointDir::new(run.checkpoint_dir(f), 1)
-            .and_then(|c| c.steps())
-            .is_ok_and(|s| !s.is_empty());
+        // Read only: this runs before the member locks are taken, while another process may be writing here.
+        let has_checkpoints = std::fs::read_dir(run.checkpoint_dir(f)).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("ckpt-") && n.ends_with(".json")
+            })
+        });
         if has_checkpoints && !named.contains(f.as_str()) {
             changes.push(format!(
                 "\"{f}\" has checkpoints here but is not in the config"
