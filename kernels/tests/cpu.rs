@@ -273,3 +273,59 @@ fn optimizer_steps_use_per_member_rates() {
         assert!((p[i] - want).abs() < 1e-6, "{i}: {} vs {want}", p[i]);
     }
 }
+
+/// Every CPU kernel a training step runs gives the same bits whatever the thread count: the convolution's weight
+/// gradient (a sum over the batch), its input gradient and forward pass, and products large enough to run
+/// threaded.
+#[test]
+fn reductions_are_the_same_bits_with_one_thread_or_many() {
+    use cohort_kernels::conv::{ConvParams, cpu as conv};
+    let p = ConvParams {
+        batch: 37,
+        c_in: 6,
+        h: 12,
+        w: 12,
+        c_out: 8,
+        kh: 3,
+        kw: 3,
+        stride: 1,
+        padding: 1,
+        groups: 2,
+    };
+    let x: Vec<f32> = data(p.batch * p.c_in * p.h * p.w, 1)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let gy: Vec<f32> = data(p.batch * p.c_out * p.out_h() * p.out_w(), 2)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let (m, n, k) = (192, 160, 1024);
+    let a: Vec<f32> = data(m * k, 3).iter().map(|&v| v as f32).collect();
+    let b: Vec<f32> = data(k * n, 4).iter().map(|&v| v as f32).collect();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let c = matmul::matmul(&a, &b, &MatmulShape::plain(m, n, k));
+            (conv::conv2d_backward_weight(&x, &gy, &p), c)
+        })
+    };
+    let one = run(1);
+    for threads in [2, 3, 8] {
+        let many = run(threads);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&one.0),
+            bits(&many.0),
+            "weight gradient with {threads} threads"
+        );
+        assert_eq!(
+            bits(&one.1),
+            bits(&many.1),
+            "product with {threads} threads"
+        );
+    }
+}

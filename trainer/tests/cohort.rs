@@ -1139,3 +1139,50 @@ fn members_fuse_under_a_cosine_floor_and_keep_each_their_own_rates() {
         );
     }
 }
+
+/// A small CNN on image-shaped synthetic data (its weight gradient is a sum over the batch).
+fn cnn_config(dir: &Path, name: &str) -> Config {
+    config(
+        dir,
+        name,
+        "epochs = 2",
+        "[data.pics]\nsource = { synthetic = { train = 256, test = 64, classes = 4, shape = [2, 8, 8] } }\n\
+         shuffle = 256\nseed = 9\n\
+         [[member]]\nname = \"cnn\"\ndata = \"pics\"\nbatch = 32\ncheckpoint = { every = 5, keep = 2 }\n\
+         model = { layers = [{ conv = 6, kernel = 3, act = \"relu\" }, { maxpool = 2 }, { flatten = true }, \
+         { linear = 4 }] }\n",
+    )
+}
+
+#[test]
+fn a_cnn_trains_to_the_same_bits_with_one_thread_or_two_and_resumes_bit_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let in_pool = |threads: usize, name: &str| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| train(cnn_config(tmp.path(), name), quiet()).unwrap())
+    };
+    let one = in_pool(1, "one");
+    let two = in_pool(2, "two");
+    assert_eq!(
+        final_tensors(&one.run_dir, "cnn"),
+        final_tensors(&two.run_dir, "cnn")
+    );
+    // Killed after 11 steps (its last checkpoint at 10) with the default thread count, then resumed.
+    let halted = train(
+        cnn_config(tmp.path(), "halted"),
+        RunOptions {
+            halt_after_steps: Some(11),
+            ..quiet()
+        },
+    )
+    .unwrap();
+    assert!(halted.summary.is_none());
+    resume(&halted.run_dir, quiet()).unwrap();
+    assert_eq!(
+        final_tensors(&one.run_dir, "cnn"),
+        final_tensors(&halted.run_dir, "cnn")
+    );
+}

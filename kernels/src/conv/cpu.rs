@@ -133,7 +133,14 @@ pub fn conv2d_backward_input<T: Float>(grad_out: &[T], weight: &[T], p: &ConvPar
     grad_in
 }
 
-/// Gradient of the convolution with respect to its weight, `[O,C/g,kh,kw]`, summed over the batch.
+/// Images per partial sum of the weight gradient. The batch is cut into runs of this many images whatever the
+/// thread count, each run summed in order on one thread and the runs' sums added in order: the gradient is the
+/// same bits with one thread or many (rayon's fold would group images by work stealing, so the order, and the
+/// rounding, changed from run to run).
+const WEIGHT_GRAD_RUN: usize = 4;
+
+/// Gradient of the convolution with respect to its weight, `[O,C/g,kh,kw]`, summed over the batch; the same bits
+/// whatever the number of threads.
 pub fn conv2d_backward_weight<T: Float>(input: &[T], grad_out: &[T], p: &ConvParams) -> Vec<T> {
     let ohw = p.out_h() * p.out_w();
     let in_img = p.c_in * p.h * p.w;
@@ -144,33 +151,36 @@ pub fn conv2d_backward_weight<T: Float>(input: &[T], grad_out: &[T], p: &ConvPar
         ..MatmulShape::plain(og, rows, ohw)
     };
     let wlen = p.weight_len();
-    (0..p.batch)
+    let partials: Vec<Vec<T>> = (0..p.batch.div_ceil(WEIGHT_GRAD_RUN))
         .into_par_iter()
-        .fold(
-            || (vec![T::ZERO; wlen], vec![T::ZERO; rows * ohw]),
-            |(mut dw, mut col), b| {
-                let img = &input[b * in_img..(b + 1) * in_img];
-                let go = &grad_out[b * p.c_out * ohw..(b + 1) * p.c_out * ohw];
-                for g in 0..p.groups {
-                    im2col(img, p, g, &mut col);
-                    let dst = &mut dw[g * og * rows..(g + 1) * og * rows];
-                    matmul_into(
-                        dst,
-                        true,
-                        &go[g * og * ohw..(g + 1) * og * ohw],
-                        &col,
-                        &shape,
-                    );
+        .map_init(
+            || vec![T::ZERO; rows * ohw],
+            |col, run| {
+                let mut dw = vec![T::ZERO; wlen];
+                let images = run * WEIGHT_GRAD_RUN..((run + 1) * WEIGHT_GRAD_RUN).min(p.batch);
+                for b in images {
+                    let img = &input[b * in_img..(b + 1) * in_img];
+                    let go = &grad_out[b * p.c_out * ohw..(b + 1) * p.c_out * ohw];
+                    for g in 0..p.groups {
+                        im2col(img, p, g, col);
+                        let dst = &mut dw[g * og * rows..(g + 1) * og * rows];
+                        matmul_into(
+                            dst,
+                            true,
+                            &go[g * og * ohw..(g + 1) * og * ohw],
+                            col,
+                            &shape,
+                        );
+                    }
                 }
-                (dw, col)
+                dw
             },
         )
-        .map(|(dw, _)| dw)
-        .reduce(
-            || vec![T::ZERO; wlen],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, &y)| *x = *x + y);
-                a
-            },
-        )
+        .collect();
+    let mut runs = partials.into_iter();
+    let mut dw = runs.next().unwrap_or_else(|| vec![T::ZERO; wlen]);
+    for run in runs {
+        dw.iter_mut().zip(&run).for_each(|(x, &y)| *x = *x + y);
+    }
+    dw
 }
