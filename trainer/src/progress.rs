@@ -1,7 +1,11 @@
-//! Progress display: one redrawn line per member in a terminal, plain log lines otherwise.
+//! Progress display: in a terminal, one bar per member (indicatif: redrawn in place at the terminal's real width,
+//! with elapsed time and an ETA, in colour unless `NO_COLOR` is set); otherwise plain lines, one per member every
+//! few seconds, that a log file or CI keeps readable.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// What one member's line shows.
 #[derive(Debug, Clone, Default)]
@@ -26,31 +30,115 @@ pub struct MemberStatus {
     pub note: String,
 }
 
+impl MemberStatus {
+    /// What follows the bar, the most telling first (a narrow terminal cuts the end): epoch, loss, the latest
+    /// scores, speed, memory and the note.
+    fn detail(&self) -> String {
+        let mut l = format!(
+            "epoch {}/{}  loss {:.4}",
+            self.epoch.0, self.epoch.1, self.loss
+        );
+        if let Some(s) = &self.scores {
+            l.push_str("  ");
+            l.push_str(s);
+        }
+        l.push_str(&format!(
+            "  {} steps/s  mem {}",
+            crate::report::thousands(self.steps_per_s.round() as u64),
+            crate::report::bytes(self.mem_bytes)
+        ));
+        if !self.note.is_empty() {
+            l.push_str("  ");
+            l.push_str(&self.note);
+        }
+        l
+    }
+
+    /// Seconds left at the recent speed, when it can be told.
+    fn eta(&self) -> Option<f64> {
+        let left = self.total_steps.saturating_sub(self.step);
+        (self.steps_per_s > 0.0 && left > 0).then(|| left as f64 / self.steps_per_s)
+    }
+}
+
+/// `1:02:03`, `2:03`.
+pub fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, m, s) => format!("{m}:{s:02}"),
+        (h, m, s) => format!("{h}:{m:02}:{s:02}"),
+    }
+}
+
+/// Where the lines go.
+#[derive(Debug)]
+enum Display {
+    /// Nothing is shown.
+    Off,
+    /// A terminal: one bar per member, shown once the run begins ([`Progress::begin`]), so that what is printed
+    /// before (the run's description) stays above them.
+    Bars {
+        multi: MultiProgress,
+        bars: Vec<ProgressBar>,
+        live: bool,
+    },
+    /// A log: a plain line per member every few seconds.
+    Plain { last: Vec<Option<Instant>> },
+}
+
 /// The progress display.
 #[derive(Debug)]
 pub struct Progress {
-    tty: bool,
-    enabled: bool,
+    display: Display,
     lines: Vec<MemberStatus>,
-    drawn: usize,
-    last_draw: Option<Instant>,
-    last_plain: Vec<Option<Instant>>,
-    plain_every: Duration,
+    name_width: usize,
+    started: Instant,
 }
 
-fn bar(frac: f64, width: usize) -> String {
-    let filled = ((frac.clamp(0.0, 1.0)) * width as f64).round() as usize;
-    let mut s = "█".repeat(filled);
-    s.push_str(&"░".repeat(width - filled));
-    s
-}
+/// Seconds between one member's plain lines.
+const PLAIN_EVERY: Duration = Duration::from_secs(5);
 
 impl Progress {
-    /// A display for `names`; redraws in place when stderr is a terminal. `enabled = false` prints nothing.
+    /// A display for `names`: bars when stderr is a terminal, plain lines otherwise; `enabled = false` shows
+    /// nothing.
     pub fn new(names: &[String], enabled: bool) -> Progress {
+        if std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()) {
+            console::set_colors_enabled_stderr(false);
+        }
+        let name_width = names.iter().map(String::len).max().unwrap_or(0);
+        let display = match (enabled, std::io::stderr().is_terminal()) {
+            (false, _) => Display::Off,
+            (true, false) => Display::Plain {
+                last: vec![None; names.len()],
+            },
+            (true, true) => {
+                let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10));
+                let style = ProgressStyle::with_template(&format!(
+                    "  {{prefix:<{name_width}.bold}}  {{bar:20.cyan/blue}}  step {{human_pos}}/{{human_len}}  \
+                     {{elapsed:>5}} ETA {{eta:>5}}  {{wide_msg}}"
+                ))
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("█▉▊▋▌▍▎▏░");
+                let bars = names
+                    .iter()
+                    .map(|n| {
+                        // Hidden until the multi-bar takes it: a bar's own target would draw it at once.
+                        let b =
+                            ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden())
+                                .with_style(style.clone());
+                        b.set_prefix(n.clone());
+                        b
+                    })
+                    .collect();
+                Display::Bars {
+                    multi,
+                    bars,
+                    live: false,
+                }
+            }
+        };
         Progress {
-            tty: std::io::stderr().is_terminal(),
-            enabled,
+            display,
             lines: names
                 .iter()
                 .map(|n| MemberStatus {
@@ -58,125 +146,119 @@ impl Progress {
                     ..Default::default()
                 })
                 .collect(),
-            drawn: 0,
-            last_draw: None,
-            last_plain: vec![None; names.len()],
-            plain_every: Duration::from_secs(5),
+            name_width,
+            started: Instant::now(),
         }
     }
 
-    /// Formats one member's line.
-    pub fn line(s: &MemberStatus, name_width: usize) -> String {
-        let frac = if s.total_steps == 0 {
-            0.0
-        } else {
-            s.step as f64 / s.total_steps as f64
-        };
-        let mut l = format!(
-            "  {:<name_width$}  {}  step {}/{}  epoch {}/{}  loss {:.4}  {} steps/s  mem {}",
+    /// One member's plain line: name, steps, the detail, elapsed time and ETA.
+    pub fn line(s: &MemberStatus, name_width: usize, elapsed: f64) -> String {
+        format!(
+            "{:<name_width$}  step {}/{}  {}  {} elapsed{}",
             s.name,
-            bar(frac, 20),
             crate::report::thousands(s.step),
             crate::report::thousands(s.total_steps),
-            s.epoch.0,
-            s.epoch.1,
-            s.loss,
-            crate::report::thousands(s.steps_per_s.round() as u64),
-            crate::report::bytes(s.mem_bytes)
-        );
-        for extra in s
-            .scores
-            .iter()
-            .chain(Some(&s.note).filter(|n| !n.is_empty()))
-        {
-            l.push_str("  ");
-            l.push_str(extra);
-        }
-        l
+            s.detail(),
+            clock(elapsed),
+            s.eta()
+                .map_or(String::new(), |e| format!(", ETA {}", clock(e)))
+        )
     }
 
-    /// Updates member `i`'s line; redraws at most 10 times a second (terminal) or prints a plain line every few
-    /// seconds per member (not a terminal).
+    /// Updates member `i`'s line (a terminal redraws at most 10 times a second; a log gets a line every few
+    /// seconds per member).
     pub fn update(&mut self, i: usize, status: MemberStatus) {
-        self.lines[i] = status;
-        if !self.enabled {
-            return;
-        }
-        let now = Instant::now();
-        if self.tty {
-            if self
-                .last_draw
-                .is_none_or(|t| now.duration_since(t) >= Duration::from_millis(100))
-            {
-                self.redraw();
-                self.last_draw = Some(now);
+        match &mut self.display {
+            Display::Off => {}
+            Display::Bars { bars, .. } => {
+                let b = &bars[i];
+                b.set_length(status.total_steps);
+                b.set_position(status.step);
+                b.set_message(status.detail());
             }
-        } else if self.last_plain[i].is_none_or(|t| now.duration_since(t) >= self.plain_every) {
-            self.last_plain[i] = Some(now);
-            let w = self.name_width();
-            eprintln!("{}", Self::line(&self.lines[i], w).trim_start());
+            Display::Plain { last } => {
+                let now = Instant::now();
+                if last[i].is_none_or(|t| now.duration_since(t) >= PLAIN_EVERY) {
+                    last[i] = Some(now);
+                    let elapsed = self.started.elapsed().as_secs_f64();
+                    eprintln!("{}", Self::line(&status, self.name_width, elapsed));
+                }
+            }
         }
+        self.lines[i] = status;
     }
 
-    fn name_width(&self) -> usize {
-        self.lines.iter().map(|l| l.name.len()).max().unwrap_or(0)
-    }
-
-    fn redraw(&mut self) {
-        let w = self.name_width();
-        let mut err = std::io::stderr().lock();
-        if self.drawn > 0 {
-            let _ = write!(err, "\x1b[{}A", self.drawn);
+    /// Shows the bars, in the members' order, from now on (a terminal; nothing to do for a log).
+    pub fn begin(&mut self) {
+        if let Display::Bars { multi, bars, live } = &mut self.display
+            && !*live
+        {
+            *live = true;
+            for b in bars.iter() {
+                multi.add(b.clone());
+            }
         }
-        // Lines longer than the terminal would wrap and break the cursor movements: cut them.
-        let cols = std::env::var("COLUMNS")
-            .ok()
-            .and_then(|c| c.parse::<usize>().ok())
-            .unwrap_or(160);
-        for l in &self.lines {
-            let line: String = Self::line(l, w)
-                .chars()
-                .take(cols.saturating_sub(1))
-                .collect();
-            let _ = writeln!(err, "\x1b[2K{line}");
-        }
-        self.drawn = self.lines.len();
-        let _ = err.flush();
     }
 
     /// Prints a message (an OOM event, a control change) above the member lines.
     pub fn message(&mut self, text: &str) {
-        if !self.enabled {
-            return;
-        }
-        if self.tty && self.drawn > 0 {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\x1b[{}A", self.drawn);
-            for _ in 0..self.drawn {
-                let _ = writeln!(err, "\x1b[2K");
+        match &self.display {
+            Display::Off => {}
+            Display::Bars { multi, .. } => {
+                if multi.println(text).is_err() {
+                    eprintln!("{text}");
+                }
             }
-            let _ = write!(err, "\x1b[{}A", self.drawn);
-            let _ = writeln!(err, "{text}");
-            drop(err);
-            self.drawn = 0;
-            self.redraw();
-        } else {
-            eprintln!("{text}");
+            Display::Plain { .. } => eprintln!("{text}"),
         }
     }
 
     /// Draws the final state of every line.
     pub fn finish(&mut self) {
-        if !self.enabled {
-            return;
-        }
-        if self.tty {
-            self.redraw();
-        } else {
-            let w = self.name_width();
-            for l in &self.lines {
-                eprintln!("{}", Self::line(l, w).trim_start());
+        match &self.display {
+            Display::Off => {}
+            Display::Bars { bars, .. } => {
+                for (b, s) in bars.iter().zip(&self.lines) {
+                    b.set_position(s.step);
+                    b.set_message(s.detail());
+                    b.abandon();
+                }
+            }
+            Display::Plain { .. } => {
+                let elapsed = self.started.elapsed().as_secs_f64();
+                for l in &self.lines {
+                    eprintln!("{}", Self::line(l, self.name_width, elapsed));
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_line_says_where_a_member_stands_and_when_it_ends() {
+        let s = MemberStatus {
+            name: "cnn".into(),
+            step: 300,
+            total_steps: 904,
+            epoch: (3, 8),
+            loss: 0.25,
+            steps_per_s: 100.0,
+            mem_bytes: 15 << 20,
+            scores: Some("val acc 0.9712".into()),
+            note: String::new(),
+        };
+        let l = Progress::line(&s, 6, 125.0);
+        assert_eq!(
+            l,
+            "cnn     step 300/904  epoch 3/8  loss 0.2500  val acc 0.9712  100 steps/s  mem 15.0 MiB  2:05 elapsed, \
+             ETA 0:06"
+        );
+        assert_eq!(clock(3723.0), "1:02:03");
+        let done = MemberStatus { step: 904, ..s };
+        assert!(!Progress::line(&done, 6, 130.0).contains("ETA"));
     }
 }

@@ -931,6 +931,7 @@ impl Cohort {
         }
         // The warm-up loaded the kernel modules: what lies outside the pool is measured again at once.
         self.memory_tick()?;
+        self.progress.begin();
         for i in 0..self.members.len() {
             let s = self.status(i);
             self.progress.update(i, s);
