@@ -1,4 +1,5 @@
-//! What the trainer's integration tests share: a member's last checkpoint, and two checkpoints compared.
+//! What the trainer's integration tests share: runs on small synthetic data, a member's records and last
+//! checkpoint, and two checkpoints compared.
 // Each test crate compiles this module and uses a part of it.
 #![allow(dead_code)]
 
@@ -6,6 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use cohort_trainer::checkpoint::CheckpointDir;
+use cohort_trainer::cohort::RunOptions;
+use cohort_trainer::config::Config;
+use cohort_trainer::metrics::{self, MetricRecord};
 
 /// The tensors of the latest valid checkpoint in the checkpoint directory `dir`, by name.
 pub fn checkpoint_tensors(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -41,4 +45,40 @@ pub fn assert_close(a: &BTreeMap<String, Vec<u8>>, b: &BTreeMap<String, Vec<u8>>
             .fold(0f32, f32::max);
         assert!(worst < 1e-4, "{what} {k}: max relative difference {worst}");
     }
+}
+
+/// `[data.blobs]`: 512 training and 128 test examples of 16 features in 4 classes.
+pub const DATA: &str = r#"
+[data.blobs]
+source = { synthetic = { train = 512, test = 128, classes = 4, shape = [16] } }
+shuffle = 512
+prefetch = 2
+seed = 3
+"#;
+
+pub fn config(dir: &Path, name: &str, run: &str, members: &str) -> Config {
+    config_on("cpu", dir, name, run, members)
+}
+
+pub fn config_on(device: &str, dir: &Path, name: &str, run: &str, members: &str) -> Config {
+    let text = format!(
+        "[run]\nname = \"{name}\"\ndir = \"{}\"\ndevice = \"{device}\"\nwarmup = false\n{run}\n{DATA}\n{members}",
+        dir.display()
+    );
+    Config::parse(&text, &format!("{name}.toml")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn quiet() -> RunOptions {
+    RunOptions::default()
+}
+
+pub fn mlp(name: &str, extra: &str) -> String {
+    format!(
+        "[[member]]\nname = \"{name}\"\nmodel = {{ layers = [{{ linear = 32, act = \"relu\" }}, {{ linear = 4 }}] }}\n\
+         data = \"blobs\"\n{extra}\n"
+    )
+}
+
+pub fn records(run: &Path, member: &str) -> Vec<MetricRecord> {
+    metrics::read(&run.join(member).join("metrics.jsonl")).unwrap()
 }
