@@ -43,6 +43,7 @@ pub mod feed;
 mod graph;
 mod kernel_cache;
 pub mod memory;
+pub mod memory_trace;
 pub mod metrics;
 pub mod models;
 pub mod objective;

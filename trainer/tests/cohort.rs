@@ -190,6 +190,27 @@ fn oom_shrinks_the_batch_of_its_member_and_leaves_the_neighbour_untouched() {
     assert_eq!(nb.oom_events, 0);
     assert_eq!(nb.steps, 32, "the neighbour reached its step count");
 
+    // memory-trace.json (Perfetto): hog's live bytes and limit as counters, its OOM as an instant event.
+    let trace: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.run_dir.join("memory-trace.json")).unwrap(),
+    )
+    .unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let named = |n: &str| events.iter().filter(|e| e["name"] == n).count();
+    assert!(named("hog live") > 0 && named("neighbour live") > 0);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["name"] == "hog limit" && e["args"]["bytes"] == 256 * 1024)
+    );
+    assert!(events.iter().any(|e| {
+        e["ph"] == "i"
+            && e["args"]["member"] == "hog"
+            && e["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("out of memory"))
+    }));
+
     // The neighbour's parameters are exactly those of the neighbour trained alone.
     let alone = config(tmp.path(), "alone", "epochs = 2", &neighbour);
     let out2 = train(alone, quiet()).unwrap();

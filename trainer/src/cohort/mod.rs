@@ -743,6 +743,22 @@ impl Cohort {
             .all(|&i| self.members[i].state == State::Running)
     }
 
+    /// `memory-trace.json` from the members' records (and, on a GPU, the process's).
+    fn write_memory_trace(&self) -> Result<()> {
+        let total = crate::memory::device_total_bytes(&self.device)?;
+        let members: Vec<(String, Option<u64>)> = self
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.cfg.name.clone(),
+                    m.cfg.memory.limit.map(|l| l.bytes(total)),
+                )
+            })
+            .collect();
+        crate::memory_trace::write(self.run.root(), &members)
+    }
+
     /// The signal that asked the run to stop, if one did.
     fn interrupted(&self) -> Option<i32> {
         let signal = self.opts.interrupt.as_ref()?.load(Ordering::Relaxed);
@@ -1020,6 +1036,7 @@ impl Cohort {
         }
         if let Some(signal) = self.interrupted() {
             self.checkpoint_all(signal)?;
+            self.write_memory_trace()?;
             self.progress.finish();
             return Ok(RunOutcome {
                 run_dir: self.run.root().to_path_buf(),
@@ -1032,6 +1049,7 @@ impl Cohort {
         self.memory_tick()?;
         let summary = self.summary();
         summary.write(&self.run.root().join(crate::run_dir::SUMMARY_FILE))?;
+        self.write_memory_trace()?;
         crate::plot::write_run_plots(
             self.run.root(),
             &self
