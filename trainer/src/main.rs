@@ -167,7 +167,7 @@ fn print_summary(summary: &Summary, wall: f64) {
     }
     let dir = &summary.run_dir;
     println!(
-        "{dir}/  (checkpoints, TensorBoard logs, summary.json, loss.png, memory.png)  {wall:.1} s"
+        "{dir}/  (checkpoints, TensorBoard logs, summary.json, loss.png, memory.png, memory-trace.json)  {wall:.1} s"
     );
     println!("tensorboard --logdir {dir}");
 }
