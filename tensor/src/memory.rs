@@ -80,12 +80,14 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     fn process_memory(&self) -> Option<ProcessMemory> {
         None
     }
-    /// Measures what lies outside the pool again and, under a process-wide limit ([`Scope::Process`]), gives the
-    /// pool what the limit leaves (trimming its idle cache when that is less than it holds).
+    /// Under a process-wide limit ([`Scope::Process`]), gives the pool what the limit leaves after what lies
+    /// outside it in `now` (a [`process_memory`](DeviceAllocator::process_memory) measurement), trimming its idle
+    /// cache when that is less than it holds; nothing to do otherwise.
     ///
     /// # Errors
     /// [`cohort_alloc::Error::LimitBelowOutside`] when the limit leaves the pool nothing.
-    fn enforce_process_limit(&self) -> cohort_alloc::Result<()> {
+    fn apply_process_limit(&self, now: &ProcessMemory) -> cohort_alloc::Result<()> {
+        let _ = now;
         Ok(())
     }
     /// Device-wide and per-tenant statistics.
@@ -154,10 +156,10 @@ pub struct ProcessMemory {
     pub runtime_in_pool: u64,
     /// Everything outside the pool: the CUDA context, the kernels and library code loaded into it (lazily, as
     /// they are first used), the libraries' handles and graph instantiations; the process's figure less the pool.
-    pub context: Option<u64>,
-    /// The same when the allocator was made, before any kernel ran: `context` less this is what loading kernels,
-    /// libraries and graphs added since.
-    pub context_at_start: Option<u64>,
+    pub outside_pool: Option<u64>,
+    /// The same when the allocator was made, before any kernel ran: `outside_pool` less this is what loading
+    /// kernels, libraries and graphs added since.
+    pub outside_pool_at_start: Option<u64>,
     /// Page-locked host memory for staging copies (host memory, not the card's).
     pub pinned_host: u64,
     /// What the limit covers.
@@ -168,64 +170,56 @@ pub struct ProcessMemory {
     pub pool_limit: u64,
 }
 
-impl ProcessMemory {
-    /// What lies outside the pool (0 where NVML cannot see the process).
-    pub fn outside_pool(&self) -> u64 {
-        self.context.unwrap_or(0)
-    }
-}
-
 impl fmt::Display for ProcessMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = |v: u64| fmt_bytes(v);
         match self.process {
             Some(p) => writeln!(
                 f,
                 "{}: the process holds {} of the card's {} ({} free)",
                 self.device,
-                b(p),
-                b(self.card_total),
-                b(self.card_free)
+                fmt_bytes(p),
+                fmt_bytes(self.card_total),
+                fmt_bytes(self.card_free)
             )?,
             None => writeln!(
                 f,
                 "{}: the card has {} ({} free); NVML cannot see this process, so the context is not counted",
                 self.device,
-                b(self.card_total),
-                b(self.card_free)
+                fmt_bytes(self.card_total),
+                fmt_bytes(self.card_free)
             )?,
         }
         writeln!(
             f,
             "  {:<16} {:>12}  (limit {}; the runtime's scratch and workspaces {} of it)",
             "pool",
-            b(self.pool_reserved),
-            b(self.pool_limit),
-            b(self.runtime_in_pool)
+            fmt_bytes(self.pool_reserved),
+            fmt_bytes(self.pool_limit),
+            fmt_bytes(self.runtime_in_pool)
         )?;
-        if let Some(c) = self.context {
+        if let Some(c) = self.outside_pool {
             let start = self
-                .context_at_start
-                .map_or(String::new(), |s| format!("; {} at start", b(s)));
+                .outside_pool_at_start
+                .map_or(String::new(), |s| format!("; {} at start", fmt_bytes(s)));
             writeln!(
                 f,
                 "  {:<16} {:>12}  (CUDA context, kernels, library handles, graphs{start})",
                 "outside the pool",
-                b(c)
+                fmt_bytes(c)
             )?;
         }
         writeln!(
             f,
             "  {:<16} {:>12}  (host memory)",
             "pinned staging",
-            b(self.pinned_host)
+            fmt_bytes(self.pinned_host)
         )?;
         match (self.limit, self.scope) {
-            (Some(l), Scope::Process) => write!(f, "  limit {} for the whole process", b(l)),
+            (Some(l), Scope::Process) => write!(f, "  limit {} for the whole process", fmt_bytes(l)),
             (Some(l), Scope::Pool) => write!(
                 f,
                 "  limit {} for the pool (scope = \"process\" would cover the rest too)",
-                b(l)
+                fmt_bytes(l)
             ),
             (None, _) => write!(f, "  no limit"),
         }

@@ -268,9 +268,13 @@ impl CheckpointDir {
             serde_json::to_string_pretty(m).map_err(|e| Error::json("checkpoint manifest", e))?;
         m.manifest_checksum = manifest_sum(&bare, "");
         let manifest_path = self.manifest_path(step);
-        let json =
-            serde_json::to_vec_pretty(m).map_err(|e| Error::json("checkpoint manifest", e))?;
-        write_atomic(&manifest_path, &json)?;
+        // The checksum goes into the very bytes it was taken of (its field's value was left empty).
+        let json = bare.replacen(
+            "\"manifest_checksum\": \"\"",
+            &format!("\"manifest_checksum\": \"{}\"", m.manifest_checksum),
+            1,
+        );
+        write_atomic(&manifest_path, json.as_bytes())?;
         self.rotate()?;
         Ok(manifest_path)
     }

@@ -102,15 +102,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Control> {
                     )));
                 }
                 (k @ ("limit" | "reserve"), v) => {
-                    let amount = match &v {
-                        Value::String(s) => s.parse::<Limit>().ok(),
-                        Value::Integer(n) if *n > 0 => Some(Limit::Bytes(*n as u64)),
-                        _ => None,
-                    };
-                    let Some(amount) = amount else {
+                    let Some(amount) = crate::config::memory_amount(&v) else {
                         return Err(bad(format!(
-                            "[{member}] key \"{k}\": expected a size such as \"2GiB\", \"512MiB\", \"40%\" \
-                             or a number of bytes, found {v}"
+                            "[{member}] key \"{k}\": expected {}, found {v}",
+                            crate::config::MEMORY_AMOUNT
                         )));
                     };
                     if k == "limit" {

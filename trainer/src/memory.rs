@@ -190,18 +190,6 @@ impl Tenant {
         Ok(())
     }
 
-    /// The tenant's limit and reserve now.
-    pub fn limits(&self) -> TenantLimits {
-        let r = match &self.accounting {
-            Accounting::Device(a) => a.tenant_stats(self.id),
-            Accounting::Host(b) => b.tenant_stats(self.id),
-        };
-        r.map_or_else(TenantLimits::default, |r| TenantLimits {
-            limit: r.limit,
-            reserve: r.reserve,
-        })
-    }
-
     /// The allocator's report (device-wide, every tenant).
     pub fn report(&self) -> MemoryReport {
         match &self.accounting {
@@ -290,13 +278,13 @@ pub fn process_report(device: &Device) -> Option<ProcessMemory> {
 }
 
 /// Re-applies a process-wide limit on a GPU (`[memory] scope = "process"`): the pool gets what the limit leaves
-/// after what lies outside it now.
+/// after what lies outside it in `now` (a [`process_report`]).
 ///
 /// # Errors
 /// The limit is below what lies outside the pool.
-pub fn enforce_process_limit(device: &Device) -> Result<()> {
+pub fn apply_process_limit(device: &Device, now: &ProcessMemory) -> Result<()> {
     if let Device::Cuda(_) = device {
-        cohort_tensor::memory::allocator(device)?.enforce_process_limit()?;
+        cohort_tensor::memory::allocator(device)?.apply_process_limit(now)?;
     }
     Ok(())
 }

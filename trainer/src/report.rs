@@ -199,7 +199,7 @@ impl fmt::Display for Summary {
                 p.device,
                 bytes(p.pool_reserved),
                 bytes(p.pool_limit),
-                p.context.map_or("-".to_string(), bytes),
+                p.outside_pool.map_or("-".to_string(), bytes),
             );
         }
         f.write_str(out.trim_end())

@@ -797,7 +797,7 @@ fn a_finished_member_hands_its_memory_back_to_the_card_on_cuda() {
         p.runtime_in_pool
     );
     // What lies outside the pool (the CUDA context and what is loaded into it) was measured at start and now.
-    let (now, start) = (p.context.unwrap(), p.context_at_start.unwrap());
+    let (now, start) = (p.outside_pool.unwrap(), p.outside_pool_at_start.unwrap());
     assert!(
         now > 0 && start > 0,
         "outside the pool: {now} now, {start} at start"

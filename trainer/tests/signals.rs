@@ -22,7 +22,9 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
 fn interrupted_by(signal: &str) -> (Option<i32>, String, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
-    let child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+    // A bundle carried to a GPU machine says where its binary is; cargo's path is of the build machine.
+    let bin = std::env::var("CARGO_BIN_EXE_cohort").unwrap_or(env!("CARGO_BIN_EXE_cohort").into());
+    let child = Command::new(bin)
         .args(["train", cfg.to_str().unwrap(), "--quiet"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -257,7 +257,7 @@ mkdir -p "$logs"; fail=0
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 while IFS=$'\t' read -r file dir; do
   name=$(basename "$file")
-  (cd "$root/$dir" && CARGO_MANIFEST_DIR="$root/$dir" "$bundle/$file" --include-ignored $filter) >"$logs/$name.log" 2>&1
+  (cd "$root/$dir" && CARGO_MANIFEST_DIR="$root/$dir" CARGO_BIN_EXE_cohort="$bundle/bin/cohort" "$bundle/$file" --include-ignored $filter) >"$logs/$name.log" 2>&1
   rc=$?; echo "$name: rc=$rc $(grep -E '^test result' "$logs/$name.log" | tail -1)"; [ $rc -eq 0 ] || fail=1
 done < <(python3 -c 'import json,sys; [print(t["file"]+"\t"+t["package_dir"]) for t in json.load(open(sys.argv[1]))["tests"]]' "$bundle/MANIFEST.json")
 exit $fail

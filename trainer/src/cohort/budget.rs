@@ -246,23 +246,16 @@ impl Cohort {
         if !self.device.is_cuda() {
             return Ok(());
         }
-        if let Err(e) = crate::memory::enforce_process_limit(&self.device) {
-            self.progress.message(&format!("warning: {e}"));
-        }
+        // One measurement (an NVML query) serves both the limit and the record.
         let Some(p) = crate::memory::process_report(&self.device) else {
             return Ok(());
         };
+        if let Err(e) = crate::memory::apply_process_limit(&self.device, &p) {
+            self.progress.message(&format!("warning: {e}"));
+        }
         self.peak_process = self.peak_process.max(p.process.unwrap_or(0));
-        let record = serde_json::json!({
-            "time": self.elapsed(),
-            "process": p.process,
-            "pool_reserved": p.pool_reserved,
-            "pool_limit": p.pool_limit,
-            "runtime_in_pool": p.runtime_in_pool,
-            "outside_pool": p.context,
-            "pinned_host": p.pinned_host,
-            "card_free": p.card_free,
-        });
+        let mut record = serde_json::to_value(&p).map_err(|e| Error::json("process memory", e))?;
+        record["time"] = serde_json::json!(self.elapsed());
         let path = self.run.root().join(crate::run_dir::MEMORY_LOG_FILE);
         let line = format!("{record}\n");
         std::fs::OpenOptions::new()

@@ -115,11 +115,26 @@ impl Cohort {
         ))
     }
 
-    /// Writes member `i`'s checkpoint from unit `ui` (its slice, `j`).
-    pub(super) fn checkpoint(&mut self, ui: usize, i: usize) -> Result<()> {
+    /// Writes the checkpoints of `members` of unit `ui` (each its own slice; the unit's state is read once).
+    pub(super) fn checkpoint(&mut self, ui: usize, members: &[usize]) -> Result<()> {
+        if members.is_empty() {
+            return Ok(());
+        }
         let u = &self.units[ui];
-        let j = u.members.iter().position(|&x| x == i).unwrap_or(0);
-        let (params, ostate) = Cohort::member_state(u, j)?;
+        let js: Vec<usize> = members
+            .iter()
+            .map(|i| u.members.iter().position(|x| x == i).unwrap_or(0))
+            .collect();
+        let states = Cohort::member_states(u, &js)?;
+        for (&i, state) in members.iter().zip(states) {
+            self.checkpoint_member(ui, i, state)?;
+        }
+        Ok(())
+    }
+
+    /// Writes member `i`'s checkpoint from its state.
+    fn checkpoint_member(&mut self, ui: usize, i: usize, (params, ostate): MemberState) -> Result<()> {
+        let u = &self.units[ui];
         let mut tensors = BTreeMap::new();
         for (n, t) in &params {
             tensors.insert(format!("model.{n}"), tensor_data(t)?);

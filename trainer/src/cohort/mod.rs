@@ -620,6 +620,7 @@ impl Cohort {
             Some(val) if eval_due => Some(Cohort::evaluate(u, val)?),
             _ => None,
         };
+        let mut to_save = Vec::new();
         for (j, (&i, due)) in members.iter().zip(dues).enumerate() {
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
             let val = scores.as_ref().map(|s| s[j].clone());
@@ -633,11 +634,14 @@ impl Cohort {
                 self.log(i, lr, val, None)?;
             }
             if due.checkpoint && !self.members[i].diverged {
-                self.checkpoint(ui, i)?;
+                to_save.push(i);
             }
             if due.complete {
                 self.members[i].state = State::Done;
             }
+        }
+        self.checkpoint(ui, &to_save)?;
+        for &i in &members {
             let s = self.status(i);
             self.progress.update(i, s);
         }
@@ -695,13 +699,19 @@ impl Cohort {
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
             let (val, test) = (m.c.val.clone(), m.c.test.clone());
             self.log(i, lr, val, test)?;
-            let m = &self.members[i];
-            if m.cfg.checkpoint.every != CheckpointEvery::Never
-                && m.last_ckpt_step != Some(m.step)
-                && !m.diverged
-            {
-                self.checkpoint(ui, i)?;
-            }
+        }
+        let to_save: Vec<usize> = done
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let m = &self.members[i];
+                m.cfg.checkpoint.every != CheckpointEvery::Never
+                    && m.last_ckpt_step != Some(m.step)
+                    && !m.diverged
+            })
+            .collect();
+        self.checkpoint(ui, &to_save)?;
+        for &i in &done {
             let m = &mut self.members[i];
             m.events.sync()?;
             m.metrics.sync()?;
@@ -770,15 +780,24 @@ impl Cohort {
     fn checkpoint_all(&mut self, signal: i32) -> Result<()> {
         for ui in 0..self.units.len() {
             self.take_losses(ui, true)?;
-            for i in self.units[ui].members.clone() {
-                let m = &self.members[i];
-                if m.state == State::Done {
-                    continue;
-                }
-                let saved = m.cfg.checkpoint.every != CheckpointEvery::Never;
-                if saved && m.last_ckpt_step != Some(m.step) {
-                    self.checkpoint(ui, i)?;
-                }
+            let training: Vec<usize> = self.units[ui]
+                .members
+                .iter()
+                .copied()
+                .filter(|&i| self.members[i].state != State::Done)
+                .collect();
+            let to_save: Vec<usize> = training
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    let m = &self.members[i];
+                    m.cfg.checkpoint.every != CheckpointEvery::Never
+                        && m.last_ckpt_step != Some(m.step)
+                })
+                .collect();
+            self.checkpoint(ui, &to_save)?;
+            for i in training {
+                let saved = self.members[i].cfg.checkpoint.every != CheckpointEvery::Never;
                 let step = self.members[i].step;
                 let name = signal_name(signal);
                 let text = if saved {

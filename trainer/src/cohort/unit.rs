@@ -122,7 +122,7 @@ pub(super) fn planned_steps(cfg: &MemberConfig, data: &DataSet) -> u64 {
 }
 
 /// What members must share to be fused: everything but the learning rate and the seed.
-pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
+pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet, graphs: bool) -> String {
     let mut opt = cfg.optimizer.clone();
     match &mut opt {
         OptimConfig::Sgd { lr, .. }
@@ -131,12 +131,19 @@ pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet) -> String {
             *lr = 0.0;
         }
     }
-    // The schedule's shape: its floor (a rate) may differ, as the base rate may; each member keeps its own.
+    // The schedule's shape: its floor (a rate) may differ, as the base rate may; each member keeps its own. A
+    // captured CUDA graph scales every member's rate by one factor, so where steps replay graphs only members
+    // with the same floor factor fuse (the others replay graphs of their own).
     let shape = match cfg.lr_schedule {
-        LrScheduleConfig::Cosine { warmup, .. } => LrScheduleConfig::Cosine {
+        LrScheduleConfig::Cosine { warmup, .. } if !graphs => LrScheduleConfig::Cosine {
             warmup,
             min_lr: 0.0,
         },
+        LrScheduleConfig::Cosine { .. } => {
+            return serde_json::json!({"members": fusion_key(cfg, data, false),
+                "schedule": lr_schedule(cfg, planned_steps(cfg, data))})
+            .to_string();
+        }
         ref other => other.clone(),
     };
     serde_json::json!({
@@ -178,7 +185,11 @@ impl Cohort {
             }
             // A checkpointed member fuses only with members at the same point (step, data position, batch, device).
             let mut key = if fusion && m.cfg.fuse && m.cfg.model.spec().is_some() {
-                fusion_key(&m.cfg, &self.data[&m.cfg.data])
+                fusion_key(
+                    &m.cfg,
+                    &self.data[&m.cfg.data],
+                    self.device.is_cuda() && self.config.run.cuda_graphs,
+                )
             } else {
                 format!("single:{i}")
             };
@@ -407,26 +418,22 @@ impl Cohort {
         })
     }
 
-    /// Member `j` of unit `u`'s parameters and optimizer state.
-    /// Member `j`'s parameters, buffers and optimizer state, on the host. Whole tensors are copied to the host
-    /// before the member's slice is cut, so that a checkpoint or a split takes no device memory: under a tight
-    /// limit a device-side slice could fail for want of the very memory the member is about to give back.
-    pub(super) fn member_state(u: &Unit, j: usize) -> Result<MemberState> {
+    /// The parameters, buffers and optimizer state of the members at positions `js` of unit `u`, on the host.
+    /// Each whole tensor is copied to the host once and the members' slices are cut there, so that checkpoints or
+    /// a split take no device memory: under a tight limit a device-side slice could fail for want of the very
+    /// memory the member is about to give back.
+    pub(super) fn member_states(u: &Unit, js: &[usize]) -> Result<Vec<MemberState>> {
         let host = |(name, t): (String, Tensor)| -> Result<(String, Tensor)> {
             Ok((name, t.to_device(&Device::Cpu)?))
-        };
-        let member = |(name, t): (String, Tensor)| -> Result<(String, Tensor)> {
-            let shape = t.shape().to_vec();
-            Ok((name, t.narrow(0, j, 1)?.reshape(&shape[1..])?))
         };
         let params = u
             .model
             .state()
             .into_iter()
-            .map(|p| host(p).and_then(member))
+            .map(host)
             .collect::<Result<Vec<_>>>()?;
         let ostate = u.opt.state_dict();
-        let o = OptimizerState {
+        let ostate = OptimizerState {
             step: ostate.step,
             tensors: ostate
                 .tensors
@@ -434,12 +441,23 @@ impl Cohort {
                 .map(host)
                 .collect::<Result<Vec<_>>>()?,
         };
-        let o = if o.tensors.is_empty() {
-            o
-        } else {
-            o.member(j)?
-        };
-        Ok((params, o))
+        js.iter()
+            .map(|&j| {
+                let member = params
+                    .iter()
+                    .map(|(name, t)| {
+                        let shape = t.shape();
+                        Ok((name.clone(), t.narrow(0, j, 1)?.reshape(&shape[1..])?))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let o = if ostate.tensors.is_empty() {
+                    ostate.clone()
+                } else {
+                    ostate.member(j)?
+                };
+                Ok((member, o))
+            })
+            .collect()
     }
 
     /// Splits unit `ui`: the members in `first` go into a new unit, the rest into another; both continue where the
@@ -451,9 +469,10 @@ impl Cohort {
         let batch = u.batch;
         let mut a = (Vec::new(), Vec::new());
         let mut b = (Vec::new(), Vec::new());
-        for (j, &i) in u.members.iter().enumerate() {
-            // On the host, so the old unit's device memory can go before the new units are built.
-            let s = Cohort::member_state(u, j)?;
+        // On the host, so the old unit's device memory can go before the new units are built.
+        let all: Vec<usize> = (0..u.members.len()).collect();
+        let states = Cohort::member_states(u, &all)?;
+        for (&i, s) in u.members.iter().zip(states) {
             if first.contains(&i) {
                 a.0.push(i);
                 a.1.push(s);

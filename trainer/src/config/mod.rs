@@ -604,15 +604,11 @@ impl<'a> Section<'a> {
 
     /// A memory amount, in the allocator's one syntax ([`Limit`]'s `FromStr`: `"2GiB"`, `"512MB"`, `"40%"`).
     fn mem(&self, k: &str) -> CResult<Option<Limit>> {
-        let accepted = "a size such as \"2GiB\", \"512MiB\", \"40%\" or a number of bytes";
         match self.take(k) {
             None => Ok(None),
-            Some(Value::Integer(i)) if *i > 0 => Ok(Some(Limit::Bytes(*i as u64))),
-            Some(Value::String(s)) => s
-                .parse::<Limit>()
-                .map(Some)
-                .map_err(|_| self.error(k, format!("expected {accepted}, found \"{s}\""))),
-            Some(v) => Err(self.error(k, format!("expected {accepted}, found {}", describe(v)))),
+            Some(v) => memory_amount(v).map(Some).ok_or_else(|| {
+                self.error(k, format!("expected {MEMORY_AMOUNT}, found {}", describe(v)))
+            }),
         }
     }
 
@@ -686,20 +682,27 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     })
 }
 
+/// The forms of a memory amount, for error messages.
+pub(crate) const MEMORY_AMOUNT: &str = "a size such as \"2GiB\", \"512MiB\", \"40%\" or a number of bytes";
+
+/// A memory amount in a TOML value: a positive number of bytes, or a string in the allocator's one syntax
+/// ([`Limit`]'s `FromStr`: `"2GiB"`, `"512MB"`, `"40%"`). The config and the control file read sizes through it.
+pub(crate) fn memory_amount(v: &Value) -> Option<Limit> {
+    match v {
+        Value::Integer(i) if *i > 0 => Some(Limit::Bytes(*i as u64)),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
 fn parse_memory(s: &Section<'_>) -> CResult<MemoryConfig> {
     let growth = s.bool("growth")?.unwrap_or(true);
     let limit = s.mem("limit")?;
     let scope = match s.str("scope", "\"pool\" or \"process\"")? {
         None => Scope::Pool,
-        Some(v) => v.parse().map_err(|_| {
-            s.error(
-                "scope",
-                format!(
-                    "expected \"pool\" (the limit caps the allocator's pool) or \"process\" (everything the \
-                     process holds on the device), found \"{v}\""
-                ),
-            )
-        })?,
+        Some(v) => v
+            .parse()
+            .map_err(|e: cohort_alloc::Error| s.error("scope", e.to_string()))?,
     };
     s.finish()?;
     Ok(MemoryConfig {

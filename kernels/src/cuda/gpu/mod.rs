@@ -485,16 +485,6 @@ impl Gpu {
         self.arena.set(arena).is_ok()
     }
 
-    /// The device's free and total memory (`cuMemGetInfo`: every process's use counts).
-    ///
-    /// # Errors
-    /// The driver refuses.
-    pub fn mem_info(&self) -> Result<(u64, u64)> {
-        self.bind()?;
-        let (free, total) = drv::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))?;
-        Ok((free as u64, total as u64))
-    }
-
     /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
     /// by every op of the stream the work goes to (safe because all of them are ordered on it).
     /// During a capture the area is the graph's own.

@@ -29,7 +29,7 @@ struct GpuAllocator {
     /// The configured limit in bytes.
     limit: Option<u64>,
     /// What lay outside the pool when it was made.
-    context_at_start: Option<u64>,
+    outside_pool_at_start: Option<u64>,
 }
 
 impl fmt::Debug for GpuAllocator {
@@ -72,8 +72,9 @@ impl DeviceAllocator for GpuAllocator {
         self.bfc.trim()
     }
     fn resize_limit(&self, bytes: u64) -> cohort_alloc::Result<u64> {
-        if bytes < self.bfc.stats().counters.reserved && !self.quiesced() {
-            return Ok(self.bfc.stats().counters.reserved);
+        let reserved = self.bfc.counters().reserved;
+        if bytes < reserved && !self.quiesced() {
+            return Ok(reserved);
         }
         self.bfc.resize_limit(bytes)
     }
@@ -87,7 +88,7 @@ impl DeviceAllocator for GpuAllocator {
         self.bfc.reset_tenant_peak(id)
     }
     fn process_memory(&self) -> Option<ProcessMemory> {
-        let (card_free, card_total) = self.gpu.mem_info().ok()?;
+        let card_total = self.gpu.context().total_mem().ok()? as u64;
         let report = self.bfc.stats();
         let runtime_in_pool = report
             .tenants
@@ -99,23 +100,20 @@ impl DeviceAllocator for GpuAllocator {
         Some(ProcessMemory {
             device: format!("cuda:{} ({})", self.gpu.ordinal(), self.gpu.name()),
             card_total,
-            card_free,
+            card_free: report.device_free,
             process,
             pool_reserved,
             runtime_in_pool,
-            context: process.map(|p| p.saturating_sub(pool_reserved)),
-            context_at_start: self.context_at_start,
+            outside_pool: process.map(|p| p.saturating_sub(pool_reserved)),
+            outside_pool_at_start: self.outside_pool_at_start,
             pinned_host: pinned_host_bytes(),
             scope: self.scope,
             limit: self.limit,
             pool_limit: report.limit,
         })
     }
-    fn enforce_process_limit(&self) -> cohort_alloc::Result<()> {
+    fn apply_process_limit(&self, now: &ProcessMemory) -> cohort_alloc::Result<()> {
         let (Scope::Process, Some(limit)) = (self.scope, self.limit) else {
-            return Ok(());
-        };
-        let Some(now) = self.process_memory() else {
             return Ok(());
         };
         if now.process.is_none() {
@@ -127,7 +125,7 @@ impl DeviceAllocator for GpuAllocator {
                 );
             });
         }
-        let share = cohort_alloc::pool_share(limit, now.outside_pool())?;
+        let share = cohort_alloc::pool_share(limit, now.outside_pool.unwrap_or(0))?;
         if share != now.pool_limit || now.pool_reserved > share {
             self.resize_limit(share)?;
         }
@@ -184,7 +182,7 @@ pub(super) fn graph_pool(bfc: DeviceBfc, gpu: Arc<Gpu>) -> Arc<dyn DeviceAllocat
         runtime: TenantId::DEFAULT,
         scope: Scope::Pool,
         limit: None,
-        context_at_start: None,
+        outside_pool_at_start: None,
     })
 }
 
@@ -202,19 +200,21 @@ pub fn create_allocator(ordinal: usize) -> Result<Arc<dyn DeviceAllocator>> {
         .build()?;
     let bfc = Arc::new(cohort_alloc::device_allocator(&config)?);
     let runtime = bfc.add_tenant("cuda runtime", TenantLimits::unlimited())?;
-    let (_, card) = gpu.mem_info()?;
     let bus_id = gpu.pci_bus_id().ok();
-    let context_at_start = bus_id.as_deref().and_then(nvml::process_bytes);
+    let outside_pool_at_start = bus_id.as_deref().and_then(nvml::process_bytes);
     let a = Arc::new(GpuAllocator {
+        // The allocator's own limit is the configured one, in bytes of this card.
+        limit: config.limit.map(|_| bfc.limit()),
         bfc: bfc.clone(),
         bus_id,
         gpu: gpu.clone(),
         runtime,
         scope: config.scope,
-        limit: config.limit.map(|l| l.bytes(card)),
-        context_at_start,
+        outside_pool_at_start,
     });
-    a.enforce_process_limit()?;
+    if let Some(now) = a.process_memory() {
+        a.apply_process_limit(&now)?;
+    }
     gpu.set_arena(Arc::new(RuntimeArena {
         bfc,
         tenant: runtime,
