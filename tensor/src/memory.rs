@@ -215,7 +215,9 @@ impl fmt::Display for ProcessMemory {
             fmt_bytes(self.pinned_host)
         )?;
         match (self.limit, self.scope) {
-            (Some(l), Scope::Process) => write!(f, "  limit {} for the whole process", fmt_bytes(l)),
+            (Some(l), Scope::Process) => {
+                write!(f, "  limit {} for the whole process", fmt_bytes(l))
+            }
             (Some(l), Scope::Pool) => write!(
                 f,
                 "  limit {} for the pool (scope = \"process\" would cover the rest too)",

@@ -133,7 +133,12 @@ impl Cohort {
     }
 
     /// Writes member `i`'s checkpoint from its state.
-    fn checkpoint_member(&mut self, ui: usize, i: usize, (params, ostate): MemberState) -> Result<()> {
+    fn checkpoint_member(
+        &mut self,
+        ui: usize,
+        i: usize,
+        (params, ostate): MemberState,
+    ) -> Result<()> {
         let u = &self.units[ui];
         let mut tensors = BTreeMap::new();
         for (n, t) in &params {

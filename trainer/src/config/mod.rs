@@ -607,7 +607,10 @@ impl<'a> Section<'a> {
         match self.take(k) {
             None => Ok(None),
             Some(v) => memory_amount(v).map(Some).ok_or_else(|| {
-                self.error(k, format!("expected {MEMORY_AMOUNT}, found {}", describe(v)))
+                self.error(
+                    k,
+                    format!("expected {MEMORY_AMOUNT}, found {}", describe(v)),
+                )
             }),
         }
     }
@@ -683,7 +686,8 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
 }
 
 /// The forms of a memory amount, for error messages.
-pub(crate) const MEMORY_AMOUNT: &str = "a size such as \"2GiB\", \"512MiB\", \"40%\" or a number of bytes";
+pub(crate) const MEMORY_AMOUNT: &str =
+    "a size such as \"2GiB\", \"512MiB\", \"40%\" or a number of bytes";
 
 /// A memory amount in a TOML value: a positive number of bytes, or a string in the allocator's one syntax
 /// ([`Limit`]'s `FromStr`: `"2GiB"`, `"512MB"`, `"40%"`). The config and the control file read sizes through it.
