@@ -704,9 +704,15 @@ fn parse_memory(s: &Section<'_>) -> CResult<MemoryConfig> {
     let limit = s.mem("limit")?;
     let scope = match s.str("scope", "\"pool\" or \"process\"")? {
         None => Scope::Pool,
-        Some(v) => v
-            .parse()
-            .map_err(|e: cohort_alloc::Error| s.error("scope", e.to_string()))?,
+        Some(v) => v.parse().map_err(|_| {
+            s.error(
+                "scope",
+                format!(
+                    "expected \"pool\" (the limit caps the allocator's pool) or \"process\" (everything the \
+                     process holds on the device), found \"{v}\""
+                ),
+            )
+        })?,
     };
     s.finish()?;
     Ok(MemoryConfig {
