@@ -25,6 +25,17 @@ pub enum Error {
         /// The arena's error (the caching allocator's out-of-memory report).
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// GEMM choices saved on another device or library version ([`crate::matmul::GemmChoices`]): none were adopted,
+    /// and the products will be chosen afresh.
+    #[error(
+        "gemm choices were made on {made_on}, this is {this}: none adopted, the products will be chosen afresh"
+    )]
+    ForeignGemmChoices {
+        /// The device and libraries the choices were made on.
+        made_on: String,
+        /// This device and its libraries.
+        this: String,
+    },
     /// The crate was built without the `cuda` feature.
     #[error(
         "cohort-kernels was built without the `cuda` feature: rebuild with `--features cuda` to use a GPU"

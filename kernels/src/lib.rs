@@ -5,6 +5,9 @@
 //! Kernels work on slices and plain shapes; shape checking is the caller's job
 //! (cohort-tensor), except for data-dependent checks such as index ranges.
 //!
+//! The CPU kernels give the same bits whatever the number of threads; on the GPU,
+//! [`set_deterministic`] fixes the choices left (see [`determinism`]).
+//!
 //! ```
 //! use cohort_kernels::matmul::{cpu, MatmulShape};
 //! let a = [1.0f32, 2.0, 3.0, 4.0]; // [2, 2]
@@ -17,6 +20,7 @@ pub mod binary;
 pub mod conv;
 pub mod copy;
 pub mod cuda;
+pub mod determinism;
 mod error;
 pub mod index;
 pub mod matmul;
@@ -27,6 +31,7 @@ mod scalar;
 pub mod softmax;
 pub mod unary;
 
+pub use determinism::{deterministic, set_deterministic};
 pub use error::{Error, Result};
 pub use scalar::{Float, Scalar};
 

@@ -12,6 +12,12 @@
 //! but never reported to another thread): waiting for every index op would stall the stream once
 //! per training step.
 //!
+//! [`set_deterministic`] makes every GPU op give the same bits from run to run (fixed GEMM
+//! algorithms, ordered sums where threads would race; see [`cohort_kernels::determinism`]); the
+//! CPU ops already do, whatever the number of threads. [`GemmChoices`] carry the GEMM algorithms a
+//! run picked by timing to the run that resumes it ([`cuda::gemm_choices`],
+//! [`cuda::adopt_gemm_choices`]).
+//!
 //! ```
 //! use cohort_tensor::{DType, Device, Tensor};
 //! # fn main() -> cohort_tensor::Result<()> {
@@ -45,5 +51,7 @@ pub use tensor::{HostRead, Tensor};
 
 pub use cohort_kernels::binary::BinaryOp;
 pub use cohort_kernels::cuda::set_kernel_cache;
+pub use cohort_kernels::matmul::GemmChoices;
 pub use cohort_kernels::reduce::ReduceOp;
 pub use cohort_kernels::unary::UnaryOp;
+pub use cohort_kernels::{deterministic, set_deterministic};

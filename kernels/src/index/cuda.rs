@@ -2,7 +2,7 @@
 //! [`crate::Error::IndexOutOfRange`] by the next [`Gpu::synchronize`] or device-to-host copy.
 
 use crate::Result;
-use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args, unsupported};
+use crate::cuda::{CudaType, Gpu, KernelSource, Launch, kernel_args, unsupported};
 
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "index",
@@ -54,7 +54,8 @@ pub unsafe fn index_select(
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
 }
 
-/// `dst[o, idx[i], :] += src[o, i, :]` (repeated indices accumulate, in no fixed order).
+/// `dst[o, idx[i], :] += src[o, i, :]` (repeated indices accumulate: in f32 in no fixed order, or
+/// in index order as the CPU does in deterministic mode, [`crate::determinism`]).
 ///
 /// # Safety
 /// `dst` holds `outer * dim * inner` elements of `ty`, `idx` `nidx` i32, `src`
@@ -74,20 +75,33 @@ pub unsafe fn index_add(
     nidx: usize,
     src: u64,
 ) -> Result<()> {
-    let name = match ty {
-        CudaType::F32 => "index_add_f32",
-        CudaType::I32 => "index_add_i32",
-        other => return Err(unsupported("index_add", other)),
-    };
     let n = outer * nidx * inner;
     if n == 0 {
         return Ok(());
     }
+    let rows = outer * dim;
+    let (name, cfg) = match ty {
+        // A block per row of dst; with no rows, the plain kernel reports the (all bad) indices.
+        CudaType::F32 if crate::deterministic() && rows > 0 => {
+            let blocks = rows.min(gpu.sm_count() as usize * 16) as u32;
+            let cfg = Launch {
+                grid: (blocks, 1, 1),
+                block: (256, 1, 1),
+                shared: 0,
+            };
+            ("index_add_ordered_f32", cfg)
+        }
+        CudaType::F32 => ("index_add_f32", gpu.grid(n, 256)),
+        // Integer sums are exact in any order.
+        CudaType::I32 => ("index_add_i32", gpu.grid(n, 256)),
+        other => return Err(unsupported("index_add", other)),
+    };
     let (o, d, k, i) = (outer as u64, dim as u64, nidx as u64, inner as u64);
     let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![o, d, k, i, dst, idx, src, flag];
-    // SAFETY: matches `index_add_<t>(u64, u64, u64, u64, T*, const int*, const T*, int*)`.
-    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
+    // SAFETY: matches `index_add_<t>(u64, u64, u64, u64, T*, const int*, const T*, int*)`, which
+    // `index_add_ordered_f32` shares (launched with the 256 threads a block it needs).
+    unsafe { gpu.launch(&SRC, name, cfg, &mut args) }
 }
 
 /// `out[r] = src[r, idx[r]]`; `src` is `[rows, cols]` of a 4-byte type.

@@ -26,7 +26,8 @@ INDEX_SELECT(u32, u32)
 INDEX_SELECT(u16, u16)
 INDEX_SELECT(u8, u8)
 
-// dst[o, idx[i], r] += src[o, i, r]; dst is [outer, dim, inner], src [outer, nidx, inner].
+// dst[o, idx[i], r] += src[o, i, r]; dst is [outer, dim, inner], src [outer, nidx, inner]. Repeated indices add
+// into one element in whatever order their threads arrive: f32 bits vary from run to run (i32 sums do not).
 template <typename T>
 __device__ void index_add(u64 outer, u64 dim, u64 nidx, u64 inner, T* dst, const int* idx, const T* src, int* flag) {
     const u64 n = outer * nidx * inner;
@@ -51,6 +52,44 @@ extern "C" __global__ void index_add_i32(u64 outer, u64 dim, u64 nidx, u64 inner
     index_add<int>(outer, dim, nidx, inner, dst, idx, src, flag);
 }
 
+// The f32 one in a fixed order (deterministic mode): a block of 256 threads per row (o, d) of dst scans the indices
+// 256 at a time, lists those equal to d in order in shared memory, and each thread adds the listed rows of src into
+// its elements of the row one after another. Every element sums in index order, as the CPU kernel does: the CPU's
+// bits, whatever the scheduling.
+extern "C" __global__ void index_add_ordered_f32(u64 outer, u64 dim, u64 nidx, u64 inner, float* dst,
+                                                 const int* idx, const float* src, int* flag) {
+    __shared__ u32 hits[256];  // offsets in this round of the indices equal to d, in order
+    __shared__ u32 warp_hits[8];
+    const unsigned lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (u64 row = blockIdx.x; row < outer * dim; row += gridDim.x) {
+        const u64 o = row / dim, d = row % dim;
+        float* out = dst + row * inner;
+        for (u64 base = 0; base < nidx; base += 256) {
+            const u64 i = base + threadIdx.x;
+            const int k = i < nidx ? idx[i] : -1;
+            // The block of row 0 sees every index: it alone reports.
+            if (row == 0 && i < nidx && (k < 0 || (u64)k >= dim)) report_index_error(flag, OP_INDEX_ADD, k, (i64)dim);
+            const bool hit = i < nidx && k >= 0 && (u64)k == d;
+            const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+            if (lane == 0) warp_hits[w] = __popc(ballot);
+            __syncthreads();
+            u32 before = 0, total = 0;
+            for (unsigned j = 0; j < 8; ++j) {
+                const u32 c = warp_hits[j];
+                if (j < w) before += c;
+                total += c;
+            }
+            if (hit) hits[before + __popc(ballot & ((1u << lane) - 1u))] = threadIdx.x;
+            __syncthreads();
+            for (u32 j = 0; j < total; ++j) {
+                const float* s = src + (o * nidx + base + hits[j]) * inner;
+                for (u64 r = threadIdx.x; r < inner; r += blockDim.x) out[r] += s[r];
+            }
+            __syncthreads();  // the next round rewrites hits and warp_hits
+        }
+    }
+}
+
 // out[r] = src[r, idx[r]]; src is [rows, cols].
 template <typename T>
 __device__ void gather_last(u64 rows, u64 cols, const T* src, const int* idx, T* out, int* flag) {
@@ -68,7 +107,8 @@ extern "C" __global__ void gather_last_u32(u64 rows, u64 cols, const u32* src, c
     gather_last<u32>(rows, cols, src, idx, out, flag);
 }
 
-// dst[r, idx[r]] += src[r].
+// dst[r, idx[r]] += src[r]. Row r adds into row r of dst alone: each element gets at most one value per launch, so
+// the result does not depend on the order of threads (deterministic mode needs no other variant).
 extern "C" __global__ void scatter_add_last_f32(u64 rows, u64 cols, float* dst, const int* idx, const float* src,
                                                 int* flag) {
     GRID_STRIDE(r, rows) {

@@ -10,8 +10,8 @@ use std::ffi::c_void;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 
-use super::MatmulShape;
-use super::lt::{Epilogue, Geometry, Operands};
+use super::lt::Operands;
+use super::{Epilogue, Geometry, MatmulShape};
 use crate::cuda::{CudaType, Gpu, aligned16, cuda_err, unsupported};
 use crate::{Error, Result};
 

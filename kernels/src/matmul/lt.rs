@@ -8,6 +8,16 @@
 //! pick, and is tuned at its next eager call. `COHORT_GEMM_TUNING=0` keeps the heuristic's pick.
 //! Two more candidates are timed where they apply: the product split in two at a ragged last
 //! tile of columns, and for thin products a thread per output element ([`super::thin`]).
+//!
+//! The decisions can be saved and adopted by a later process ([`saved`]), which then times
+//! nothing it adopted. In deterministic mode ([`crate::determinism`]) nothing is timed: every
+//! geometry runs the heuristic's first pick, the same in every process.
+
+mod saved;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use saved::device;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -15,7 +25,7 @@ use std::mem::{MaybeUninit, size_of_val};
 
 use cudarc::cublaslt::{result as lt, sys};
 
-use super::thin;
+use super::{Epilogue, Geometry, thin};
 use crate::cuda::{GemmTuning, Gpu, cuda_err};
 use crate::{Error, Result};
 
@@ -28,40 +38,6 @@ const SPLITS: [u32; 6] = [1, 2, 4, 8, 16, 32];
 /// Timed runs per candidate, after one untimed.
 const RUNS: usize = 4;
 
-/// One column-major product `D = op(A)·op(B)` (batched with strides), as cuBLAS sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Geometry {
-    pub trans_a: bool,
-    pub trans_b: bool,
-    pub m: i32,
-    pub n: i32,
-    pub k: i32,
-    pub lda: i32,
-    pub ldb: i32,
-    pub ldc: i32,
-    pub batch: i32,
-    pub stride_a: i64,
-    pub stride_b: i64,
-    pub stride_c: i64,
-}
-
-/// What cuBLASLt does besides each product, with the device address in [`Operands::bias`]:
-/// add a bias per row of D (an output feature of the row-major product), then a ReLU when asked;
-/// or write there the sums of A over the contracted dimension. `stride` is the elements between
-/// the vectors of consecutive batch entries (0: one for all).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) enum Epilogue {
-    #[default]
-    None,
-    Bias {
-        stride: i64,
-        relu: bool,
-    },
-    SumsOfA {
-        stride: i64,
-    },
-}
-
 impl Epilogue {
     fn kind(&self) -> sys::cublasLtEpilogue_t {
         use sys::cublasLtEpilogue_t::*;
@@ -72,23 +48,6 @@ impl Epilogue {
             Epilogue::SumsOfA { .. } => CUBLASLT_EPILOGUE_BGRADA,
         }
     }
-
-    fn stride(&self) -> i64 {
-        match self {
-            Epilogue::None => 0,
-            Epilogue::Bias { stride, .. } | Epilogue::SumsOfA { stride } => *stride,
-        }
-    }
-
-    /// The suffix of a product's label in profiles and tuning reports.
-    pub(crate) fn tag(&self) -> &'static str {
-        match self {
-            Epilogue::None => "",
-            Epilogue::Bias { relu: false, .. } => "+bias",
-            Epilogue::Bias { relu: true, .. } => "+bias+relu",
-            Epilogue::SumsOfA { .. } => "+colsums",
-        }
-    }
 }
 
 /// A geometry with its epilogue and the alignment (bytes, at most 256) of each operand's batches.
@@ -97,6 +56,20 @@ struct Key {
     g: Geometry,
     epilogue: Epilogue,
     align: [u32; 3],
+}
+
+impl Key {
+    fn of(g: &Geometry, epilogue: Epilogue, x: Operands) -> Key {
+        Key {
+            g: *g,
+            epilogue,
+            align: [
+                alignment(x.a, g.stride_a, g.batch),
+                alignment(x.b, g.stride_b, g.batch),
+                alignment(x.d, g.stride_c, g.batch),
+            ],
+        }
+    }
 }
 
 /// Largest power of two up to 256 dividing the address of every batch of an f32 operand.
@@ -128,6 +101,8 @@ fn halves(g: &Geometry, x: Operands, n0: i32) -> (Geometry, Geometry, Operands) 
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
     entries: HashMap<Key, Entry>,
+    /// Entries made, changed or adopted so far: what changes whenever the saved choices would.
+    decisions: u64,
     report: Vec<GemmTuning>,
     tune: bool,
 }
@@ -159,8 +134,27 @@ struct Choice {
     desc: Desc,
     algo: sys::cublasLtMatmulAlgo_t,
     workspace: usize,
-    /// Its µs per product where it was picked by timing (else the heuristic's first).
-    us: Option<f64>,
+    picked: Picked,
+}
+
+/// How a [`Choice`] was made.
+#[derive(Clone, Copy)]
+enum Picked {
+    /// The heuristic's first pick, timed at the geometry's next call that may time.
+    Heuristic,
+    /// The fastest candidate, at this many µs per product.
+    Timed(f64),
+    /// From saved choices: never timed.
+    Adopted,
+}
+
+impl Picked {
+    fn us(self) -> Option<f64> {
+        match self {
+            Picked::Timed(us) => Some(us),
+            _ => None,
+        }
+    }
 }
 
 /// Operation and layout descriptors, destroyed when dropped.
@@ -368,10 +362,8 @@ impl Desc {
                 } else {
                     sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
                 } as u32;
-                let mut checked = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
-                // SAFETY: `algo` is a copy of an initialised algorithm; the attributes are u32;
-                // the descriptors are live; `checked` has room for one result.
-                let ok = unsafe {
+                // SAFETY: `algo` is a copy of an initialised algorithm; the attributes are u32.
+                let set = unsafe {
                     sys::cublasLtMatmulAlgoConfigSetAttribute(
                         &mut algo,
                         CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
@@ -388,26 +380,10 @@ impl Desc {
                         )
                         .result()
                     })
-                    .and_then(|_| {
-                        sys::cublasLtMatmulAlgoCheck(
-                            handle,
-                            self.op,
-                            self.a,
-                            self.b,
-                            self.c,
-                            self.c,
-                            &algo,
-                            checked.as_mut_ptr(),
-                        )
-                        .result()
-                    })
-                    .is_ok()
                 };
-                if !ok {
+                let Some(checked) = set.ok().and_then(|_| self.check(handle, &algo)) else {
                     continue;
-                }
-                // SAFETY: filled in by a successful check.
-                let checked = unsafe { checked.assume_init() };
+                };
                 let fits = checked.workspaceSize <= MAX_WORKSPACE;
                 if fits && all.iter().all(|a| a.algo.data != algo.data) {
                     all.push(sys::cublasLtMatmulHeuristicResult_t { algo, ..checked });
@@ -415,6 +391,35 @@ impl Desc {
             }
         }
         all
+    }
+
+    /// cuBLASLt's verdict on running `algo` for this product: `None` where it cannot, else the
+    /// result with the workspace it needs.
+    fn check(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        algo: &sys::cublasLtMatmulAlgo_t,
+    ) -> Option<sys::cublasLtMatmulHeuristicResult_t> {
+        let mut checked = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+        // SAFETY: the descriptors are live; `algo` holds words cuBLASLt made (in this process, or
+        // saved by one on the same device and library), which this call validates; `checked`
+        // has room for one result.
+        unsafe {
+            sys::cublasLtMatmulAlgoCheck(
+                handle,
+                self.op,
+                self.a,
+                self.b,
+                self.c,
+                self.c,
+                algo,
+                checked.as_mut_ptr(),
+            )
+        }
+        .result()
+        .ok()?;
+        // SAFETY: filled in by a successful check.
+        Some(unsafe { checked.assume_init() })
     }
 }
 
@@ -443,6 +448,7 @@ impl Lt {
         Ok(Lt {
             handle,
             entries: HashMap::new(),
+            decisions: 0,
             report: Vec::new(),
             tune,
         })
@@ -451,6 +457,12 @@ impl Lt {
     /// The tunings made since the last call.
     pub(crate) fn take_report(&mut self) -> Vec<GemmTuning> {
         std::mem::take(&mut self.report)
+    }
+
+    /// Makes `entry` the way `key` runs.
+    fn decide(&mut self, key: Key, entry: Entry) {
+        self.entries.insert(key, entry);
+        self.decisions += 1;
     }
 
     /// Queues `D = epilogue(op(A)·op(B))` on the compute stream, tuning the geometry first if it
@@ -467,16 +479,10 @@ impl Lt {
         x: Operands,
         label: &dyn Fn() -> String,
     ) -> Result<bool> {
-        let key = Key {
-            g: *g,
-            epilogue,
-            align: [
-                alignment(x.a, g.stride_a, g.batch),
-                alignment(x.b, g.stride_b, g.batch),
-                alignment(x.d, g.stride_c, g.batch),
-            ],
-        };
-        let capturing = gpu.is_capturing();
+        let key = Key::of(g, epilogue, x);
+        // Timing waits for the device, which a capture cannot, and its pick depends on the moment,
+        // which deterministic mode forbids.
+        let timing = self.tune && !gpu.is_capturing() && !crate::deterministic();
         match self.entries.get(&key) {
             Some(Entry::Refused) => return Ok(false),
             Some(&Entry::Split(n0)) => {
@@ -484,22 +490,22 @@ impl Lt {
                 return unsafe { self.matmul_split(gpu, g, epilogue, x, n0, label) };
             }
             Some(Entry::Thin) => {}
-            Some(Entry::Run(c)) if c.us.is_some() || !self.tune || capturing => {}
-            _ => match self.choose(gpu, &key, x, capturing, label)? {
+            Some(Entry::Run(c)) if !timing || !matches!(c.picked, Picked::Heuristic) => {}
+            _ => match self.choose(gpu, &key, x, timing, label)? {
                 None => {
-                    self.entries.insert(key, Entry::Refused);
+                    self.decide(key, Entry::Refused);
                     return Ok(false);
                 }
                 Some(c) => {
-                    let tuned = c.us;
-                    self.entries.insert(key, Entry::Run(c));
+                    let tuned = c.picked.us();
+                    self.decide(key, Entry::Run(c));
                     let thin = match tuned {
                         // SAFETY: forwarded to the caller.
                         Some(best) => unsafe { self.thin_pays(gpu, &key, x, best) }?,
                         None => false,
                     };
                     if thin {
-                        self.entries.insert(key, Entry::Thin);
+                        self.decide(key, Entry::Thin);
                     } else {
                         // SAFETY: forwarded to the caller.
                         let split = unsafe { self.split_pays(gpu, &key, x, label) }?;
@@ -567,7 +573,7 @@ impl Lt {
         let g = key.g;
         let rest = g.n % 128;
         let whole = match self.entries.get(key) {
-            Some(Entry::Run(c)) if key.epilogue == Epilogue::None => c.us,
+            Some(Entry::Run(c)) if key.epilogue == Epilogue::None => c.picked.us(),
             _ => None,
         };
         let Some(whole) = whole else {
@@ -580,40 +586,32 @@ impl Lt {
         let (head, tail, xt) = halves(&g, x, n0);
         let mut us = 0.0;
         for (part, xp) in [(head, x), (tail, xt)] {
-            let k = Key {
-                g: part,
-                epilogue: key.epilogue,
-                align: [
-                    alignment(xp.a, part.stride_a, part.batch),
-                    alignment(xp.b, part.stride_b, part.batch),
-                    alignment(xp.d, part.stride_c, part.batch),
-                ],
-            };
+            let k = Key::of(&part, key.epilogue, xp);
             let n = part.n;
-            let Some(c) = self.choose(gpu, &k, xp, false, &|| {
+            let Some(c) = self.choose(gpu, &k, xp, true, &|| {
                 format!("{} (columns of {n})", label())
             })?
             else {
                 return Ok(None);
             };
-            us += c.us.unwrap_or(f64::INFINITY);
-            self.entries.insert(k, Entry::Run(c));
+            us += c.picked.us().unwrap_or(f64::INFINITY);
+            self.decide(k, Entry::Run(c));
         }
         if us >= 0.97 * whole {
             return Ok(None);
         }
-        self.entries.insert(*key, Entry::Split(n0));
+        self.decide(*key, Entry::Split(n0));
         Ok(Some(n0))
     }
 
-    /// The heuristic's pick, or (outside a capture, unless tuning is off) the fastest candidate;
-    /// `None` when the heuristics offer nothing for this geometry.
+    /// The heuristic's pick, or (when `timing`) the fastest candidate; `None` when the heuristics
+    /// offer nothing for this geometry.
     fn choose(
         &mut self,
         gpu: &Gpu,
         key: &Key,
         x: Operands,
-        capturing: bool,
+        timing: bool,
         label: &dyn Fn() -> String,
     ) -> Result<Option<Choice>> {
         let desc = Desc::new(&key.g, &key.epilogue)?;
@@ -623,12 +621,12 @@ impl Lt {
         let Some(first) = cands.first() else {
             return Ok(None);
         };
-        if capturing || !self.tune {
+        if !timing {
             return Ok(Some(Choice {
                 algo: first.algo,
                 workspace: first.workspaceSize,
                 desc,
-                us: None,
+                picked: Picked::Heuristic,
             }));
         }
         // The heuristic's candidates come first, its own pick at 0.
@@ -657,7 +655,7 @@ impl Lt {
             algo: cands[best].algo,
             workspace: cands[best].workspaceSize,
             desc,
-            us: Some(best_us),
+            picked: Picked::Timed(best_us),
         }))
     }
 

@@ -1,5 +1,6 @@
 //! Matrix products: plain, batched, and batched with one side broadcast (fused members).
 
+mod choices;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -7,6 +8,8 @@ pub mod cuda;
 pub(crate) mod lt;
 #[cfg(feature = "cuda")]
 pub(crate) mod thin;
+
+pub use choices::{Epilogue, GemmChoice, GemmChoices, GemmDecision, GemmDevice, Geometry};
 
 /// The geometry of a (batched) matrix product `out[b] = op(lhs[b]) · op(rhs[b])`.
 ///

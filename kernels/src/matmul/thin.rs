@@ -3,7 +3,8 @@
 //! bound on a tiled GEMM, and one such launch takes a fraction of cuBLASLt's time there. The tuner
 //! ([`super::lt`]) times it beside cuBLASLt's fastest and keeps whichever is faster.
 
-use super::lt::{Epilogue, Geometry, Operands};
+use super::lt::Operands;
+use super::{Epilogue, Geometry};
 use crate::Result;
 use crate::cuda::{Gpu, KernelSource, kernel_args};
 

@@ -128,6 +128,7 @@ extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float
     adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, state->scale});
     if (!advance) return;
     __syncthreads();  // every thread of this block has read state->last
+    // An integer count: whatever order blocks finish in, the last one moves the step on, and no float is summed.
     if (threadIdx.x == 0) {
         __threadfence();
         if (atomicAdd(&state->blocks, 1u) == gridDim.x - 1) {

@@ -39,6 +39,8 @@ pub unsafe fn max_pool2d(gpu: &Gpu, p: &PoolParams, x: u64, out: u64, idx: u64) 
 
 /// Routes each output gradient to the input element its window took the max from:
 /// `grad_in` (`[planes, plane_in]`, zeroed here) gets `grad_out` (`[planes, plane_out]`) by `idx`.
+/// In deterministic mode ([`crate::determinism`]) each input element sums its gradients in output
+/// order (overlapping windows give it several), as the CPU does; else in no fixed order.
 ///
 /// # Safety
 /// `grad_out` and `idx` hold `planes·plane_out` elements, `grad_in` `planes·plane_in` f32.
@@ -63,6 +65,16 @@ pub unsafe fn max_pool2d_backward(
     let (pl, hi, ho) = (planes as u64, plane_in as u64, plane_out as u64);
     let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![pl, hi, ho, grad_out, idx, grad_in, flag];
-    // SAFETY: matches `max_pool2d_backward_f32(u64, u64, u64, const float*, const int*, float*, int*)`.
-    unsafe { gpu.launch(&SRC, "max_pool2d_backward_f32", gpu.grid(n, 256), &mut args) }
+    let (name, cfg) = if crate::deterministic() {
+        // A warp per plane.
+        (
+            "max_pool2d_backward_ordered_f32",
+            gpu.grid(planes * 32, 256),
+        )
+    } else {
+        ("max_pool2d_backward_f32", gpu.grid(n, 256))
+    };
+    // SAFETY: matches `max_pool2d_backward_<f32|ordered_f32>(u64, u64, u64, const float*, const int*, float*,
+    // int*)`.
+    unsafe { gpu.launch(&SRC, name, cfg, &mut args) }
 }

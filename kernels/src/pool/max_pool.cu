@@ -26,7 +26,8 @@ extern "C" __global__ void max_pool2d_f32(u64 planes, u64 h, u64 w, u64 k, u64 s
     }
 }
 
-// grad_in (zeroed by the host) [planes, hw_in] += grad_out routed by idx.
+// grad_in (zeroed by the host) [planes, hw_in] += grad_out routed by idx. Where windows overlap, several outputs
+// add into one input element, in whatever order their threads arrive: the bits vary from run to run.
 extern "C" __global__ void max_pool2d_backward_f32(u64 planes, u64 hw_in, u64 hw_out, const float* g,
                                                    const int* idx, float* gin, int* flag) {
     const u64 n = planes * hw_out;
@@ -36,6 +37,44 @@ extern "C" __global__ void max_pool2d_backward_f32(u64 planes, u64 hw_in, u64 hw
             report_index_error(flag, OP_MAX_POOL_BACKWARD, i, (i64)hw_in);
         } else {
             atomicAdd(&gin[(t / hw_out) * hw_in + (u64)i], g[t]);
+        }
+    }
+}
+
+// The same in a fixed order (deterministic mode). A warp per plane walks its outputs in order, 32 at a time; the
+// lanes that route to one input element (__match_any_sync) leave the adding to the lowest of them, which adds their
+// gradients in lane order to what earlier rounds left there. Every input element thus sums its gradients in output
+// order, as the CPU kernel does: the CPU's bits, whatever the scheduling. Needs no window geometry.
+extern "C" __global__ void max_pool2d_backward_ordered_f32(u64 planes, u64 hw_in, u64 hw_out, const float* g,
+                                                           const int* idx, float* gin, int* flag) {
+    const unsigned lane = threadIdx.x & 31;
+    // blockDim.x is a multiple of 32, so a warp's lanes share `pl` and every loop below runs warp-wide.
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 pl = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; pl < planes; pl += warps) {
+        const int* ix = idx + pl * hw_out;
+        const float* go = g + pl * hw_out;
+        float* gi = gin + pl * hw_in;
+        for (u64 base = 0; base < hw_out; base += 32) {
+            const u64 t = base + lane;
+            int i = -1;  // routes nowhere
+            float v = 0.0f;
+            if (t < hw_out) {
+                i = ix[t];
+                v = go[t];
+                if (i < 0 || (u64)i >= hw_in) {
+                    report_index_error(flag, OP_MAX_POOL_BACKWARD, i, (i64)hw_in);
+                    i = -1;
+                }
+            }
+            const unsigned peers = __match_any_sync(0xffffffffu, i);
+            const bool head = i >= 0 && (unsigned)(__ffs(peers) - 1) == lane;
+            float acc = head ? gi[i] : 0.0f;
+            for (int src = 0; src < 32; ++src) {
+                const float s = __shfl_sync(0xffffffffu, v, src);
+                if (head && ((peers >> src) & 1u)) acc += s;
+            }
+            if (head) gi[i] = acc;
+            __syncwarp();  // the next round's heads read what this one wrote
         }
     }
 }

@@ -4,7 +4,7 @@
 use cohort_kernels::binary::BinaryOp;
 use cohort_kernels::conv::ConvParams;
 use cohort_kernels::copy::Copy2d;
-use cohort_kernels::matmul::MatmulShape;
+use cohort_kernels::matmul::{GemmChoices, MatmulShape};
 use cohort_kernels::optim::{AdamParams, SgdParams};
 use cohort_kernels::pool::PoolParams;
 use cohort_kernels::reduce::{ReduceOp, ReduceShape};
@@ -606,4 +606,28 @@ pub fn kernel_profile(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::Kernel
 /// [`Error::NotCompiledWithCuda`].
 pub fn gemm_tuning(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::GemmTuning>> {
     Err(unavailable("gemm_tuning", ordinal))
+}
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn gemm_choices(ordinal: usize) -> Result<GemmChoices> {
+    Err(unavailable("gemm_choices", ordinal))
+}
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn adopt_gemm_choices(ordinal: usize, _choices: &GemmChoices) -> Result<usize> {
+    Err(unavailable("adopt_gemm_choices", ordinal))
+}
+
+/// Always fails: this build has no CUDA support.
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn gemm_choice_count(ordinal: usize) -> Result<u64> {
+    Err(unavailable("gemm_choice_count", ordinal))
 }

@@ -20,7 +20,7 @@ use cohort_kernels::conv::{ConvParams, cuda as conv_cuda};
 use cohort_kernels::copy::{Copy2d, cuda as copy_cuda};
 use cohort_kernels::cuda::{CudaType, Gpu};
 use cohort_kernels::index::cuda as index_cuda;
-use cohort_kernels::matmul::{MatmulShape, cuda as matmul_cuda};
+use cohort_kernels::matmul::{GemmChoices, MatmulShape, cuda as matmul_cuda};
 use cohort_kernels::optim::{AdamParams, SgdParams, cuda as optim_cuda};
 use cohort_kernels::pool::{PoolParams, cuda as pool_cuda};
 use cohort_kernels::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
@@ -268,6 +268,36 @@ pub fn kernel_profile(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::Kernel
 /// No such device.
 pub fn gemm_tuning(ordinal: usize) -> Result<Vec<cohort_kernels::cuda::GemmTuning>> {
     Ok(gpu(ordinal)?.gemm_tuning())
+}
+
+/// Every f32 product geometry device `ordinal` decided on so far and how it runs, to save with a
+/// run (see [`Gpu::gemm_choices`](cohort_kernels::cuda::Gpu::gemm_choices)).
+///
+/// # Errors
+/// No such device.
+pub fn gemm_choices(ordinal: usize) -> Result<GemmChoices> {
+    Ok(gpu(ordinal)?.gemm_choices())
+}
+
+/// Makes device `ordinal` run the geometries of saved `choices` it has not decided on yet as they
+/// say, without timing them; returns how many entries it took (see
+/// [`Gpu::adopt_gemm_choices`](cohort_kernels::cuda::Gpu::adopt_gemm_choices)).
+///
+/// # Errors
+/// No such device, no cuBLASLt, or choices made on another device or cuBLASLt
+/// ([`cohort_kernels::Error::ForeignGemmChoices`]: nothing adopted, the products are chosen afresh).
+pub fn adopt_gemm_choices(ordinal: usize, choices: &GemmChoices) -> Result<usize> {
+    Ok(gpu(ordinal)?.adopt_gemm_choices(choices)?)
+}
+
+/// A count that grows whenever device `ordinal` decides on (or adopts) a product geometry: save
+/// [`gemm_choices`] again only when it changed (see
+/// [`Gpu::gemm_choice_count`](cohort_kernels::cuda::Gpu::gemm_choice_count)).
+///
+/// # Errors
+/// No such device.
+pub fn gemm_choice_count(ordinal: usize) -> Result<u64> {
+    Ok(gpu(ordinal)?.gemm_choice_count())
 }
 
 /// `len` elements of `value` on device `ordinal`.

@@ -6,7 +6,8 @@ use std::ffi::c_void;
 
 use super::{DeviceBuffer, Gpu, ON_SIDE, cuda_err, lock};
 use crate::cuda::GemmTuning;
-use crate::matmul::lt::Lt;
+use crate::matmul::GemmChoices;
+use crate::matmul::lt::{self, Lt};
 use crate::{Error, Result};
 
 /// A cuBLAS handle with its own workspace (as PyTorch gives each handle: without one, cuBLAS
@@ -50,6 +51,35 @@ impl Gpu {
             .unwrap_or_default()
     }
 
+    /// Every f32 product geometry decided on so far and how it runs (the algorithms tuning picked), to save with
+    /// a run: adopted by the process that resumes it ([`Gpu::adopt_gemm_choices`]), they make it run each product
+    /// as before, where timing afresh could pick another algorithm, with other rounding.
+    pub fn gemm_choices(&self) -> GemmChoices {
+        match &*lock(&self.lt) {
+            Some(lt) => lt.choices(self),
+            None => GemmChoices {
+                device: lt::device(self),
+                entries: Vec::new(),
+            },
+        }
+    }
+
+    /// Takes saved [`GemmChoices`] for every geometry not decided on yet, never to time them; returns how many
+    /// entries it took. Adopt before the first product: geometries decided on already keep their entry.
+    ///
+    /// # Errors
+    /// [`Error::ForeignGemmChoices`] when they were made on another device or cuBLASLt version (nothing is
+    /// adopted; the products are chosen afresh); cuBLASLt missing.
+    pub fn adopt_gemm_choices(&self, choices: &GemmChoices) -> Result<usize> {
+        self.with_lt(|lt| lt.adopt(self, choices))
+    }
+
+    /// A count that grows whenever a geometry is decided on, re-decided or adopted: [`Gpu::gemm_choices`] can
+    /// only differ from what it returned when this count differs too, so a run writes them only then.
+    pub fn gemm_choice_count(&self) -> u64 {
+        lock(&self.lt).as_ref().map_or(0, Lt::decisions)
+    }
+
     /// Runs `f` with the device's cuBLAS handle (created on first use), bound to the stream this
     /// thread's work goes to and to a workspace no other stream or graph uses meanwhile.
     pub(crate) fn with_blas<R>(
@@ -87,7 +117,14 @@ impl Gpu {
                 .map_err(|e| cuda_err("cublasSetWorkspace", e))
         };
         if !ON_SIDE.get() && !self.is_capturing() {
-            set_workspace(own, BLAS_WORKSPACE)?;
+            // cuBLAS may pick its kernel by the workspace it has: deterministic mode gives it the same size as
+            // on the side stream and in graphs, so that a product runs alike wherever it runs.
+            let bytes = if crate::deterministic() {
+                SIDE_BLAS_WORKSPACE
+            } else {
+                BLAS_WORKSPACE
+            };
+            set_workspace(own, bytes)?;
             return f(handle);
         }
         // The side stream's work, and a graph's (whose replays may run beside other graphs'),

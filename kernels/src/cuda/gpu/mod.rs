@@ -208,6 +208,7 @@ pub struct Gpu {
     /// a wait already queued keeps the state the event had when it was queued.
     fork_join: (CudaEvent, CudaEvent),
     target: Target,
+    compute_capability: (u32, u32),
     sm_count: u32,
     name: String,
     blas: Mutex<Option<Blas>>,
@@ -312,6 +313,7 @@ impl Gpu {
             side,
             fork_join,
             target: Target::of(cc),
+            compute_capability: (cc.0.max(0) as u32, cc.1.max(0) as u32),
             sm_count: sm_count.max(1) as u32,
             name,
             blas: Mutex::new(None),
@@ -364,6 +366,11 @@ impl Gpu {
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// The compute capability (major, minor).
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
     }
 
     /// The driver context.

@@ -1,0 +1,223 @@
+//! The GPU kernels deterministic mode swaps in, run in a process of their own (the mode is process-wide): the same
+//! bits run after run, and the CPU kernels' values (`cargo test -p cohort-kernels --features cuda --test
+//! cuda_deterministic -- --include-ignored` on a GPU).
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use cohort_kernels::cuda::{CudaType, DeviceBuffer, Gpu};
+use cohort_kernels::index::{cpu as index_cpu, cuda as index_cuda};
+use cohort_kernels::pool::{PoolParams, cpu as pool_cpu, cuda as pool_cuda};
+use cohort_kernels::{Error, set_deterministic};
+
+/// Device 0, with deterministic mode on: every test of this process wants it, none turns it off.
+fn gpu() -> Arc<Gpu> {
+    set_deterministic(true);
+    Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"))
+}
+
+/// Values in [-1, 1) (xorshift).
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn up<T: bytemuck::Pod>(g: &Gpu, data: &[T]) -> DeviceBuffer {
+    let buf = g.alloc(std::mem::size_of_val(data)).unwrap();
+    // SAFETY: the buffer holds exactly these bytes.
+    unsafe { g.htod(buf.ptr(), bytemuck::cast_slice(data)).unwrap() };
+    buf
+}
+
+fn down(g: &Gpu, buf: &DeviceBuffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    // SAFETY: callers size the buffer for n f32.
+    unsafe {
+        g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
+            .unwrap()
+    };
+    out
+}
+
+/// Within 1e-5 of the CPU's values, relative (absolute below 1). Both add in the same order, so they should be
+/// the same bits.
+#[track_caller]
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}: element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+/// `run` five times gives the same bits each time; returns them.
+fn same_bits_five_times(what: &str, run: impl Fn() -> Vec<f32>) -> Vec<f32> {
+    let first = run();
+    for k in 1..5 {
+        let again = run();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&again), bits(&first), "{what}: run {k} differs");
+    }
+    first
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn max_pool_backward_over_overlapping_windows_is_the_same_bits_every_run() {
+    let g = gpu();
+    // 3x3 windows at stride 2 share their border rows and columns.
+    let p = PoolParams {
+        planes: 96,
+        h: 33,
+        w: 31,
+        kernel: 3,
+        stride: 2,
+    };
+    let (plane_in, plane_out) = (p.h * p.w, p.out_h() * p.out_w());
+    // Few distinct values: ties make shared border elements the max of both windows often.
+    let x: Vec<f32> = rand_vec(p.planes * plane_in, 61)
+        .iter()
+        .map(|v| (v * 4.0).round())
+        .collect();
+    let (_, idx) = pool_cpu::max_pool2d(&x, &p);
+    let mut hits = vec![0u32; p.planes * plane_in];
+    for (t, &i) in idx.iter().enumerate() {
+        hits[t / plane_out * plane_in + i as usize] += 1;
+    }
+    let shared = hits.iter().filter(|&&h| h > 1).count();
+    assert!(
+        shared > 100,
+        "only {shared} input elements take several gradients"
+    );
+    let go = rand_vec(p.planes * plane_out, 62);
+    let want = pool_cpu::max_pool2d_backward(&go, &idx, p.planes, plane_in, plane_out).unwrap();
+    let (dgo, didx) = (up(&g, &go), up(&g, &idx));
+    let gi = g.alloc(want.len() * 4).unwrap();
+    let got = same_bits_five_times("max_pool2d_backward", || {
+        // SAFETY: sizes from p.
+        unsafe {
+            pool_cuda::max_pool2d_backward(
+                &g,
+                p.planes,
+                plane_in,
+                plane_out,
+                dgo.ptr(),
+                didx.ptr(),
+                gi.ptr(),
+            )
+            .unwrap()
+        };
+        down(&g, &gi, want.len())
+    });
+    assert_close("max_pool2d_backward", &got, &want);
+
+    // An index outside its plane is reported, as by the kernel it stands in for.
+    let mut bad = idx.clone();
+    bad[plane_out + 5] = plane_in as i32;
+    let dbad = up(&g, &bad);
+    // SAFETY: sizes from p.
+    unsafe {
+        pool_cuda::max_pool2d_backward(
+            &g,
+            p.planes,
+            plane_in,
+            plane_out,
+            dgo.ptr(),
+            dbad.ptr(),
+            gi.ptr(),
+        )
+        .unwrap()
+    };
+    match g.synchronize() {
+        Err(Error::IndexOutOfRange { op, index, size }) => {
+            assert_eq!(
+                (op, index, size),
+                ("max_pool2d_backward", plane_in as i64, plane_in)
+            )
+        }
+        other => panic!("a bad index gave {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn index_add_with_repeated_indices_is_the_same_bits_every_run() {
+    let g = gpu();
+    // An embedding's gradient (a batch of token ids into a 50-row table, most ids repeated), then an index_add
+    // along a middle dim, into a destination that holds values already.
+    for (outer, dim, inner, nidx, start) in [
+        (1usize, 50usize, 96usize, 4000usize, 0.0f32),
+        (3, 20, 7, 700, 1.0),
+    ] {
+        let idx: Vec<i32> = rand_vec(nidx, 71 + dim as u64)
+            .iter()
+            .map(|v| (((v + 1.0) * 0.5 * dim as f32) as i32).min(dim as i32 - 1))
+            .collect();
+        let src = rand_vec(outer * nidx * inner, 72);
+        let init: Vec<f32> = rand_vec(outer * dim * inner, 73)
+            .iter()
+            .map(|v| v * start)
+            .collect();
+        let mut want = init.clone();
+        index_cpu::index_add(&mut want, outer, dim, inner, &idx, &src).unwrap();
+        let (didx, dsrc) = (up(&g, &idx), up(&g, &src));
+        let dst = g.alloc(init.len() * 4).unwrap();
+        let what = format!("index_add [{outer}, {dim}, {inner}] by {nidx} indices");
+        let got = same_bits_five_times(&what, || {
+            // SAFETY: dst holds init.len() f32.
+            unsafe { g.htod(dst.ptr(), bytemuck::cast_slice(&init)).unwrap() };
+            // SAFETY: sizes as declared.
+            unsafe {
+                index_cuda::index_add(
+                    &g,
+                    CudaType::F32,
+                    dst.ptr(),
+                    outer,
+                    dim,
+                    inner,
+                    didx.ptr(),
+                    nidx,
+                    dsrc.ptr(),
+                )
+                .unwrap()
+            };
+            down(&g, &dst, init.len())
+        });
+        assert_close(&what, &got, &want);
+    }
+
+    let (dim, inner) = (10usize, 4usize);
+    let idx = [3i32, 10, 3];
+    let (didx, dsrc) = (up(&g, &idx), up(&g, &[0f32; 12]));
+    let dst = up(&g, &[0f32; 40]);
+    // SAFETY: sizes as declared.
+    unsafe {
+        index_cuda::index_add(
+            &g,
+            CudaType::F32,
+            dst.ptr(),
+            1,
+            dim,
+            inner,
+            didx.ptr(),
+            idx.len(),
+            dsrc.ptr(),
+        )
+        .unwrap()
+    };
+    match g.synchronize() {
+        Err(Error::IndexOutOfRange { op, index, size }) => {
+            assert_eq!((op, index, size), ("index_add", 10, dim))
+        }
+        other => panic!("a bad index gave {other:?}"),
+    }
+}
