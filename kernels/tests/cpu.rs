@@ -274,12 +274,20 @@ fn optimizer_steps_use_per_member_rates() {
     }
 }
 
-/// Every CPU kernel a training step runs gives the same bits whatever the thread count: the convolution's weight
-/// gradient (a sum over the batch), its input gradient and forward pass, and products large enough to run
-/// threaded.
+/// Every CPU kernel that sums floats gives the same bits whatever the thread count (a resumed run may get another
+/// one): the convolution (its weight gradient sums the batch), products large enough to run threaded and batches of
+/// small ones, reductions (losses, means, norms' and biases' gradients over the batch), softmax and log-softmax,
+/// cross-entropy with its gradient, max-pool's backward over overlapping windows, index_add (an embedding's
+/// gradient), scatter_add_last and the optimizer steps. Each runs above the size where it goes parallel. A kernel that
+/// grouped its sums by the thread count (chunks of `len / current_num_threads()`, or rayon's `fold` / `sum` over
+/// floats, which group by work stealing) fails here: sums of a few thousand terms in another grouping differ in the
+/// last bits.
 #[test]
 fn reductions_are_the_same_bits_with_one_thread_or_many() {
     use cohort_kernels::conv::{ConvParams, cpu as conv};
+    use cohort_kernels::pool::{PoolParams, cpu as pool};
+    let f32s =
+        |n: usize, seed: u64| -> Vec<f32> { data(n, seed).iter().map(|&v| v as f32).collect() };
     let p = ConvParams {
         batch: 37,
         c_in: 6,
@@ -292,40 +300,148 @@ fn reductions_are_the_same_bits_with_one_thread_or_many() {
         padding: 1,
         groups: 2,
     };
-    let x: Vec<f32> = data(p.batch * p.c_in * p.h * p.w, 1)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    let gy: Vec<f32> = data(p.batch * p.c_out * p.out_h() * p.out_w(), 2)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
+    let x = f32s(p.batch * p.c_in * p.h * p.w, 1);
+    let gy = f32s(p.batch * p.c_out * p.out_h() * p.out_w(), 2);
+    let wt = f32s(p.weight_len(), 3);
+    let bias = f32s(p.c_out, 4);
     let (m, n, k) = (192, 160, 1024);
-    let a: Vec<f32> = data(m * k, 3).iter().map(|&v| v as f32).collect();
-    let b: Vec<f32> = data(k * n, 4).iter().map(|&v| v as f32).collect();
+    let a = f32s(m * k, 5);
+    let b = f32s(k * n, 6);
+    let small = MatmulShape {
+        batch: 64,
+        m: 24,
+        n: 20,
+        k: 48,
+        lhs_batch_stride: 24 * 48,
+        rhs_batch_stride: 0,
+        trans_lhs: false,
+        trans_rhs: true,
+    };
+    let (sa, sb) = (f32s(64 * 24 * 48, 7), f32s(20 * 48, 8));
+    let r = f32s(96 * 3000, 9);
+    let logits = f32s(2000 * 100, 10);
+    let labels: Vec<i32> = (0..2000).map(|i| i * 37 % 100).collect();
+    let pp = PoolParams {
+        planes: 64,
+        h: 33,
+        w: 31,
+        kernel: 3,
+        stride: 2,
+    };
+    let (plane_in, plane_out) = (pp.h * pp.w, pp.out_h() * pp.out_w());
+    let px = f32s(pp.planes * plane_in, 11);
+    let pg = f32s(pp.planes * plane_out, 12);
+    let ids: Vec<i32> = (0..5000).map(|i| i * 7919 % 50).collect();
+    let rows = f32s(ids.len() * 96, 13);
+    let grad = f32s(200_000, 14);
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap();
         pool.install(|| {
-            let c = matmul::matmul(&a, &b, &MatmulShape::plain(m, n, k));
-            (conv::conv2d_backward_weight(&x, &gy, &p), c)
+            let mut out: Vec<(&str, Vec<f32>)> = vec![
+                (
+                    "conv weight gradient",
+                    conv::conv2d_backward_weight(&x, &gy, &p),
+                ),
+                (
+                    "conv input gradient",
+                    conv::conv2d_backward_input(&gy, &wt, &p),
+                ),
+                ("conv forward", conv::conv2d(&x, &wt, Some(&bias), &p)),
+                (
+                    "product",
+                    matmul::matmul(&a, &b, &MatmulShape::plain(m, n, k)),
+                ),
+                ("batch of small products", matmul::matmul(&sa, &sb, &small)),
+            ];
+            for (what, shape) in [
+                (
+                    "row sums",
+                    ReduceShape {
+                        outer: 96,
+                        dim: 3000,
+                        inner: 1,
+                    },
+                ),
+                (
+                    "middle-dim means",
+                    ReduceShape {
+                        outer: 24,
+                        dim: 300,
+                        inner: 40,
+                    },
+                ),
+                (
+                    "sums over the batch",
+                    ReduceShape {
+                        outer: 1,
+                        dim: 3000,
+                        inner: 96,
+                    },
+                ),
+            ] {
+                let op = if what.contains("means") {
+                    ReduceOp::Mean
+                } else {
+                    ReduceOp::Sum
+                };
+                out.push((what, reduce::reduce(op, &r, shape)));
+            }
+            out.push(("softmax", softmax::softmax_last(&logits, 100, false)));
+            out.push(("log-softmax", softmax::softmax_last(&logits, 100, true)));
+            let (loss, dlogits) =
+                softmax::cross_entropy(&logits, 100, &labels, 1.0 / 2000.0).unwrap();
+            out.push(("cross-entropy", loss));
+            out.push(("cross-entropy gradient", dlogits));
+            let (_, idx) = pool::max_pool2d(&px, &pp);
+            let back = pool::max_pool2d_backward(&pg, &idx, pp.planes, plane_in, plane_out);
+            out.push(("max-pool backward", back.unwrap()));
+            let mut table = vec![0f32; 50 * 96];
+            index::index_add(&mut table, 1, 50, 96, &ids, &rows).unwrap();
+            out.push(("index_add", table));
+            let mut dst = vec![0f32; 2000 * 100];
+            index::scatter_add_last(&mut dst, 100, &labels, &logits[..2000]).unwrap();
+            out.push(("scatter_add_last", dst));
+            let (mut sgd, mut mom) = (
+                grad.iter().map(|g| g * 0.5).collect::<Vec<_>>(),
+                vec![0f32; grad.len()],
+            );
+            let lrs = [0.1, 0.01];
+            let h = SgdParams {
+                lrs: &lrs,
+                momentum: 0.9,
+                dampening: 0.0,
+                weight_decay: 1e-4,
+                nesterov: true,
+            };
+            optim::sgd_step(&mut sgd, &grad, Some(&mut mom), &h);
+            out.push(("sgd step", sgd));
+            let (mut adam, mut m1, mut m2) = (
+                vec![1f32; grad.len()],
+                vec![0f32; grad.len()],
+                vec![0f32; grad.len()],
+            );
+            let h = AdamParams {
+                lrs: &lrs,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+                decoupled: true,
+                step: 3,
+            };
+            optim::adam_step(&mut adam, &grad, &mut m1, &mut m2, &h);
+            out.push(("adam step", adam));
+            out
         })
     };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let one = run(1);
     for threads in [2, 3, 8] {
-        let many = run(threads);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&one.0),
-            bits(&many.0),
-            "weight gradient with {threads} threads"
-        );
-        assert_eq!(
-            bits(&one.1),
-            bits(&many.1),
-            "product with {threads} threads"
-        );
+        for ((what, want), (_, got)) in one.iter().zip(run(threads)) {
+            assert_eq!(bits(want), bits(&got), "{what} with {threads} threads");
+        }
     }
 }
