@@ -43,6 +43,8 @@ pub mod feed;
 mod graph;
 mod kernel_cache;
 pub mod memory;
+pub mod memory_now;
+pub mod memory_timeline;
 pub mod memory_trace;
 pub mod metrics;
 pub mod models;

@@ -54,12 +54,15 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
-    /// Show the device and its allocator, and, given a run directory, each member's memory.
+    /// Given a run directory, each member's memory: while the run trains, what its process measured within the
+    /// last second (live, reserved and peak bytes, limit, reserve, batch; on a GPU the pool, what lies outside it
+    /// and the allocator's tenants), otherwise what its records last said. Without one, this process's device and
+    /// its allocator.
     Memory {
         /// A run directory whose members' memory to show.
         run_dir: Option<PathBuf>,
-        /// The device: auto, cpu, cuda or cuda:N.
-        #[arg(long, default_value = "auto")]
+        /// The device to show without a run directory: auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto", conflicts_with = "run_dir")]
         device: String,
     },
     /// Replay an allocator trace (CSV `op,id,bytes`: `a` alloc, `f` free, `t` trim; optionally gzip) on a simulated
@@ -248,7 +251,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             Ok(conclude(cohort.run()?, t0))
         }
-        Command::Memory { run_dir, device } => memory(run_dir, &device).map(|()| ExitCode::SUCCESS),
+        Command::Memory { run_dir, device } => match run_dir {
+            Some(dir) => run_memory(&dir).map(|()| ExitCode::SUCCESS),
+            None => memory(&device).map(|()| ExitCode::SUCCESS),
+        },
         Command::Replay {
             trace,
             policy,
@@ -318,7 +324,8 @@ fn describe_device(d: cohort_tensor::Device) -> String {
     }
 }
 
-fn memory(run_dir: Option<PathBuf>, device: &str) -> anyhow::Result<()> {
+/// `cohort memory` without a run: this process's device and its allocator.
+fn memory(device: &str) -> anyhow::Result<()> {
     let dev = cohort_tensor::Device::parse(device)?;
     println!("device: {}", describe_device(dev));
     if dev.is_cuda() {
@@ -335,44 +342,80 @@ fn memory(run_dir: Option<PathBuf>, device: &str) -> anyhow::Result<()> {
              allocator while they train"
         );
     }
-    if let Some(dir) = run_dir {
-        let summary_path = dir.join(cohort_trainer::run_dir::SUMMARY_FILE);
-        println!("\nrun {}:", dir.display());
-        println!(
-            "{:<24} {:>12} {:>12} {:>6}  device",
-            "member", "last mem", "peak mem", "OOMs"
-        );
-        let summary = Summary::read(&summary_path).ok();
-        let config = Config::from_file(&dir.join(cohort_trainer::run_dir::CONFIG_FILE))?;
-        for m in &config.members {
-            let records = cohort_trainer::metrics::read(&dir.join(&m.name).join("metrics.jsonl"))?;
-            let last = records.last().map_or(0, |r| r.mem_bytes);
-            let peak_seen = records.iter().map(|r| r.mem_bytes).max().unwrap_or(0);
-            let s = summary
-                .as_ref()
-                .and_then(|s| s.members.iter().find(|x| x.name == m.name));
-            let peak = s.map_or(peak_seen, |s| s.peak_memory_bytes.max(peak_seen));
-            let ooms = s.map_or_else(
-                || {
-                    records
-                        .iter()
-                        .filter(|r| {
-                            r.event
-                                .as_deref()
-                                .is_some_and(|e| e.contains("out of memory"))
-                        })
-                        .count() as u64
-                },
-                |s| s.oom_events,
-            );
-            let dev = s.map_or("-".to_string(), |s| s.device.clone());
+    Ok(())
+}
+
+/// Seconds as a person reads an age: `0.4 s`, `12 s`, `3:07`.
+fn age(seconds: f64) -> String {
+    if seconds < 10.0 {
+        format!("{seconds:.1} s")
+    } else if seconds < 60.0 {
+        format!("{seconds:.0} s")
+    } else {
+        let s = seconds as u64;
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+/// `cohort memory RUN`: the snapshot of a run that trains now, or what its records last said. It reads files
+/// only: a CUDA context of its own would cost the card memory and show this process, not the run's.
+fn run_memory(dir: &Path) -> anyhow::Result<()> {
+    use cohort_trainer::memory_now::{self, RunState};
+    use cohort_trainer::run_dir::{MEMORY_NOW_FILE, RunDir, SUMMARY_FILE};
+    let run = RunDir::open(dir)?;
+    let shown = resume_path(run.root());
+    match memory_now::run_state(run.root())? {
+        RunState::Running {
+            pid,
+            snapshot: Some(s),
+        } => {
+            let old = s.age();
             println!(
-                "{:<24} {:>12} {:>12} {:>6}  {dev}",
-                m.name,
-                bytes(last),
-                bytes(peak),
-                ooms
+                "run {} · running (process {pid}) · device {} · measured {} ago, {} into the run",
+                shown.display(),
+                s.device,
+                age(old),
+                age(s.time)
             );
+            if old > 10.0 {
+                println!(
+                    "  (the run measures between steps: a long step, evaluation or checkpoint holds the next \
+                     measurement back)"
+                );
+            }
+            print!("{s}");
+        }
+        running => {
+            let last = match running {
+                RunState::Running { pid, .. } => {
+                    println!(
+                        "run {} · running (process {pid}), not measured yet (it writes {MEMORY_NOW_FILE} once it \
+                         trains) · from its records:",
+                        shown.display()
+                    );
+                    None
+                }
+                RunState::NotRunning { last } => {
+                    let when = last.as_ref().map_or(String::new(), |s| {
+                        format!(
+                            " (last measured {} ago, by process {})",
+                            age(s.age()),
+                            s.pid
+                        )
+                    });
+                    println!(
+                        "run {} · not running{when} · from its records (<member>/metrics.jsonl):",
+                        shown.display()
+                    );
+                    last
+                }
+            };
+            let config = Config::from_file(&run.config_path())?;
+            let summary = Summary::read(&run.root().join(SUMMARY_FILE)).ok();
+            let names: Vec<String> = config.members.iter().map(|m| m.name.clone()).collect();
+            let rows =
+                memory_now::from_records(run.root(), &names, summary.as_ref(), last.as_deref())?;
+            print!("{}", memory_now::table(&rows));
         }
     }
     Ok(())

@@ -39,6 +39,7 @@ use std::sync::{Arc, OnceLock};
 
 use cohort_alloc::{
     Bfc, Block, Config as AllocConfig, MemoryReport, SimMemory, TenantId, TenantLimits,
+    TenantReport,
 };
 use cohort_tensor::Device;
 use cohort_tensor::memory::{DeviceAllocator, ProcessMemory};
@@ -154,11 +155,29 @@ impl Tenant {
 
     /// Bytes the tenant holds now and at its peak.
     pub fn usage(&self) -> (u64, u64) {
-        let r = match &self.accounting {
+        self.stats().map_or((0, 0), |r| (r.in_use, r.peak_in_use))
+    }
+
+    /// The allocator's line for this tenant: what it holds and held at its peak, its limit and reserve now.
+    pub fn stats(&self) -> Option<TenantReport> {
+        match &self.accounting {
             Accounting::Device(a) => a.tenant_stats(self.id),
             Accounting::Host(b) => b.tenant_stats(self.id),
-        };
-        r.map_or((0, 0), |r| (r.in_use, r.peak_in_use))
+        }
+    }
+
+    /// One member's share of the tenant now, out of `members` (a fused group's bytes, limit and reserve are split
+    /// evenly, as its memory accounting is): what it holds, its high-water mark since the peak was last reset, its
+    /// limit and reserve.
+    pub fn share(&self, members: usize) -> MemberUsage {
+        let n = members.max(1) as u64;
+        self.stats()
+            .map_or_else(MemberUsage::default, |r| MemberUsage {
+                live: r.in_use / n,
+                high_water: r.peak_in_use / n,
+                limit: r.limit.map(|l| l / n),
+                reserve: r.reserve / n,
+            })
     }
 
     /// Starts the tenant's peak afresh from what it holds now.
@@ -215,6 +234,28 @@ impl Drop for Tenant {
         if let Accounting::Device(a) = &self.accounting {
             let _ = a.set_tenant_limits(self.id, TenantLimits::limit(0));
         }
+    }
+}
+
+/// A member's memory at one moment, as its records and the live snapshot (`memory-now.json`) give it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemberUsage {
+    /// Bytes its tenant holds ("live"; in the records, at the height of its latest step).
+    pub live: u64,
+    /// Its tenant's high-water mark over an interval (in the records, since the member's previous record).
+    pub high_water: u64,
+    /// Its limit, if any.
+    pub limit: Option<u64>,
+    /// Its guaranteed reserve (0: none).
+    pub reserve: u64,
+}
+
+impl MemberUsage {
+    /// What the pool holds on the member's behalf ("reserved"): the bytes it grew to at its high-water mark (the
+    /// caching allocator keeps them for it unless trimmed) or its guaranteed reserve, whichever is larger, and never
+    /// less than what it holds.
+    pub fn reserved(&self) -> u64 {
+        self.live.max(self.high_water).max(self.reserve)
     }
 }
 

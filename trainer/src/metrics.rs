@@ -26,8 +26,20 @@ pub struct MetricRecord {
     pub batch: usize,
     /// Training throughput since the previous record, optimizer steps per second.
     pub steps_per_s: f64,
-    /// Bytes the member's tenant holds.
+    /// Bytes the member's tenant holds ("live"): at the height of its latest step (its share, in a fused group).
     pub mem_bytes: u64,
+    /// The tenant's high-water mark since the member's previous logged record (its share, in a fused group): what
+    /// the pool grew to hold on its behalf, and keeps cached for it unless trimmed. Logged records only; absent from
+    /// those of older runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_peak_bytes: Option<u64>,
+    /// The member's guaranteed reserve (`[member.memory] reserve`), when it has one: the pool keeps it available for
+    /// the member even while it uses less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_reserve_bytes: Option<u64>,
+    /// The member's limit at this record (it changes through the control file), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit_bytes: Option<u64>,
     /// Test accuracy, when evaluated at this step (also in `test`; kept for readers of cohort 0.1's records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
@@ -40,6 +52,23 @@ pub struct MetricRecord {
     /// An event at this step (OOM recovery, pause, batch change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
+}
+
+impl MetricRecord {
+    /// What the pool holds on the member's behalf over the interval this record closes ("reserved"): its
+    /// high-water mark or its guaranteed reserve, whichever is larger, and never less than what it holds. `None` for
+    /// events and for records written before cohort kept the figure.
+    pub fn reserved_bytes(&self) -> Option<u64> {
+        self.mem_peak_bytes.map(|high_water| {
+            crate::memory::MemberUsage {
+                live: self.mem_bytes,
+                high_water,
+                limit: self.mem_limit_bytes,
+                reserve: self.mem_reserve_bytes.unwrap_or(0),
+            }
+            .reserved()
+        })
+    }
 }
 
 /// Appends records to a member's `metrics.jsonl`, each as it is written (one `write` per line, no buffer): a live
@@ -119,4 +148,40 @@ pub fn read(path: &Path) -> Result<Vec<MetricRecord>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_without_the_memory_figures_still_parse() {
+        // A logged record of cohort 0.1: no peak, reserve or limit.
+        let old = r#"{"step":20,"epoch":0,"time":1.5,"loss":0.7,"lr":0.001,"batch":32,"steps_per_s":900.0,"mem_bytes":4096}"#;
+        let r: MetricRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (r.mem_bytes, r.mem_peak_bytes, r.mem_limit_bytes),
+            (4096, None, None)
+        );
+        assert_eq!(r.reserved_bytes(), None, "unknown, not guessed");
+
+        let new = MetricRecord {
+            mem_peak_bytes: Some(6000),
+            mem_reserve_bytes: Some(8192),
+            mem_limit_bytes: Some(1 << 20),
+            ..r.clone()
+        };
+        let line = serde_json::to_string(&new).unwrap();
+        assert!(line.contains(r#""mem_peak_bytes":6000"#), "{line}");
+        assert_eq!(serde_json::from_str::<MetricRecord>(&line).unwrap(), new);
+        // Reserved: the reserve where it is above the high-water mark, the mark where it is above the reserve.
+        assert_eq!(new.reserved_bytes(), Some(8192));
+        let busy = MetricRecord {
+            mem_peak_bytes: Some(9000),
+            ..new.clone()
+        };
+        assert_eq!(busy.reserved_bytes(), Some(9000));
+        // Old readers' view: the record without the new keys is what cohort 0.1 wrote.
+        assert_eq!(serde_json::to_string(&r).unwrap(), old);
+    }
 }

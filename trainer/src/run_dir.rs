@@ -5,7 +5,9 @@
 //!   config.toml                 the config the run was started with (what `cohort resume` reads)
 //!   config-dir                  the folder that config was read from: its relative data paths resolve there
 //!   control.toml                optional: pause / resume / batch changes while running (see crate::control)
-//!   summary.json  loss.png  memory.png
+//!   summary.json  loss.png  memory.png  memory-trace.json
+//!   memory.jsonl                on a GPU: the process's memory once a second
+//!   memory-now.json             the run's memory now, rewritten once a second while it trains (`cohort memory RUN`)
 //!   <member>/
 //!     .lock                     the pid of the process training this member
 //!     events.out.tfevents.<time>.<host>   metrics.jsonl
@@ -30,6 +32,12 @@ pub const CONTROL_FILE: &str = "control.toml";
 pub const SUMMARY_FILE: &str = "summary.json";
 /// The process's device memory once a second while a run trains (JSON lines: the pool and what lies outside it).
 pub const MEMORY_LOG_FILE: &str = "memory.jsonl";
+/// The run's memory now, rewritten once a second while it trains (see `crate::memory_now`).
+pub const MEMORY_NOW_FILE: &str = "memory-now.json";
+/// The memory plot.
+pub const MEMORY_PLOT_FILE: &str = "memory.png";
+/// A member directory's lock: the pid of the process training it.
+pub const LOCK_FILE: &str = ".lock";
 
 /// A run's directory.
 #[derive(Debug, Clone)]
@@ -181,7 +189,9 @@ pub struct MemberLock {
     path: PathBuf,
 }
 
-fn process_alive(pid: u32) -> bool {
+/// Whether process `pid` exists (without `/proc` there is no telling: assumed alive, so a live run is never
+/// clobbered).
+pub fn process_alive(pid: u32) -> bool {
     if cfg!(target_os = "linux") {
         Path::new(&format!("/proc/{pid}")).exists()
     } else {
@@ -197,7 +207,7 @@ impl MemberLock {
     /// [`Error::DirectoryLocked`] when a live process (this one included: another member) holds it.
     pub fn acquire(dir: &Path) -> Result<MemberLock> {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let path = dir.join(".lock");
+        let path = dir.join(LOCK_FILE);
         let me = std::process::id();
         for _ in 0..3 {
             match fs::OpenOptions::new()
@@ -239,6 +249,20 @@ impl MemberLock {
     }
 }
 
+/// The pids that hold the locks of the member directories in `root` (alive or not), each once.
+pub fn lock_holders(root: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.path().join(LOCK_FILE)).ok())
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 impl Drop for MemberLock {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
@@ -267,6 +291,10 @@ mod tests {
         MemberLock::acquire(&dir).unwrap();
         // A lock of a process that no longer exists is taken over.
         fs::write(dir.join(".lock"), "4294967294").unwrap();
-        MemberLock::acquire(&dir).unwrap();
+        assert_eq!(lock_holders(tmp.path()), [4_294_967_294]);
+        let held = MemberLock::acquire(&dir).unwrap();
+        assert_eq!(lock_holders(tmp.path()), [std::process::id()]);
+        drop(held);
+        assert!(lock_holders(tmp.path()).is_empty());
     }
 }

@@ -115,17 +115,24 @@ fn the_default_job_trains_the_grid_and_the_cnn() {
         assert!(run.join(f).is_file(), "{f}");
     }
 
-    // `cohort memory RUN_DIR` lists every member.
+    // `cohort memory RUN_DIR` lists every member, from the records of the run that ended (and no device of its own:
+    // `--device` is for `cohort memory` without a run).
+    let o = cohort(&["memory", run.to_str().unwrap()], &workspace());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("not running")
+            && out.contains("mlp-lr5e-3")
+            && out.contains("cnn")
+            && out.contains("reserved")
+            && out.contains("peak"),
+        "{out}"
+    );
     let o = cohort(
         &["memory", run.to_str().unwrap(), "--device", "cpu"],
         &workspace(),
     );
-    let out = text(&o);
-    assert!(o.status.success(), "{out}");
-    assert!(
-        out.contains("mlp-lr5e-3") && out.contains("cnn") && out.contains("peak mem"),
-        "{out}"
-    );
+    assert!(!o.status.success(), "{}", text(&o));
 
     // Resuming a finished run trains nothing more and reports the same members.
     let o = cohort(&["resume", run.to_str().unwrap(), "--quiet"], &workspace());

@@ -234,7 +234,8 @@ impl Cohort {
     }
 
     /// Once a second: re-applies a process-wide limit (what lies outside the pool grows as kernels load and graphs
-    /// are made) and appends the process's memory to `memory.jsonl`.
+    /// are made), appends the process's memory to `memory.jsonl` (on a GPU) and rewrites `memory-now.json`, the
+    /// snapshot `cohort memory RUN` shows while the run trains.
     pub(super) fn memory_tick(&mut self) -> Result<()> {
         if self
             .last_memory_tick
@@ -243,28 +244,95 @@ impl Cohort {
             return Ok(());
         }
         self.last_memory_tick = Some(Instant::now());
-        if !self.device.is_cuda() {
-            return Ok(());
+        // One measurement (an NVML query) serves the limit, the record and the snapshot.
+        if self.device.is_cuda()
+            && let Some(p) = crate::memory::process_report(&self.device)
+        {
+            if let Err(e) = crate::memory::apply_process_limit(&self.device, &p) {
+                self.progress.message(&format!("warning: {e}"));
+            }
+            self.peak_process = self.peak_process.max(p.process.unwrap_or(0));
+            let mut record =
+                serde_json::to_value(&p).map_err(|e| Error::json("process memory", e))?;
+            record["time"] = serde_json::json!(self.elapsed());
+            let path = self.run.root().join(crate::run_dir::MEMORY_LOG_FILE);
+            let line = format!("{record}\n");
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(line.as_bytes()))
+                .map_err(|e| Error::io(&path, e))?;
+            self.last_process = Some(p);
         }
-        // One measurement (an NVML query) serves both the limit and the record.
-        let Some(p) = crate::memory::process_report(&self.device) else {
-            return Ok(());
-        };
-        if let Err(e) = crate::memory::apply_process_limit(&self.device, &p) {
-            self.progress.message(&format!("warning: {e}"));
+        // The snapshot is a window on the run, not one of its records: failing to write it only warns.
+        if let Err(e) = self.memory_now().write(self.run.root()) {
+            tracing::warn!("{e}");
         }
-        self.peak_process = self.peak_process.max(p.process.unwrap_or(0));
-        let mut record = serde_json::to_value(&p).map_err(|e| Error::json("process memory", e))?;
-        record["time"] = serde_json::json!(self.elapsed());
-        let path = self.run.root().join(crate::run_dir::MEMORY_LOG_FILE);
-        let line = format!("{record}\n");
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-            .map_err(|e| Error::io(&path, e))?;
-        self.last_process = Some(p);
         Ok(())
+    }
+
+    /// The live snapshot: every member's memory now, and on a GPU the allocator's tenants and the process's figures.
+    fn memory_now(&self) -> crate::memory_now::Snapshot {
+        let members = self
+            .members
+            .iter()
+            .map(|m| {
+                // By name (unique in a run): the unit that trains the member, if one still does.
+                let unit = self.units.iter().find(|u| {
+                    u.members
+                        .iter()
+                        .any(|&j| self.members[j].cfg.name == m.cfg.name)
+                });
+                let mem = Cohort::member_memory(m, unit);
+                crate::memory_now::MemberNow {
+                    name: m.cfg.name.clone(),
+                    state: match m.state {
+                        State::Running => "training".into(),
+                        State::Paused => "paused".into(),
+                        State::Done => m.c.stopped.clone().unwrap_or_else(|| "done".into()),
+                    },
+                    device: m.device.to_string(),
+                    batch: m.batch,
+                    step: m.step,
+                    live_bytes: mem.live,
+                    reserved_bytes: mem.reserved(),
+                    peak_bytes: m.c.peak_mem,
+                    limit_bytes: mem.limit,
+                    reserve_bytes: mem.reserve,
+                    oom_events: m.c.oom_events,
+                }
+            })
+            .collect();
+        let allocator = self
+            .device
+            .is_cuda()
+            .then(|| crate::memory::device_report(&self.device))
+            .flatten();
+        crate::memory_now::Snapshot::now(
+            self.elapsed(),
+            self.device.to_string(),
+            members,
+            allocator,
+            self.last_process.clone(),
+        )
+    }
+
+    /// Member `m`'s memory, trained by `unit` (if one still trains it): live at the height of its latest step, its
+    /// high-water mark since its last record, its share of the unit's limit and reserve. Nothing once no unit holds
+    /// it (finished, stopped, failed): its memory went back.
+    pub(super) fn member_memory(
+        m: &super::MemberRun,
+        unit: Option<&super::Unit>,
+    ) -> crate::memory::MemberUsage {
+        let Some(u) = unit else {
+            return crate::memory::MemberUsage::default();
+        };
+        let share = u.tenant.share(u.members.len());
+        crate::memory::MemberUsage {
+            live: m.mem_now,
+            high_water: share.high_water.max(m.c.mem_high),
+            ..share
+        }
     }
 }

@@ -91,6 +91,9 @@ struct Counters {
     steps_timed: u64,
     oom_events: u64,
     peak_mem: u64,
+    /// The tenant's high-water mark since the member's last record (its share): a record's `mem_peak_bytes`.
+    #[serde(skip)]
+    mem_high: u64,
     val: Option<Scores>,
     /// The step of the last validation.
     val_step: Option<u64>,
@@ -485,6 +488,9 @@ impl Cohort {
             batch: m.batch,
             steps_per_s: 0.0,
             mem_bytes: m.mem_now,
+            mem_peak_bytes: None,
+            mem_reserve_bytes: None,
+            mem_limit_bytes: None,
             test_accuracy: None,
             val: None,
             test: None,
@@ -499,6 +505,8 @@ impl Cohort {
     /// Logs member `i` (a metrics record and TensorBoard scalars).
     fn log(&mut self, i: usize, lr: f64, val: Option<Scores>, test: Option<Scores>) -> Result<()> {
         let time = self.elapsed();
+        let unit = self.units.iter().find(|u| u.members.contains(&i));
+        let mem = Cohort::member_memory(&self.members[i], unit);
         let m = &mut self.members[i];
         let loss = if m.c.loss_n > 0 {
             m.c.loss_sum / m.c.loss_n as f64
@@ -520,6 +528,9 @@ impl Cohort {
             batch: m.batch,
             steps_per_s: sps,
             mem_bytes: m.mem_now,
+            mem_peak_bytes: Some(mem.high_water),
+            mem_reserve_bytes: (mem.reserve > 0).then_some(mem.reserve),
+            mem_limit_bytes: mem.limit,
             test_accuracy: test.as_ref().and_then(|t| t.accuracy),
             val,
             test,
@@ -532,6 +543,7 @@ impl Cohort {
             ("train/batch", m.batch as f32),
             ("train/steps_per_s", sps as f32),
             ("memory/bytes", m.mem_now as f32),
+            ("memory/reserved", mem.reserved() as f32),
         ];
         let mut scored = Vec::new();
         for (split, s) in [("val", &r.val), ("test", &r.test)] {
@@ -552,6 +564,7 @@ impl Cohort {
         m.events.scalars(m.step, &scalars)?;
         m.c.loss_sum = 0.0;
         m.c.loss_n = 0;
+        m.c.mem_high = 0;
         m.log_mark = (m.c.train_time, m.step);
         Ok(())
     }
@@ -601,7 +614,12 @@ impl Cohort {
             m.c.steps_timed += 1;
             m.mem_now = step.in_step / m_count;
             m.c.peak_mem = m.c.peak_mem.max(peak / m_count);
+            m.c.mem_high = m.c.mem_high.max(peak / m_count);
         }
+        // The tenant's peak is read once a step and starts afresh: a record's high-water mark is its interval's.
+        u.tenant.reset_peak();
+        // Within a schedule's turn of many steps too (an epoch slice), the live snapshot stays fresh.
+        self.memory_tick()?;
         if let Some(note) = step.note {
             for &i in &members {
                 self.event(i, note.clone())?;

@@ -1,7 +1,5 @@
-//! PNG line plots (loss curves, memory by member over time), drawn into an RGB buffer and encoded with `png`.
-//!
-//! A deliberately small rasterizer: axes, ticks with labels in a built-in 5×7 font, one coloured polyline per
-//! series and a legend. No font files, no system libraries.
+//! The rasterizer under the plots: an RGB canvas, lines (solid and dashed), markers, text in a built-in 5×7 font,
+//! a plot frame with its axes, grid and tick labels, and PNG encoding. No font files, no system libraries.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -9,35 +7,12 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// One line of a plot.
-#[derive(Debug, Clone)]
-pub struct Series {
-    /// Its legend label.
-    pub name: String,
-    /// Points `(x, y)`, in x order.
-    pub points: Vec<(f64, f64)>,
-}
-
-/// A plot's labels.
-#[derive(Debug, Clone)]
-pub struct PlotSpec<'a> {
-    /// The title.
-    pub title: &'a str,
-    /// The x-axis label.
-    pub x_label: &'a str,
-    /// The y-axis label.
-    pub y_label: &'a str,
-}
-
-const W: usize = 960;
-const H: usize = 540;
-const LEFT: usize = 80;
-const RIGHT: usize = 24;
-const TOP: usize = 40;
-const BOTTOM: usize = 56;
+/// An image's size: 960×540.
+pub(super) const W: usize = 960;
+pub(super) const H: usize = 540;
 
 /// Matplotlib's tab10 palette.
-const PALETTE: [[u8; 3]; 10] = [
+pub(super) const PALETTE: [[u8; 3]; 10] = [
     [31, 119, 180],
     [255, 127, 14],
     [44, 160, 44],
@@ -49,6 +24,14 @@ const PALETTE: [[u8; 3]; 10] = [
     [188, 189, 34],
     [23, 190, 207],
 ];
+
+pub(super) const BLACK: [u8; 3] = [0, 0, 0];
+pub(super) const GRID: [u8; 3] = [225, 225, 225];
+
+/// `c` a `share` of the way to white: the lighter line of the same colour.
+pub(super) fn lighter(c: [u8; 3], share: f64) -> [u8; 3] {
+    c.map(|v| (f64::from(v) + (255.0 - f64::from(v)) * share).round() as u8)
+}
 
 /// 5×7 glyphs, one byte per row, the low 5 bits from left (bit 4) to right (bit 0). Lowercase letters are drawn as
 /// capitals.
@@ -204,25 +187,26 @@ fn glyph(c: char) -> [u8; 7] {
     g
 }
 
-struct Canvas {
-    px: Vec<u8>,
+/// An RGB image being drawn.
+pub(super) struct Canvas {
+    pub(super) px: Vec<u8>,
 }
 
 impl Canvas {
-    fn new() -> Canvas {
+    pub(super) fn new() -> Canvas {
         Canvas {
             px: vec![255; W * H * 3],
         }
     }
 
-    fn set(&mut self, x: i64, y: i64, c: [u8; 3]) {
+    pub(super) fn set(&mut self, x: i64, y: i64, c: [u8; 3]) {
         if x >= 0 && y >= 0 && (x as usize) < W && (y as usize) < H {
             let i = (y as usize * W + x as usize) * 3;
             self.px[i..i + 3].copy_from_slice(&c);
         }
     }
 
-    fn rect(&mut self, x0: i64, y0: i64, w: i64, h: i64, c: [u8; 3]) {
+    pub(super) fn rect(&mut self, x0: i64, y0: i64, w: i64, h: i64, c: [u8; 3]) {
         for y in y0..y0 + h {
             for x in x0..x0 + w {
                 self.set(x, y, c);
@@ -230,16 +214,28 @@ impl Canvas {
         }
     }
 
-    fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3], thick: bool) {
+    /// A line; `dash`: `(on, off)` pixels for a dashed one.
+    fn stroke(
+        &mut self,
+        (x0, y0): (i64, i64),
+        (x1, y1): (i64, i64),
+        c: [u8; 3],
+        thick: bool,
+        dash: Option<(u32, u32)>,
+    ) {
         let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
         let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
         let (mut x, mut y, mut err) = (x0, y0, dx + dy);
+        let mut n: u32 = 0;
         loop {
-            self.set(x, y, c);
-            if thick {
-                self.set(x + 1, y, c);
-                self.set(x, y + 1, c);
+            if dash.is_none_or(|(on, off)| n % (on + off) < on) {
+                self.set(x, y, c);
+                if thick {
+                    self.set(x + 1, y, c);
+                    self.set(x, y + 1, c);
+                }
             }
+            n += 1;
             if x == x1 && y == y1 {
                 break;
             }
@@ -255,8 +251,45 @@ impl Canvas {
         }
     }
 
+    pub(super) fn line(&mut self, p: (i64, i64), q: (i64, i64), c: [u8; 3], thick: bool) {
+        self.stroke(p, q, c, thick, None);
+    }
+
+    /// A dashed line, 8 pixels drawn, 5 left out.
+    pub(super) fn dashed(&mut self, p: (i64, i64), q: (i64, i64), c: [u8; 3], thick: bool) {
+        self.stroke(p, q, c, thick, Some((8, 5)));
+    }
+
+    /// A polyline through `points`; a single point is a dot.
+    pub(super) fn polyline(&mut self, points: &[(i64, i64)], c: [u8; 3]) {
+        if let [p] = points {
+            self.rect(p.0 - 1, p.1 - 1, 3, 3, c);
+        }
+        for w in points.windows(2) {
+            self.line(w[0], w[1], c, true);
+        }
+    }
+
+    /// An ×, `r` pixels from its centre to each corner, three pixels wide.
+    pub(super) fn cross(&mut self, (x, y): (i64, i64), r: i64, c: [u8; 3]) {
+        for d in -1..=1 {
+            self.line((x - r + d, y - r), (x + r + d, y + r), c, false);
+            self.line((x - r + d, y + r), (x + r + d, y - r), c, false);
+        }
+    }
+
+    /// A hollow square, `r` pixels from its centre to each side, two pixels wide.
+    pub(super) fn square(&mut self, (x, y): (i64, i64), r: i64, c: [u8; 3]) {
+        for k in [r, r - 1] {
+            self.line((x - k, y - k), (x + k, y - k), c, false);
+            self.line((x + k, y - k), (x + k, y + k), c, false);
+            self.line((x + k, y + k), (x - k, y + k), c, false);
+            self.line((x - k, y + k), (x - k, y - k), c, false);
+        }
+    }
+
     /// Text with its top-left corner at (x, y), `scale` pixels per font dot.
-    fn text(&mut self, x: i64, y: i64, s: &str, scale: i64, c: [u8; 3]) {
+    pub(super) fn text(&mut self, x: i64, y: i64, s: &str, scale: i64, c: [u8; 3]) {
         for (i, ch) in s.chars().enumerate() {
             let g = glyph(ch);
             for (row, bits) in g.iter().enumerate() {
@@ -275,13 +308,33 @@ impl Canvas {
         }
     }
 
-    fn text_width(s: &str, scale: i64) -> i64 {
+    pub(super) fn text_width(s: &str, scale: i64) -> i64 {
         s.chars().count() as i64 * 6 * scale
+    }
+
+    /// Encodes the image as a PNG into `path`.
+    ///
+    /// # Errors
+    /// [`Error::Plot`] or an I/O error when the file cannot be written.
+    pub(super) fn write_png(&self, path: &Path) -> Result<()> {
+        let bad = |e: String| Error::Plot {
+            path: path.to_path_buf(),
+            message: e,
+        };
+        let f = File::create(path).map_err(|e| Error::io(path, e))?;
+        let mut enc = png::Encoder::new(BufWriter::new(f), W as u32, H as u32);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header().map_err(|e| bad(e.to_string()))?;
+        w.write_image_data(&self.px)
+            .map_err(|e| bad(e.to_string()))?;
+        w.finish().map_err(|e| bad(e.to_string()))?;
+        Ok(())
     }
 }
 
 /// "Nice" tick positions covering [lo, hi].
-fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+pub(super) fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     let span = (hi - lo).max(f64::MIN_POSITIVE);
     let raw = span / n as f64;
     let mag = 10f64.powf(raw.log10().floor());
@@ -299,7 +352,7 @@ fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     out
 }
 
-fn tick_label(v: f64) -> String {
+pub(super) fn tick_label(v: f64) -> String {
     let a = v.abs();
     if v == 0.0 {
         "0".into()
@@ -313,200 +366,100 @@ fn tick_label(v: f64) -> String {
     }
 }
 
-/// Draws `series` as a line plot into `path` (PNG, 960×540).
-///
-/// # Errors
-/// [`Error::Plot`] when the file cannot be written.
-pub fn line_plot(path: &Path, spec: &PlotSpec<'_>, series: &[Series]) -> Result<()> {
-    let mut cv = Canvas::new();
-    let black = [0, 0, 0];
-    let grey = [225, 225, 225];
-    let pts = series.iter().flat_map(|s| s.points.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in pts.filter(|(x, y)| x.is_finite() && y.is_finite()) {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if x0 > x1 {
-        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-    }
-    y0 = y0.min(0.0);
-    if x1 <= x0 {
-        x1 = x0 + 1.0;
-    }
-    if y1 <= y0 {
-        y1 = y0 + 1.0;
-    }
-    y1 += (y1 - y0) * 0.05;
-    let (pw, ph) = ((W - LEFT - RIGHT) as f64, (H - TOP - BOTTOM) as f64);
-    let to_px = |x: f64, y: f64| {
+/// A plot's labels.
+#[derive(Debug, Clone)]
+pub struct PlotSpec<'a> {
+    /// The title.
+    pub title: &'a str,
+    /// The x-axis label.
+    pub x_label: &'a str,
+    /// The y-axis label.
+    pub y_label: &'a str,
+}
+
+/// Where a plot's data lands: the plot area in pixels and the data range it shows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Frame {
+    /// The plot area's left edge, in pixels.
+    pub left: i64,
+    /// Its top edge.
+    pub top: i64,
+    /// Its right edge.
+    pub right: i64,
+    /// Its bottom edge (the x axis).
+    pub bottom: i64,
+    /// The x range shown.
+    pub x: (f64, f64),
+    /// The y range shown.
+    pub y: (f64, f64),
+}
+
+impl Frame {
+    /// The pixel of data point (x, y).
+    pub fn px(&self, x: f64, y: f64) -> (i64, i64) {
+        let (pw, ph) = (
+            (self.right - self.left) as f64,
+            (self.bottom - self.top) as f64,
+        );
         (
-            LEFT as i64 + ((x - x0) / (x1 - x0) * pw).round() as i64,
-            (TOP as f64 + ph - (y - y0) / (y1 - y0) * ph).round() as i64,
+            self.left + ((x - self.x.0) / (self.x.1 - self.x.0) * pw).round() as i64,
+            (self.top as f64 + ph - (y - self.y.0) / (self.y.1 - self.y.0) * ph).round() as i64,
         )
-    };
-    for t in ticks(y0, y1, 6) {
-        let (_, py) = to_px(x0, t);
-        cv.line((LEFT as i64, py), ((W - RIGHT) as i64, py), grey, false);
-        let l = tick_label(t);
-        cv.text(
-            LEFT as i64 - 8 - Canvas::text_width(&l, 1),
-            py - 3,
-            &l,
-            1,
-            black,
-        );
     }
-    for t in ticks(x0, x1, 8) {
-        let (px, _) = to_px(t, y0);
-        cv.line((px, TOP as i64), (px, (H - BOTTOM) as i64), grey, false);
-        let l = tick_label(t);
-        cv.text(
-            px - Canvas::text_width(&l, 1) / 2,
-            (H - BOTTOM) as i64 + 8,
-            &l,
-            1,
-            black,
-        );
-    }
-    let (bl, br) = (
-        (LEFT as i64, (H - BOTTOM) as i64),
-        ((W - RIGHT) as i64, (H - BOTTOM) as i64),
-    );
-    cv.line(bl, br, black, false);
-    cv.line(bl, (LEFT as i64, TOP as i64), black, false);
-    cv.text(
-        (W as i64 - Canvas::text_width(spec.title, 2)) / 2,
-        12,
-        spec.title,
-        2,
-        black,
-    );
-    cv.text(
-        (W as i64 - Canvas::text_width(spec.x_label, 1)) / 2,
-        H as i64 - 20,
-        spec.x_label,
-        1,
-        black,
-    );
-    cv.text(8, TOP as i64 - 14, spec.y_label, 1, black);
-    for (i, s) in series.iter().enumerate() {
-        let c = PALETTE[i % PALETTE.len()];
-        let mut prev: Option<(i64, i64)> = None;
-        for &(x, y) in s
-            .points
-            .iter()
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-        {
-            let p = to_px(x, y);
-            if let Some(q) = prev {
-                cv.line(q, p, c, true);
-            } else {
-                cv.rect(p.0 - 1, p.1 - 1, 3, 3, c);
-            }
-            prev = Some(p);
+
+    /// Grid lines, tick labels, axes, the title and the axis labels.
+    pub(super) fn draw_axes(&self, cv: &mut Canvas, spec: &PlotSpec<'_>) {
+        for t in ticks(self.y.0, self.y.1, 6) {
+            let (_, py) = self.px(self.x.0, t);
+            cv.line((self.left, py), (self.right, py), GRID, false);
+            let l = tick_label(t);
+            cv.text(
+                self.left - 8 - Canvas::text_width(&l, 1),
+                py - 3,
+                &l,
+                1,
+                BLACK,
+            );
         }
-        let lw = series
-            .iter()
-            .map(|s| Canvas::text_width(&s.name, 1))
-            .max()
-            .unwrap_or(0);
-        let lx = (W - RIGHT) as i64 - lw - 30;
-        let ly = TOP as i64 + 8 + i as i64 * 14;
-        cv.rect(lx, ly, 16, 7, c);
-        cv.text(lx + 22, ly, &s.name, 1, black);
-    }
-    let bad = |e: String| Error::Plot {
-        path: path.to_path_buf(),
-        message: e,
-    };
-    let f = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut enc = png::Encoder::new(BufWriter::new(f), W as u32, H as u32);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut w = enc.write_header().map_err(|e| bad(e.to_string()))?;
-    w.write_image_data(&cv.px).map_err(|e| bad(e.to_string()))?;
-    w.finish().map_err(|e| bad(e.to_string()))?;
-    Ok(())
-}
-
-/// Writes `loss.png` (training loss by step) and `memory.png` (bytes held by member over time) of a run from its
-/// members' `metrics.jsonl`.
-///
-/// # Errors
-/// I/O errors reading the metrics or writing the images.
-pub fn write_run_plots(root: &Path, members: &[String]) -> Result<()> {
-    let mut loss = Vec::new();
-    let mut mem = Vec::new();
-    for name in members {
-        let records = crate::metrics::read(&root.join(name).join("metrics.jsonl"))?;
-        let train: Vec<_> = records.iter().filter(|r| r.event.is_none()).collect();
-        loss.push(Series {
-            name: name.clone(),
-            points: train.iter().map(|r| (r.step as f64, r.loss)).collect(),
-        });
-        mem.push(Series {
-            name: name.clone(),
-            points: train
-                .iter()
-                .map(|r| (r.time, r.mem_bytes as f64 / (1024.0 * 1024.0)))
-                .collect(),
-        });
-    }
-    line_plot(
-        &root.join("loss.png"),
-        &PlotSpec {
-            title: "training loss",
-            x_label: "step",
-            y_label: "loss",
-        },
-        &loss,
-    )?;
-    line_plot(
-        &root.join("memory.png"),
-        &PlotSpec {
-            title: "memory by member",
-            x_label: "time (s)",
-            y_label: "MiB",
-        },
-        &mem,
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nice_ticks() {
-        assert_eq!(ticks(0.0, 10.0, 5), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
-        assert_eq!(tick_label(0.25), "0.25");
-        assert_eq!(tick_label(1500.0), "1500");
-    }
-
-    #[test]
-    fn writes_a_png() {
-        let tmp = tempfile::tempdir().unwrap();
-        let p = tmp.path().join("loss.png");
-        let s = vec![Series {
-            name: "mlp-lr1e-3".into(),
-            points: (0..50)
-                .map(|i| (i as f64, 2.3 / (1.0 + i as f64)))
-                .collect(),
-        }];
-        line_plot(
-            &p,
-            &PlotSpec {
-                title: "loss",
-                x_label: "step",
-                y_label: "loss",
-            },
-            &s,
-        )
-        .unwrap();
-        let bytes = std::fs::read(&p).unwrap();
-        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        for t in ticks(self.x.0, self.x.1, 8) {
+            let (px, _) = self.px(t, self.y.0);
+            cv.line((px, self.top), (px, self.bottom), GRID, false);
+            let l = tick_label(t);
+            cv.text(
+                px - Canvas::text_width(&l, 1) / 2,
+                self.bottom + 8,
+                &l,
+                1,
+                BLACK,
+            );
+        }
+        cv.line(
+            (self.left, self.bottom),
+            (self.right, self.bottom),
+            BLACK,
+            false,
+        );
+        cv.line(
+            (self.left, self.bottom),
+            (self.left, self.top),
+            BLACK,
+            false,
+        );
+        let mid = (self.left + self.right) / 2;
+        cv.text(
+            mid - Canvas::text_width(spec.title, 2) / 2,
+            12,
+            spec.title,
+            2,
+            BLACK,
+        );
+        cv.text(
+            mid - Canvas::text_width(spec.x_label, 1) / 2,
+            H as i64 - 20,
+            spec.x_label,
+            1,
+            BLACK,
+        );
+        cv.text(8, self.top - 14, spec.y_label, 1, BLACK);
     }
 }
