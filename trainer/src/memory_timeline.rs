@@ -91,7 +91,10 @@ impl MemberTimeline {
             name: name.to_string(),
             ..MemberTimeline::default()
         };
-        let mut batch = records.first().map(|r| r.batch);
+        // A first record that is a batch change (an OOM before the first step) has no record before it to compare.
+        let mut batch = records
+            .first()
+            .map(|r| r.event.as_deref().and_then(batch_before).unwrap_or(r.batch));
         let mut open: Option<Span> = None;
         let kept_figures = records.iter().any(|r| r.mem_peak_bytes.is_some());
         let start = records.first().map_or(0.0, |r| r.time);
@@ -160,6 +163,12 @@ impl MemberTimeline {
         t.limits.extend(open);
         t
     }
+}
+
+/// The batch before the change an event tells of (`…; batch 64 -> 54`, `batch 54 -> 32 through the control file`).
+fn batch_before(event: &str) -> Option<usize> {
+    let (head, _) = event.split_once(" -> ")?;
+    head.rsplit_once("batch ")?.1.parse().ok()
 }
 
 /// The process's memory over time on a GPU (`memory.jsonl`); empty on the CPU.
@@ -358,6 +367,30 @@ mod tests {
             .collect();
         assert_eq!(changes, [(1.5, 64, 54), (3.5, 54, 32)]);
         assert_eq!(t.events.len(), 4);
+    }
+
+    #[test]
+    fn an_oom_before_the_first_step_is_a_batch_change_too() {
+        let records = [
+            event(
+                0.1,
+                819,
+                0,
+                "out of memory at step 0 with batch 1024 on cuda:0 (...): ...; batch 1024 -> 819",
+            ),
+            logged(1.0, 819, 100, 150, None, Some(1000)),
+        ];
+        let t = MemberTimeline::from_records("hog", &records, None);
+        let changes: Vec<_> = t
+            .batch_changes
+            .iter()
+            .map(|b| (b.time, b.from, b.to))
+            .collect();
+        assert_eq!(changes, [(0.1, 1024, 819)]);
+        assert_eq!(
+            batch_before("memory budget through the control file: limit 1.0 KiB -> 2.0 KiB"),
+            None
+        );
     }
 
     #[test]
