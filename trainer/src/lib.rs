@@ -16,6 +16,7 @@
 //! - [`checkpoint`]: safetensors + JSON manifest, atomic writes, rotation, corrupt-checkpoint fallback.
 //! - [`tensorboard`], [`metrics`], [`progress`], [`report`], [`plot`]: what a run writes and shows.
 //! - [`control`], [`run_dir`]: the control file and the run directory layout.
+//! - [`tuning`]: the GPU's choices made by timing, saved with the run and reused on resume.
 //!
 //! ```
 //! use cohort_trainer::config::Config;
@@ -54,5 +55,6 @@ pub mod progress;
 pub mod report;
 pub mod run_dir;
 pub mod tensorboard;
+pub mod tuning;
 
 pub use error::{Error, Result};

@@ -8,7 +8,8 @@ use std::time::Instant;
 use cohort_alloc::TenantLimits;
 use cohort_tensor::Device;
 
-use super::{Cohort, State};
+use super::oom::{self, Recovery};
+use super::{Cohort, MemberId, State};
 use crate::config::{Config, MemberMemory};
 use crate::error::{Error, Result};
 use crate::graph::Graphs;
@@ -43,82 +44,79 @@ pub(super) fn apply_memory_env(config: &Config) {
 }
 
 impl Cohort {
-    /// OOM recovery for unit `ui`.
+    /// OOM recovery for unit `ui`: the cache trimmed, then the next rung of [`oom::plan`] carried out and told
+    /// in every member's events.
     pub(super) fn recover(&mut self, ui: usize, oom: &cohort_alloc::Error) -> Result<()> {
         let u = &self.units[ui];
-        let trimmed = u.tenant.trim();
         let members = u.members.clone();
-        let batch = u.batch;
-        let device = u.device;
+        let (batch, device) = (u.batch, u.device);
+        let plan = oom::plan(&oom::Situation {
+            members: members.len(),
+            batch,
+            on_gpu: device.is_cuda(),
+            graph_ready: matches!(u.graphs, Graphs::Ready(_)),
+            policy: self.members[members[0]].cfg.oom,
+        });
+        let trimmed = u.tenant.trim();
         for &i in &members {
             self.members[i].c.oom_events += 1;
         }
-        // The captured step's graph holds a step's memory beside what eager steps (an epoch's
-        // short last batch) need: give it back and go on eagerly before touching the batch.
-        if matches!(self.units[ui].graphs, Graphs::Ready(_)) {
-            self.units[ui].graphs = Graphs::Off;
-            let text = format!(
-                "out of memory at step {} with batch {batch} on {device}: the captured step's CUDA \
-                 graph is released and steps run eagerly ({})",
-                self.members[members[0]].step,
-                oom.to_string().lines().next().unwrap_or("")
-            );
-            for &i in &members {
-                self.event(i, text.clone())?;
-            }
-            return Ok(());
-        }
-        let first = &self.members[members[0]].cfg;
-        let policy = first.oom;
         let detail = oom.to_string();
-        let head = format!(
-            "out of memory at step {} with batch {batch} on {device} (cache trimmed: {} released): {}",
-            self.members[members[0]].step,
-            crate::report::bytes(trimmed),
-            detail.lines().next().unwrap_or("")
+        let headline = detail.lines().next().unwrap_or("");
+        let at = format!(
+            "out of memory at step {} with batch {batch} on {device}",
+            self.members[members[0]].step
         );
-        if members.len() > 1 {
-            let half: Vec<usize> = members[..members.len() / 2].to_vec();
-            for &i in &members {
+        let head = format!(
+            "{at} (cache trimmed: {} released): {headline}",
+            bytes(trimmed)
+        );
+        let i = members[0];
+        match plan {
+            Recovery::ReleaseGraph => {
+                self.units[ui].graphs = Graphs::Off;
+                let text = format!(
+                    "{at}: the captured step's CUDA graph is released and steps run eagerly ({headline})"
+                );
+                for &i in &members {
+                    self.event(i, text.clone())?;
+                }
+                Ok(())
+            }
+            Recovery::Split { first } => {
+                let text = format!(
+                    "{head}; the fused group of {} splits in halves",
+                    members.len()
+                );
+                for &i in &members {
+                    self.event(i, text.clone())?;
+                }
+                self.split_unit(ui, &members[..first], device)
+            }
+            Recovery::Shrink { to } => {
+                self.units[ui].batch = to;
+                self.members[i].batch = to;
+                self.event(i, format!("{head}; batch {batch} -> {to}"))
+            }
+            Recovery::ToCpu => {
                 self.event(
                     i,
-                    format!(
-                        "{head}; the fused group of {} splits in halves",
-                        members.len()
-                    ),
+                    format!("{head}; batch at its floor {batch}: moving the member to the CPU"),
                 )?;
+                self.members[i].device = Device::Cpu;
+                self.split_unit(ui, &[i], Device::Cpu)?;
+                self.handed_back(&[i], device)
             }
-            return self.split_unit(ui, &half, device);
+            Recovery::Stop { why } => {
+                self.event(i, format!("{head}; {why}: the member stops"))?;
+                self.members[i].state = State::Done;
+                self.members[i].c.stopped = Some("out of memory".into());
+                Err(Error::OutOfMemory {
+                    member: self.members[i].cfg.name.clone(),
+                    message: format!("{detail}\n  {why}"),
+                })
+            }
         }
-        let i = members[0];
-        if policy.shrink && batch > policy.min_batch {
-            let new = ((batch as f64 * (1.0 - policy.factor)).floor() as usize)
-                .clamp(policy.min_batch, batch - 1);
-            self.units[ui].batch = new;
-            self.members[i].batch = new;
-            return self.event(i, format!("{head}; batch {batch} -> {new}"));
-        }
-        if policy.cpu_fallback && device.is_cuda() {
-            self.event(
-                i,
-                format!("{head}; batch at its floor {batch}: moving the member to the CPU"),
-            )?;
-            self.members[i].device = Device::Cpu;
-            self.split_unit(ui, &[i], Device::Cpu)?;
-            return self.handed_back(&[i], device);
-        }
-        let why = if policy.shrink {
-            format!("batch at its floor ({batch}) and no CPU fallback left")
-        } else {
-            "oom = \"fail\"".to_string()
-        };
-        self.event(i, format!("{head}; {why}: the member stops"))?;
-        self.members[i].state = State::Done;
-        self.members[i].c.stopped = Some("out of memory".into());
-        Err(Error::OutOfMemory {
-            member: self.members[i].cfg.name.clone(),
-            message: format!("{detail}\n  {why}"),
-        })
     }
 
     /// Applies a budget from the control file to member `i`: its own tenant (out of a fused group) gets the new
@@ -130,7 +128,7 @@ impl Cohort {
     /// Splitting the member out of its fused group failed.
     pub(super) fn resize_member(
         &mut self,
-        i: usize,
+        i: MemberId,
         limit: Option<cohort_alloc::Limit>,
         reserve: Option<cohort_alloc::Limit>,
     ) -> Result<()> {
@@ -198,7 +196,7 @@ impl Cohort {
 
     /// Members that finished, stopped or left `device` for the CPU give its cache back (what TensorFlow cannot do
     /// short of ending the process), and say how much.
-    pub(super) fn handed_back(&mut self, members: &[usize], device: Device) -> Result<()> {
+    pub(super) fn handed_back(&mut self, members: &[MemberId], device: Device) -> Result<()> {
         let t0 = Instant::now();
         let released = crate::memory::hand_back(&device);
         // On the CPU the figure is host accounting's, not memory the process gives back: no event.
@@ -225,7 +223,7 @@ impl Cohort {
             bytes(released),
             self.device
         );
-        for i in 0..self.members.len() {
+        for i in self.member_ids() {
             if self.members[i].state != State::Done {
                 self.event(i, text.clone())?;
             }

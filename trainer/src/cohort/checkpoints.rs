@@ -11,7 +11,7 @@ use safetensors::tensor::Dtype;
 use crate::checkpoint::{Checkpoint, FORMAT, Manifest, TensorData};
 use crate::error::{Error, Result};
 
-use super::{Cohort, MemberState};
+use super::{Cohort, MemberId, MemberState};
 
 pub(super) fn tensor_data(t: &Tensor) -> Result<TensorData> {
     let t = t.to_device(&Device::Cpu)?;
@@ -89,7 +89,11 @@ pub(super) fn differences(saved: &serde_json::Value, now: &serde_json::Value) ->
 }
 
 impl Cohort {
-    pub(super) fn state_from_checkpoint(&self, ck: &Checkpoint, i: usize) -> Result<MemberState> {
+    pub(super) fn state_from_checkpoint(
+        &self,
+        ck: &Checkpoint,
+        i: MemberId,
+    ) -> Result<MemberState> {
         let path = self.members[i].ckpt.tensors_path(ck.manifest.step);
         let mut params = Vec::new();
         let mut bufs = Vec::new();
@@ -116,10 +120,12 @@ impl Cohort {
     }
 
     /// Writes the checkpoints of `members` of unit `ui` (each its own slice; the unit's state is read once).
-    pub(super) fn checkpoint(&mut self, ui: usize, members: &[usize]) -> Result<()> {
+    pub(super) fn checkpoint(&mut self, ui: usize, members: &[MemberId]) -> Result<()> {
         if members.is_empty() {
             return Ok(());
         }
+        // Every checkpoint on disk has the product algorithms its steps ran on saved beside it.
+        self.tuning.save()?;
         let u = &self.units[ui];
         let js: Vec<usize> = members
             .iter()
@@ -136,7 +142,7 @@ impl Cohort {
     fn checkpoint_member(
         &mut self,
         ui: usize,
-        i: usize,
+        i: MemberId,
         (params, ostate): MemberState,
     ) -> Result<()> {
         let u = &self.units[ui];

@@ -25,8 +25,8 @@ use cohort_data::Position;
 use cohort_optim::{Optimizer, OptimizerState};
 use cohort_tensor::{Device, HostRead, Tensor};
 
-use crate::checkpoint::{Checkpoint, CheckpointDir};
-use crate::config::{CheckpointEvery, Config, MemberConfig, ScheduleKind};
+use crate::checkpoint::CheckpointDir;
+use crate::config::{CheckpointEvery, Config, MemberConfig};
 use crate::control::ControlFile;
 use crate::dataset::DataSet;
 use crate::error::{Error, Result};
@@ -40,11 +40,37 @@ use crate::progress::{MemberStatus, Progress};
 use crate::report::{MemberSummary, Summary};
 use crate::run_dir::{MemberLock, RunDir};
 use crate::tensorboard::EventWriter;
+use schedule::{Seen, Steps, Turn};
 
 mod budget;
 mod checkpoints;
+mod oom;
+mod schedule;
+mod start;
 mod steer;
 mod unit;
+
+/// A member, by its place in the run's list of members, which is fixed for the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct MemberId(usize);
+
+impl std::ops::Index<MemberId> for Vec<MemberRun> {
+    type Output = MemberRun;
+    fn index(&self, i: MemberId) -> &MemberRun {
+        &self[i.0]
+    }
+}
+
+impl std::ops::IndexMut<MemberId> for Vec<MemberRun> {
+    fn index_mut(&mut self, i: MemberId) -> &mut MemberRun {
+        &mut self[i.0]
+    }
+}
+
+/// A unit, unique for the run: the units a split or a move builds get new ids, so whatever holds an id never
+/// addresses another unit by mistake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct UnitId(u64);
 
 /// How a run is driven (not part of the config: presentation and test hooks).
 #[derive(Debug, Clone, Default)]
@@ -127,7 +153,8 @@ struct MemberRun {
 /// A model of `M` members trained together (M = 1: one member on its own).
 #[derive(Debug)]
 struct Unit {
-    members: Vec<usize>,
+    id: UnitId,
+    members: Vec<MemberId>,
     model: Model,
     opt: Optimizer,
     feed: Feed,
@@ -197,7 +224,9 @@ pub struct Cohort {
     started: Instant,
     time_offset: f64,
     opts: RunOptions,
-    slice_cursor: usize,
+    schedule: Box<dyn schedule::Schedule>,
+    /// The id the next unit built gets.
+    next_unit: std::cell::Cell<u64>,
     halted: bool,
     /// When the process's memory was last measured ([`Cohort::memory_tick`]).
     last_memory_tick: Option<Instant>,
@@ -206,6 +235,8 @@ pub struct Cohort {
     peak_process: u64,
     /// The "every member is paused" line was printed (until one runs again).
     said_all_paused: bool,
+    /// The GPU's choices made by timing, saved with the run ([`crate::tuning`]).
+    tuning: crate::tuning::TuningFile,
 }
 
 impl Cohort {
@@ -259,168 +290,11 @@ impl Cohort {
         )
     }
 
-    fn start(config: Config, run: RunDir, opts: RunOptions, resuming: bool) -> Result<Cohort> {
-        budget::apply_memory_env(&config);
-        crate::kernel_cache::configure();
-        let device = run_device(&config)?;
-        let config_dir = run
-            .config_dir()
-            .or_else(|| Path::new(&config.file).parent().map(Path::to_path_buf));
-        let mut data = BTreeMap::new();
-        for m in &config.members {
-            if !data.contains_key(&m.data) {
-                let d = DataSet::load(&config.data[&m.data], config_dir.as_deref())?;
-                data.insert(m.data.clone(), Arc::new(d));
-            }
-        }
-        // Every model fits its data before a member starts.
-        for cfg in &config.members {
-            if let Some(reason) = unit::misfit(cfg, &data[&cfg.data], &opts.models) {
-                return Err(Error::Model {
-                    member: cfg.name.clone(),
-                    reason,
-                });
-            }
-        }
-        for d in data.values() {
-            if let Some(words) = &d.vocabulary {
-                run.write_vocabulary(&d.name, words)?;
-            }
-        }
-        if resuming {
-            check_member_set(&run, &config)?;
-        }
-        // Lock every member directory first: two members (or runs) never share one.
-        let mut members = Vec::new();
-        let mut loaded: Vec<Option<Checkpoint>> = Vec::new();
-        let mut messages = Vec::new();
-        let mut time_offset: f64 = 0.0;
-        for cfg in &config.members {
-            let dir = run.member_dir(&cfg.name);
-            let lock = MemberLock::acquire(&dir)?;
-            let ckpt = CheckpointDir::new(run.checkpoint_dir(&cfg.name), cfg.checkpoint.keep)?;
-            let latest = if resuming { ckpt.load_latest()? } else { None };
-            let checkpoint = match latest {
-                Some(l) => {
-                    for s in &l.skipped {
-                        messages.push(format!(
-                            "warning: member \"{}\": skipping a corrupt checkpoint: {s}",
-                            cfg.name
-                        ));
-                    }
-                    let m = &l.checkpoint.manifest;
-                    if m.config_hash != cfg.config_hash() {
-                        return Err(Error::IncompatibleResume {
-                            member: cfg.name.clone(),
-                            differences: checkpoints::differences(&m.config, &cfg.identity()),
-                        });
-                    }
-                    let settings = config.data[&cfg.data].identity();
-                    if !m.data_settings.is_null() && m.data_settings != settings {
-                        return Err(Error::IncompatibleResume {
-                            member: cfg.name.clone(),
-                            differences: checkpoints::differences(&m.data_settings, &settings)
-                                .into_iter()
-                                .map(|d| format!("[data.{}] {d}", cfg.data))
-                                .collect(),
-                        });
-                    }
-                    let words = m.vocabulary.clone().map(cohort_data::Vocabulary::reindexed);
-                    if words.is_some() && words != data[&cfg.data].vocabulary {
-                        return Err(Error::IncompatibleResume {
-                            member: cfg.name.clone(),
-                            differences: vec![format!(
-                                "the vocabulary of [data.{}]: its training text changed",
-                                cfg.data
-                            )],
-                        });
-                    }
-                    Some(l.checkpoint)
-                }
-                None => None,
-            };
-            let d = &data[&cfg.data];
-            let (step, pos, batch, c, dev) = match &checkpoint {
-                Some(ck) => {
-                    let m = &ck.manifest;
-                    let pos: Position = serde_json::from_value(m.data_position.clone())
-                        .map_err(|e| Error::json("checkpoint data position", e))?;
-                    let c: Counters =
-                        serde_json::from_value(m.trainer_state.clone()).unwrap_or_default();
-                    let dev = if m.device == "cpu" {
-                        Device::Cpu
-                    } else {
-                        device
-                    };
-                    (m.step, pos, m.batch, c, dev)
-                }
-                None => (
-                    0,
-                    Position::default(),
-                    cfg.batch,
-                    Counters::default(),
-                    device,
-                ),
-            };
-            time_offset = time_offset.max(c.time);
-            let metrics = MetricsWriter::open(&dir, resuming.then_some(step))?;
-            let events = EventWriter::create(&dir, resuming.then_some(step))?;
-            let epochs_done = d.epochs_done(&pos);
-            let done =
-                epochs_done >= u64::from(cfg.epochs) || cfg.max_steps.is_some_and(|s| step >= s);
-            members.push(MemberRun {
-                cfg: cfg.clone(),
-                events,
-                metrics,
-                ckpt,
-                _lock: lock,
-                step,
-                epochs_done,
-                batch,
-                state: if done { State::Done } else { State::Running },
-                log_mark: (c.train_time, step),
-                c,
-                mem_now: 0,
-                device: dev,
-                fused_with: Vec::new(),
-                last_ckpt_step: checkpoint.as_ref().map(|c| c.manifest.step),
-                finalized: done,
-                diverged: false,
-            });
-            loaded.push(checkpoint);
-        }
-        let names: Vec<String> = members.iter().map(|m| m.cfg.name.clone()).collect();
-        let mut cohort = Cohort {
-            control: ControlFile::new(run.control_path()),
-            progress: Progress::new(&names, opts.progress),
-            config,
-            run,
-            device,
-            data,
-            members,
-            units: Vec::new(),
-            started: Instant::now(),
-            time_offset,
-            opts,
-            slice_cursor: 0,
-            halted: false,
-            last_memory_tick: None,
-            last_process: None,
-            peak_process: 0,
-            said_all_paused: false,
-        };
-        for m in messages {
-            cohort.progress.message(&m);
-        }
-        cohort.build_units(loaded)?;
-        Ok(cohort)
-    }
-
     fn elapsed(&self) -> f64 {
         self.time_offset + self.started.elapsed().as_secs_f64()
     }
 
-    fn status(&self, i: usize) -> MemberStatus {
+    fn status(&self, i: MemberId) -> MemberStatus {
         let m = &self.members[i];
         let d = &self.data[&m.cfg.data];
         // Steps left: the rest of this epoch and the epochs after it, at the member's current batch size.
@@ -477,7 +351,7 @@ impl Cohort {
         }
     }
 
-    fn event(&mut self, i: usize, text: String) -> Result<()> {
+    fn event(&mut self, i: MemberId, text: String) -> Result<()> {
         let m = &mut self.members[i];
         let r = MetricRecord {
             step: m.step,
@@ -503,7 +377,13 @@ impl Cohort {
     }
 
     /// Logs member `i` (a metrics record and TensorBoard scalars).
-    fn log(&mut self, i: usize, lr: f64, val: Option<Scores>, test: Option<Scores>) -> Result<()> {
+    fn log(
+        &mut self,
+        i: MemberId,
+        lr: f64,
+        val: Option<Scores>,
+        test: Option<Scores>,
+    ) -> Result<()> {
         let time = self.elapsed();
         let unit = self.units.iter().find(|u| u.members.contains(&i));
         let mem = Cohort::member_memory(&self.members[i], unit);
@@ -570,7 +450,7 @@ impl Cohort {
     }
 
     /// What member `i`'s step just taken calls for (`epoch_ended`: its unit's epoch ended with it).
-    fn due(&self, i: usize, epoch_ended: bool) -> Due {
+    fn due(&self, i: MemberId, epoch_ended: bool) -> Due {
         let m = &self.members[i];
         let complete = m.epochs_done >= u64::from(m.cfg.epochs)
             || m.cfg.max_steps.is_some_and(|s| m.step >= s);
@@ -660,8 +540,7 @@ impl Cohort {
         }
         self.checkpoint(ui, &to_save)?;
         for &i in &members {
-            let s = self.status(i);
-            self.progress.update(i, s);
+            self.show(i);
         }
         if let Some(h) = self.opts.halt_after_steps
             && members.iter().any(|&i| self.members[i].step >= h)
@@ -674,7 +553,7 @@ impl Cohort {
     /// Final evaluation and checkpoint of the members of unit `ui` that are done; drops the unit when all are.
     fn finalize_done(&mut self, ui: usize) -> Result<bool> {
         let u = &self.units[ui];
-        let done: Vec<usize> = u
+        let done: Vec<MemberId> = u
             .members
             .iter()
             .copied()
@@ -718,7 +597,7 @@ impl Cohort {
             let (val, test) = (m.c.val.clone(), m.c.test.clone());
             self.log(i, lr, val, test)?;
         }
-        let to_save: Vec<usize> = done
+        let to_save: Vec<MemberId> = done
             .iter()
             .copied()
             .filter(|&i| {
@@ -734,8 +613,7 @@ impl Cohort {
             m.events.sync()?;
             m.metrics.sync()?;
             m.finalized = true;
-            let s = self.status(i);
-            self.progress.update(i, s);
+            self.show(i);
         }
         if members
             .iter()
@@ -746,7 +624,7 @@ impl Cohort {
             return Ok(true);
         }
         // Some members of a fused group stopped early: the others go on without them.
-        let rest: Vec<usize> = members
+        let rest: Vec<MemberId> = members
             .iter()
             .copied()
             .filter(|i| !done.contains(i))
@@ -798,13 +676,13 @@ impl Cohort {
     fn checkpoint_all(&mut self, signal: i32) -> Result<()> {
         for ui in 0..self.units.len() {
             self.take_losses(ui, true)?;
-            let training: Vec<usize> = self.units[ui]
+            let training: Vec<MemberId> = self.units[ui]
                 .members
                 .iter()
                 .copied()
                 .filter(|&i| self.members[i].state != State::Done)
                 .collect();
-            let to_save: Vec<usize> = training
+            let to_save: Vec<MemberId> = training
                 .iter()
                 .copied()
                 .filter(|&i| {
@@ -835,15 +713,34 @@ impl Cohort {
         Ok(())
     }
 
-    /// Up to `k` steps of unit `ui`; stops early at an epoch end when `until_epoch_end`. Returns whether the unit
-    /// still exists at `ui` afterwards (it may be replaced by a split).
-    fn step_unit(&mut self, ui: usize, k: u32, until_epoch_end: bool) -> Result<()> {
+    /// Shows member `i`'s status in the progress display.
+    fn show(&mut self, i: MemberId) {
+        let s = self.status(i);
+        self.progress.update(i.0, s);
+    }
+
+    /// Every member's id, in the run's order.
+    fn member_ids(&self) -> impl Iterator<Item = MemberId> + use<> {
+        (0..self.members.len()).map(MemberId)
+    }
+
+    /// Where unit `id` is in the list, while it exists.
+    fn position(&self, id: UnitId) -> Option<usize> {
+        self.units.iter().position(|u| u.id == id)
+    }
+
+    /// Steps of unit `id`, as many as `steps` says, while it exists unchanged (a split or an OOM recovery ends
+    /// its turn) and can run.
+    fn step_unit(&mut self, id: UnitId, steps: Steps) -> Result<()> {
+        let (k, until_epoch_end) = match steps {
+            Steps::Count(k) => (k, false),
+            Steps::EpochEnd => (u32::MAX, true),
+        };
         for _ in 0..k {
-            if ui >= self.units.len()
-                || !self.runnable(ui)
-                || self.halted
-                || self.interrupted().is_some()
-            {
+            let Some(ui) = self.position(id) else {
+                return Ok(());
+            };
+            if !self.runnable(ui) || self.halted || self.interrupted().is_some() {
                 return Ok(());
             }
             let before = self.before_step(ui);
@@ -857,29 +754,31 @@ impl Cohort {
         Ok(())
     }
 
-    /// One step of every runnable unit, the steps running concurrently (on the CPU: separate models on separate
-    /// cores, as JAX's asynchronous dispatch overlaps them), then each step's bookkeeping in the sequential order.
-    /// Every unit's step counts as started: a halt after N steps lets the others finish theirs, each step's time
-    /// includes waiting for the slowest, and all units charge their step's memory at once.
-    fn step_units_concurrently(&mut self) -> Result<()> {
+    /// One step of each of units `ids`, the steps running concurrently (on the CPU: separate models on separate
+    /// cores), then each step's bookkeeping in turn, every unit found by its id (an earlier one's OOM recovery may
+    /// have split it off the list). Every unit's step counts as started: a halt after N steps lets the others
+    /// finish theirs, each step's time includes waiting for the slowest, and all units charge their step's memory
+    /// at once.
+    fn step_units_concurrently(&mut self, ids: &[UnitId]) -> Result<()> {
         let ready: Vec<Option<(u64, Position)>> = (0..self.units.len())
-            .map(|ui| self.runnable(ui).then(|| self.before_step(ui)))
-            .collect();
-        let mut results: Vec<_> = self
-            .units
-            .par_iter_mut()
-            .zip(&ready)
-            .map(|(u, r)| {
-                r.as_ref().map(|_| {
-                    let t0 = Instant::now();
-                    let r = Cohort::unit_step(u);
-                    (r, t0.elapsed().as_secs_f64())
-                })
+            .map(|ui| {
+                (ids.contains(&self.units[ui].id) && self.runnable(ui))
+                    .then(|| self.before_step(ui))
             })
             .collect();
-        // Highest index first: a unit split by an OOM recovery never shifts the ones still to be handled.
-        for (ui, before) in ready.into_iter().enumerate().rev() {
-            if let (Some(before), Some((r, dt))) = (before, results[ui].take()) {
+        let results: Vec<_> = self
+            .units
+            .par_iter_mut()
+            .zip(ready)
+            .filter_map(|(u, before)| {
+                let before = before?;
+                let t0 = Instant::now();
+                let r = Cohort::unit_step(u);
+                Some((u.id, r, t0.elapsed().as_secs_f64(), before))
+            })
+            .collect();
+        for (id, r, dt, before) in results {
+            if let Some(ui) = self.position(id) {
                 self.finish_step(ui, r, dt, before, false)?;
             }
         }
@@ -967,8 +866,7 @@ impl Cohort {
                 let name = self.members[i].cfg.name.clone();
                 self.progress.message(&format!("{name}: {text}"));
             }
-            let s = self.status(i);
-            self.progress.update(i, s);
+            self.show(i);
         }
         let device = self.units.remove(ui).device;
         let _ = self.handed_back(&members, device);
@@ -985,9 +883,8 @@ impl Cohort {
         // The warm-up loaded the kernel modules: what lies outside the pool is measured again at once.
         self.memory_tick()?;
         self.progress.begin();
-        for i in 0..self.members.len() {
-            let s = self.status(i);
-            self.progress.update(i, s);
+        for i in self.member_ids() {
+            self.show(i);
         }
         self.started = Instant::now();
         while !self.halted
@@ -1024,42 +921,24 @@ impl Cohort {
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
             }
-            match self.config.run.schedule {
-                // Separate CPU models step concurrently; on a GPU the units' kernels share one stream anyway.
-                ScheduleKind::Lockstep if !self.units.iter().any(|u| u.device.is_cuda()) => {
-                    self.step_units_concurrently()?;
-                }
-                ScheduleKind::Lockstep => {
-                    let n = self.units.len();
-                    for ui in (0..n).rev() {
-                        self.step_unit(ui, 1, false)?;
-                    }
-                }
-                ScheduleKind::Weighted => {
-                    let n = self.units.len();
-                    for ui in (0..n).rev() {
-                        if ui < self.units.len() {
-                            let w = self.members[self.units[ui].members[0]].cfg.weight;
-                            self.step_unit(ui, w, false)?;
-                        }
-                    }
-                }
-                ScheduleKind::EpochSliced => {
-                    let n = self.units.len();
-                    let start = self.slice_cursor % n.max(1);
-                    let pick = (0..n)
-                        .map(|k| (start + k) % n)
-                        .find(|&ui| self.runnable(ui));
-                    if let Some(ui) = pick {
-                        let id = self.units[ui].members[0];
-                        self.step_unit(ui, u32::MAX, true)?;
-                        // Next slice: the unit after this one (found by member, the list may have changed).
-                        let now = self
-                            .units
-                            .iter()
-                            .position(|u| u.members.contains(&id))
-                            .unwrap_or(ui);
-                        self.slice_cursor = now + 1;
+            let seen: Vec<Seen> = self
+                .units
+                .iter()
+                .enumerate()
+                .map(|(ui, u)| Seen {
+                    id: u.id,
+                    members: u.members.clone(),
+                    runnable: self.runnable(ui),
+                    weight: self.members[u.members[0]].cfg.weight,
+                })
+                .collect();
+            // On a GPU the units' kernels share one stream: their steps would not overlap.
+            let concurrent = !self.units.iter().any(|u| u.device.is_cuda());
+            match self.schedule.turn(&seen, concurrent) {
+                Turn::Together(ids) => self.step_units_concurrently(&ids)?,
+                Turn::InTurn(turns) => {
+                    for (id, steps) in turns {
+                        self.step_unit(id, steps)?;
                     }
                 }
             }
@@ -1141,55 +1020,6 @@ impl Cohort {
     }
 }
 
-/// A resumed run must train the members it trained: a member folder with checkpoints that the config no longer names
-/// (a grid value changed or removed) would be abandoned, and a member without a folder is one the run never had.
-///
-/// # Errors
-/// [`Error::ChangedMembers`] listing each.
-fn check_member_set(run: &RunDir, config: &Config) -> Result<()> {
-    let named: std::collections::BTreeSet<&str> =
-        config.members.iter().map(|m| m.name.as_str()).collect();
-    let mut changes = Vec::new();
-    let entries = std::fs::read_dir(run.root()).map_err(|e| Error::io(run.root(), e))?;
-    let mut folders: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("checkpoints").is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    folders.sort();
-    for f in &folders {
-        // Read only: this runs before the member locks are taken, while another process may be writing here.
-        let has_checkpoints = std::fs::read_dir(run.checkpoint_dir(f)).is_ok_and(|rd| {
-            rd.flatten().any(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                n.starts_with("ckpt-") && n.ends_with(".json")
-            })
-        });
-        if has_checkpoints && !named.contains(f.as_str()) {
-            changes.push(format!(
-                "\"{f}\" has checkpoints here but is not in the config"
-            ));
-        }
-    }
-    for m in &config.members {
-        if !run.member_dir(&m.name).is_dir() {
-            changes.push(format!(
-                "\"{}\" is in the config but never ran here",
-                m.name
-            ));
-        }
-    }
-    if changes.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::ChangedMembers {
-            run: run.root().to_path_buf(),
-            changes,
-        })
-    }
-}
-
 /// A signal's name as a user knows it (`SIGINT (Ctrl-C)`, `SIGTERM`).
 pub fn signal_name(signal: i32) -> &'static str {
     match signal {
@@ -1197,27 +1027,6 @@ pub fn signal_name(signal: i32) -> &'static str {
         signal_hook::consts::SIGTERM => "SIGTERM",
         _ => "a signal",
     }
-}
-
-/// The device a run trains on: `COHORT_DEVICE` where set (the environment wins over the config, as for memory),
-/// else `[run] device`; checked to exist. The allocator's other variables (`COHORT_MEMORY_LIMIT`,
-/// `COHORT_MEMORY_SCOPE`, `COHORT_MEMORY_GROWTH`, `COHORT_ALLOCATOR`) are checked here too, on every machine: a
-/// GPU's allocator reads them, and a bad value must not pass unnoticed where there is none.
-///
-/// # Errors
-/// A `COHORT_*` value the allocator refuses, naming the variable and the accepted forms; a device that does not
-/// exist.
-fn run_device(config: &Config) -> Result<Device> {
-    let env = cohort_alloc::Config::from_env()?;
-    let device = match std::env::var("COHORT_DEVICE") {
-        Ok(_) => match env.device {
-            cohort_alloc::DeviceSelector::Auto => Device::best(),
-            cohort_alloc::DeviceSelector::Cpu => Device::Cpu,
-            cohort_alloc::DeviceSelector::Cuda(n) => Device::Cuda(n),
-        },
-        Err(_) => Device::parse(&config.run.device)?,
-    };
-    Ok(device.verify()?)
 }
 
 /// Starts a new run of `config` and trains it to the end.

@@ -20,7 +20,7 @@ impl Cohort {
             self.trim_all()?;
         }
         // The file is the wanted state: a paused member the file no longer names runs again.
-        for i in 0..self.members.len() {
+        for i in self.member_ids() {
             if self.members[i].state == State::Paused
                 && !wanted.members.contains_key(&self.members[i].cfg.name)
             {
@@ -30,7 +30,10 @@ impl Cohort {
             }
         }
         for (name, c) in wanted.members {
-            let Some(i) = self.members.iter().position(|m| m.cfg.name == name) else {
+            let Some(i) = self
+                .member_ids()
+                .find(|&i| self.members[i].cfg.name == name)
+            else {
                 let known: Vec<&str> = self.members.iter().map(|m| m.cfg.name.as_str()).collect();
                 self.progress.message(&format!(
                     "warning: {}: no member \"{name}\" (members: {})",
@@ -76,8 +79,7 @@ impl Cohort {
                 }
                 _ => {}
             }
-            let s = self.status(i);
-            self.progress.update(i, s);
+            self.show(i);
         }
         Ok(())
     }

@@ -22,7 +22,9 @@ use crate::memory::{Tenant, device_total_bytes};
 use crate::models::Models;
 use crate::objective::{Scores, Tally};
 
-use super::{Cohort, LOSSES_IN_FLIGHT, MemberState, State, StepOutcome, Unit, oom_of};
+use super::{
+    Cohort, LOSSES_IN_FLIGHT, MemberId, MemberState, State, StepOutcome, Unit, UnitId, oom_of,
+};
 
 /// Why a member's model cannot train on its data, if it cannot: a layer that does not fit, token ids against float
 /// features or the other way round, an embedding smaller than the vocabulary, a custom model nobody registered.
@@ -178,8 +180,9 @@ impl Cohort {
     /// Groups members into units (fusing compatible ones) and builds them, from checkpoints where there are some.
     pub(super) fn build_units(&mut self, mut loaded: Vec<Option<Checkpoint>>) -> Result<()> {
         let fusion = self.config.run.fuse && self.config.run.schedule != ScheduleKind::EpochSliced;
-        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
-        for (i, m) in self.members.iter().enumerate() {
+        let mut groups: Vec<(String, Vec<MemberId>)> = Vec::new();
+        for i in self.member_ids() {
+            let m = &self.members[i];
             if m.state == State::Done {
                 continue;
             }
@@ -191,9 +194,9 @@ impl Cohort {
                     self.device.is_cuda() && self.config.run.cuda_graphs,
                 )
             } else {
-                format!("single:{i}")
+                format!("single:{}", i.0)
             };
-            if let Some(ck) = &loaded[i] {
+            if let Some(ck) = &loaded[i.0] {
                 let mf = &ck.manifest;
                 key.push_str(&format!(
                     "|{}|{}|{}|{}",
@@ -211,7 +214,7 @@ impl Cohort {
             let mut pos = Position::default();
             let mut forwards = 0;
             for &i in &g {
-                match loaded[i].take() {
+                match loaded[i.0].take() {
                     Some(ck) => {
                         pos = serde_json::from_value(ck.manifest.data_position.clone())
                             .map_err(|e| Error::json("checkpoint data position", e))?;
@@ -298,7 +301,7 @@ impl Cohort {
     /// Builds a unit of `members` on `device`, its feed at `pos`, from saved states when given.
     pub(super) fn build_unit(
         &self,
-        members: Vec<usize>,
+        members: Vec<MemberId>,
         device: Device,
         pos: &Position,
         batch: usize,
@@ -403,7 +406,10 @@ impl Cohort {
                 && self.config.run.cuda_graphs
                 && spec.is_some_and(|s| !s.draws_masks() && s.vocab().is_none()),
         );
+        let id = UnitId(self.next_unit.get());
+        self.next_unit.set(id.0 + 1);
         Ok(Unit {
+            id,
             act_bytes_per_example,
             members,
             model,
@@ -462,7 +468,12 @@ impl Cohort {
 
     /// Splits unit `ui`: the members in `first` go into a new unit, the rest into another; both continue where the
     /// unit stood (same data position, batch, device, parameters and optimizer state).
-    pub(super) fn split_unit(&mut self, ui: usize, first: &[usize], device: Device) -> Result<()> {
+    pub(super) fn split_unit(
+        &mut self,
+        ui: usize,
+        first: &[MemberId],
+        device: Device,
+    ) -> Result<()> {
         self.take_losses(ui, true)?;
         let u = &self.units[ui];
         let pos = u.feed.position();
@@ -496,7 +507,7 @@ impl Cohort {
     }
 
     /// Moves member `i` out of its fused group into a unit of its own; returns its unit's index.
-    pub(super) fn isolate(&mut self, i: usize) -> Result<Option<usize>> {
+    pub(super) fn isolate(&mut self, i: MemberId) -> Result<Option<usize>> {
         let Some(ui) = self.units.iter().position(|u| u.members.contains(&i)) else {
             return Ok(None);
         };

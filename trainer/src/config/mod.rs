@@ -104,6 +104,10 @@ pub struct RunConfig {
     pub warmup: bool,
     /// On a GPU, capture each unit's training step as a CUDA graph and replay it.
     pub cuda_graphs: bool,
+    /// Only kernels whose results do not depend on timing or on the order threads finish: products on the
+    /// heuristics' pick rather than the fastest timed algorithm, ordered sums instead of atomic ones (PyTorch's
+    /// `use_deterministic_algorithms(True)` with `cudnn.benchmark = False`). On the CPU every kernel already is.
+    pub deterministic: bool,
 }
 
 /// `[memory]`: the allocator of the device.
@@ -668,6 +672,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     let eval_every = s.u64("eval_every", 1)?;
     let warmup = s.bool("warmup")?.unwrap_or(true);
     let cuda_graphs = s.bool("cuda_graphs")?.unwrap_or(true);
+    let deterministic = s.bool("deterministic")?.unwrap_or(false);
     s.finish()?;
     Ok(RunConfig {
         name,
@@ -682,6 +687,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
         eval_every,
         warmup,
         cuda_graphs,
+        deterministic,
     })
 }
 
