@@ -266,7 +266,7 @@ impl Timeline {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A logged record at `time` holding `live` with a high-water mark `peak`, a `reserve` and a `limit`.

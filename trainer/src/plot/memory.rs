@@ -276,29 +276,15 @@ fn legend(cv: &mut Canvas, l: &Layout, t: &Timeline) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory_timeline::tests::logged;
     use crate::memory_timeline::{DeviceTimeline, MemberTimeline};
     use crate::metrics::MetricRecord;
 
     const MIB: u64 = 1 << 20;
 
+    /// A logged record with no reserve (see [`logged`]).
     fn record(time: f64, batch: usize, live: u64, peak: u64, limit: Option<u64>) -> MetricRecord {
-        MetricRecord {
-            step: (time * 10.0) as u64,
-            epoch: 0,
-            time,
-            loss: 1.0,
-            lr: 1e-3,
-            batch,
-            steps_per_s: 10.0,
-            mem_bytes: live,
-            mem_peak_bytes: Some(peak),
-            mem_reserve_bytes: None,
-            mem_limit_bytes: limit,
-            test_accuracy: None,
-            val: None,
-            test: None,
-            event: None,
-        }
+        logged(time, batch, live, peak, None, limit)
     }
 
     /// Member `a`: 1 MiB live, 1.5 MiB reserved, a 3 MiB limit, an OOM (and its batch change) at 5 s; member `b`:
