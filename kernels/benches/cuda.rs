@@ -4,6 +4,8 @@
 //!   through cuBLAS, N = 1024 and 4096 (throughput in FLOP/s).
 //! - `cuda_add_16m`, `cuda_relu_16m`: element-wise on 16 M f32 (throughput in bytes moved).
 //! - `cuda_host_<op>`: host time to enqueue one op (no synchronisation inside the timed loop).
+//! - `cuda_conv_cudnn_<pass>` vs `cuda_conv_own_<pass>`: a CNN layer's convolution (forward with its bias, input and
+//!   weight gradients) through cuDNN and on the own kernels (throughput in FLOP/s).
 //!
 //! GPU timings synchronise the device inside `iter_custom`.
 
@@ -11,6 +13,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cohort_kernels::binary::{BinaryOp, cuda as bin_cuda};
+use cohort_kernels::conv::{ConvParams, CudnnMode, cuda as conv_cuda};
 use cohort_kernels::cuda::{CudaType, DeviceBuffer, Gpu};
 use cohort_kernels::matmul::{MatmulShape, cuda as mm_cuda};
 use cohort_kernels::reduce::{ReduceOp, ReduceShape, cuda as red_cuda};
@@ -161,6 +164,8 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
 
+    bench_conv(c, &g);
+
     // Host-side cost: enqueue only; the device runs these small ops faster than the host issues them.
     let small = 1024;
     let mut group = c.benchmark_group("cuda_host");
@@ -260,6 +265,120 @@ fn bench(c: &mut Criterion) {
     group.finish();
     // SAFETY: created above, no longer used.
     let _ = unsafe { blas::destroy_handle(raw) };
+}
+
+/// A workspace that grows to the largest request and is kept: allocating on every call would time cuMemAlloc.
+struct Scratch<'a> {
+    g: &'a Gpu,
+    buf: Option<DeviceBuffer>,
+}
+
+impl Scratch<'_> {
+    fn get(&mut self, bytes: usize) -> cohort_kernels::Result<u64> {
+        if self.buf.as_ref().is_none_or(|b| b.bytes() < bytes) {
+            // cuMemFree waits for the work still using the old one.
+            self.buf = None;
+            self.buf = Some(self.g.alloc(bytes)?);
+        }
+        Ok(self.buf.as_ref().map_or(0, DeviceBuffer::ptr))
+    }
+}
+
+/// `cuda_conv_{cudnn,own}_{fwd,bwd_data,bwd_filter}`: the CNN's 64 -> 128 channel 3x3 layer on 32x32 images, batch
+/// 128, through cuDNN (the algorithm timing picked) and on the own kernels (im2col + cuBLAS in tiles), in FLOP/s.
+fn bench_conv(c: &mut Criterion, g: &Gpu) {
+    let p = ConvParams {
+        batch: 128,
+        c_in: 64,
+        h: 32,
+        w: 32,
+        c_out: 128,
+        kh: 3,
+        kw: 3,
+        stride: 1,
+        padding: 1,
+        groups: 1,
+    };
+    let (x, w, b, y) = (
+        filled(g, p.input_len(), 0.5),
+        filled(g, p.weight_len(), 0.25),
+        filled(g, p.c_out, 0.1),
+        filled(g, p.output_len(), 0.0),
+    );
+    let (gx, gw) = (
+        filled(g, p.input_len(), 0.0),
+        filled(g, p.weight_len(), 0.0),
+    );
+    let mut group = c.benchmark_group("cuda_conv");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    group.throughput(Throughput::Elements(
+        (2 * p.output_len() * p.col_rows()) as u64,
+    ));
+    let before = conv_cuda::cudnn_mode();
+    for (name, mode) in [("cudnn", CudnnMode::Timed), ("own", CudnnMode::Off)] {
+        conv_cuda::set_cudnn_mode(mode);
+        let mut ws = Scratch { g, buf: None };
+        group.bench_function(format!("cuda_conv_{name}_fwd"), |bch| {
+            bch.iter_custom(|iters| {
+                timed(g, iters, || {
+                    // SAFETY: sizes from p.
+                    unsafe {
+                        conv_cuda::conv2d(
+                            g,
+                            &p,
+                            x.ptr(),
+                            w.ptr(),
+                            Some(b.ptr()),
+                            y.ptr(),
+                            &mut |n| ws.get(n),
+                        )
+                        .expect("conv forward")
+                    }
+                })
+            })
+        });
+        group.bench_function(format!("cuda_conv_{name}_bwd_data"), |bch| {
+            bch.iter_custom(|iters| {
+                timed(g, iters, || {
+                    // SAFETY: sizes from p.
+                    unsafe {
+                        conv_cuda::conv2d_backward_input(
+                            g,
+                            &p,
+                            y.ptr(),
+                            w.ptr(),
+                            gx.ptr(),
+                            &mut |n| ws.get(n),
+                        )
+                        .expect("conv backward data")
+                    }
+                })
+            })
+        });
+        group.bench_function(format!("cuda_conv_{name}_bwd_filter"), |bch| {
+            bch.iter_custom(|iters| {
+                timed(g, iters, || {
+                    // SAFETY: sizes from p.
+                    unsafe {
+                        conv_cuda::conv2d_backward_weight(
+                            g,
+                            &p,
+                            x.ptr(),
+                            y.ptr(),
+                            gw.ptr(),
+                            &mut |n| ws.get(n),
+                        )
+                        .expect("conv backward filter")
+                    }
+                })
+            })
+        });
+    }
+    conv_cuda::set_cudnn_mode(before);
+    group.finish();
 }
 
 criterion_group!(benches, bench);

@@ -13,6 +13,9 @@
 //!   make the same choices. Choices adopted with `Gpu::adopt_gemm_choices` are kept as they were saved. cuBLAS
 //!   (f16, bf16 and the products cuBLASLt refuses) gets a workspace of one size on every stream and in graphs, since
 //!   its own choice of kernel may depend on the workspace it is given.
+//! - convolutions through cuDNN take the heuristics' first algorithm that cuDNN reports as deterministic, and time
+//!   nothing (the own kernels, where cuDNN is absent, add in a fixed order); a choice made before the setting
+//!   that is not deterministic is made again.
 //! - the kernels whose float sums took several `atomicAdd`s into one element run a variant that adds in a fixed
 //!   order (the CPU kernel's order): max-pool's backward where windows overlap, and `index_add` (an embedding's
 //!   gradient with repeated indices). Every other `atomicAdd` meets at most one float per element in a launch, or

@@ -1,4 +1,4 @@
-//! cohort-kernels: compute kernels on raw buffers: CPU (gemm, rayon) and CUDA (cuBLAS / cuBLASLt, NVRTC).
+//! cohort-kernels: compute kernels on raw buffers: CPU (gemm, rayon) and CUDA (cuBLAS / cuBLASLt, cuDNN, NVRTC).
 //!
 //! Every op family lives in its own folder: `mod.rs` holds the parameters shared by all
 //! devices, `cpu.rs` the host implementation, `cuda.rs` the GPU one (feature `cuda`).

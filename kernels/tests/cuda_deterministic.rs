@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use cohort_kernels::conv::{ConvParams, cpu as conv_cpu, cuda as conv_cuda};
 use cohort_kernels::cuda::{CudaType, DeviceBuffer, Gpu};
 use cohort_kernels::index::{cpu as index_cpu, cuda as index_cuda};
 use cohort_kernels::pool::{PoolParams, cpu as pool_cpu, cuda as pool_cuda};
@@ -219,5 +220,110 @@ fn index_add_with_repeated_indices_is_the_same_bits_every_run() {
             assert_eq!((op, index, size), ("index_add", 10, dim))
         }
         other => panic!("a bad index gave {other:?}"),
+    }
+}
+
+/// Within 1e-4 of the largest magnitude of `want`: cuDNN's deterministic algorithms add in another order than the
+/// CPU does.
+#[track_caller]
+fn assert_near(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * scale,
+            "{what}: element {i}: got {g}, want {w} (largest {scale})"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn convolutions_are_the_same_bits_every_run() {
+    let g = gpu();
+    // Backward data and filter both have algorithms that add with atomics at these sizes, which deterministic mode
+    // must not pick (through cuDNN; on the own kernels every sum has a fixed order).
+    for p in [
+        ConvParams {
+            batch: 7,
+            c_in: 64,
+            h: 13,
+            w: 11,
+            c_out: 128,
+            kh: 3,
+            kw: 3,
+            stride: 1,
+            padding: 1,
+            groups: 1,
+        },
+        ConvParams {
+            batch: 7,
+            c_in: 3,
+            h: 13,
+            w: 11,
+            c_out: 16,
+            kh: 5,
+            kw: 5,
+            stride: 2,
+            padding: 1,
+            groups: 1,
+        },
+    ] {
+        let x = rand_vec(p.input_len(), 71);
+        let w = rand_vec(p.weight_len(), 72);
+        let bias = rand_vec(p.c_out, 73);
+        let dy = rand_vec(p.output_len(), 74);
+        let (dx, dw, db, ddy) = (up(&g, &x), up(&g, &w), up(&g, &bias), up(&g, &dy));
+        // A workspace from the device per request, kept until the pass has run.
+        let run = |len: usize, pass: &dyn Fn(u64, &mut conv_cuda::Workspace<'_>)| {
+            let out = up(&g, &vec![f32::NAN; len]);
+            let mut held = Vec::new();
+            pass(out.ptr(), &mut |bytes| {
+                let b = g.alloc(bytes)?;
+                let ptr = b.ptr();
+                held.push(b);
+                Ok(ptr)
+            });
+            down(&g, &out, len)
+        };
+        let got = same_bits_five_times("conv forward", || {
+            run(p.output_len(), &|out, ws| {
+                // SAFETY: sizes from p.
+                unsafe {
+                    conv_cuda::conv2d(&g, &p, dx.ptr(), dw.ptr(), Some(db.ptr()), out, ws).unwrap()
+                }
+            })
+        });
+        assert_near(
+            &format!("forward {p:?}"),
+            &got,
+            &conv_cpu::conv2d(&x, &w, Some(&bias), &p),
+        );
+        let got = same_bits_five_times("conv backward data", || {
+            run(p.input_len(), &|out, ws| {
+                // SAFETY: sizes from p.
+                unsafe {
+                    conv_cuda::conv2d_backward_input(&g, &p, ddy.ptr(), dw.ptr(), out, ws).unwrap()
+                }
+            })
+        });
+        assert_near(
+            &format!("backward data {p:?}"),
+            &got,
+            &conv_cpu::conv2d_backward_input(&dy, &w, &p),
+        );
+        let got = same_bits_five_times("conv backward filter", || {
+            run(p.weight_len(), &|out, ws| {
+                // SAFETY: sizes from p.
+                unsafe {
+                    conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), ddy.ptr(), out, ws).unwrap()
+                }
+            })
+        });
+        assert_near(
+            &format!("backward filter {p:?}"),
+            &got,
+            &conv_cpu::conv2d_backward_weight(&x, &dy, &p),
+        );
     }
 }

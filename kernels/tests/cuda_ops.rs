@@ -729,7 +729,14 @@ fn conv_forward_and_backward_match_the_cpu() {
         let bias = rand_vec(p.c_out, 43, -1.0, 1.0);
         let go = rand_vec(p.output_len(), 44, -1.0, 1.0);
         let (dx, dw, db, dgo) = (up(&g, &x), up(&g, &w), up(&g, &bias), up(&g, &go));
-        let ws = zeros(&g, conv_cuda::workspace_len(&p) * 4);
+        // Workspaces from the device, one per request (cuDNN's differ by algorithm), kept until the test ends.
+        let mut held = Vec::new();
+        let mut ws = |bytes: usize| -> cohort_kernels::Result<u64> {
+            let b = g.alloc(bytes)?;
+            let ptr = b.ptr();
+            held.push(b);
+            Ok(ptr)
+        };
         let out = zeros(&g, p.output_len() * 4);
         // SAFETY: sizes from p.
         unsafe {
@@ -740,7 +747,7 @@ fn conv_forward_and_backward_match_the_cpu() {
                 dw.ptr(),
                 Some(db.ptr()),
                 out.ptr(),
-                ws.ptr(),
+                &mut ws,
             )
             .unwrap()
         };
@@ -755,7 +762,7 @@ fn conv_forward_and_backward_match_the_cpu() {
         let gi = zeros(&g, p.input_len() * 4);
         // SAFETY: as above.
         unsafe {
-            conv_cuda::conv2d_backward_input(&g, &p, dgo.ptr(), dw.ptr(), gi.ptr(), ws.ptr())
+            conv_cuda::conv2d_backward_input(&g, &p, dgo.ptr(), dw.ptr(), gi.ptr(), &mut ws)
                 .unwrap()
         };
         let want = conv_cpu::conv2d_backward_input(&go, &w, &p);
@@ -769,7 +776,7 @@ fn conv_forward_and_backward_match_the_cpu() {
         let gw = zeros(&g, p.weight_len() * 4);
         // SAFETY: as above.
         unsafe {
-            conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), dgo.ptr(), gw.ptr(), ws.ptr())
+            conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), dgo.ptr(), gw.ptr(), &mut ws)
                 .unwrap()
         };
         let want = conv_cpu::conv2d_backward_weight(&x, &go, &p);

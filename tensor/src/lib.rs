@@ -3,7 +3,7 @@
 //! A [`Tensor`] is a contiguous row-major array with a [`DType`] and a [`Device`]; its storage is
 //! shared (cheap clones) and sits behind a lock so that optimizers can update it in place. Every op
 //! checks shapes, dtypes and devices and returns an [`Error`] that names them; the compute itself
-//! runs in `cohort-kernels` (gemm and rayon on the CPU, cuBLAS and NVRTC kernels on CUDA).
+//! runs in `cohort-kernels` (gemm and rayon on the CPU, cuBLAS, cuDNN and NVRTC kernels on CUDA).
 //!
 //! Index ops (`index_select`, `index_add`, `gather_last`, `scatter_add_last`, `one_hot`, max-pool's
 //! backward) fail at the op on the CPU when an index is out of range. On CUDA they skip the bad
@@ -14,9 +14,9 @@
 //!
 //! [`set_deterministic`] makes every GPU op give the same bits from run to run (fixed GEMM
 //! algorithms, ordered sums where threads would race; see [`cohort_kernels::determinism`]); the
-//! CPU ops already do, whatever the number of threads. [`GemmChoices`] carry the GEMM algorithms a
-//! run picked by timing to the run that resumes it ([`cuda::gemm_choices`],
-//! [`cuda::adopt_gemm_choices`]).
+//! CPU ops already do, whatever the number of threads. [`GemmChoices`] carry the GEMM and
+//! convolution algorithms a run picked by timing to the run that resumes it
+//! ([`cuda::gemm_choices`], [`cuda::adopt_gemm_choices`]).
 //!
 //! ```
 //! use cohort_tensor::{DType, Device, Tensor};

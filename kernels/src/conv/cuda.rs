@@ -1,7 +1,17 @@
-//! CUDA 2-D convolution (`im2col.cu` + cuBLAS): the column matrix is `[C·kh·kw, N·OH·OW]`, so
-//! the whole batch is one GEMM per group (one strided-batched call over the groups).
+//! CUDA 2-D convolution, f32: through cuDNN where it loads ([`super::cudnn`]: an algorithm per geometry and pass,
+//! timed on first use), else on cohort's own kernels (`im2col.cu` + cuBLAS), which also run any geometry cuDNN
+//! offers no algorithm for and every convolution under `COHORT_CUDNN=0` ([`set_cudnn_mode`]).
+//!
+//! The own kernels cut the batch into tiles of [`ConvParams::tile_images`] images: a tile's column matrix is
+//! `[C·kh·kw, n·OH·OW]`, so each tile is one GEMM per group (one strided-batched call over the groups), and the
+//! workspace stays within [`COLUMN_TILE_BYTES`](super::COLUMN_TILE_BYTES) however large the batch.
+//!
+//! Every workspace, cuDNN's and the own kernels', comes from the caller ([`Workspace`]): the tensor crate gives
+//! blocks of the device's caching allocator, charged to the member's tenant.
 
-use super::ConvParams;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::{ConvParams, ConvPass, CudnnMode};
 use crate::Result;
 use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args};
 use crate::matmul::{MatmulShape, cuda::matmul};
@@ -11,23 +21,107 @@ pub(crate) static SRC: KernelSource = KernelSource {
     code: include_str!("im2col.cu"),
 };
 
-/// f32 elements of scratch every pass below needs: the column matrix plus one `[O, N·OH·OW]`
-/// buffer. The caller allocates it (from the device's caching allocator) and passes its address.
-pub fn workspace_len(p: &ConvParams) -> usize {
-    let q = p.batch * p.out_h() * p.out_w();
-    (p.c_in * p.kh * p.kw + p.c_out) * q
+/// A convolution's workspace as the op asks for it: given a byte count, the address of at least that many bytes
+/// of device memory on the op's device. The op uses an address until it returns or asks again; work it queued on
+/// an earlier one runs before whatever the memory is given to next, on the same stream.
+pub type Workspace<'a> = dyn FnMut(usize) -> Result<u64> + 'a;
+
+/// [`CudnnMode`] as stored: 0 before `COHORT_CUDNN` is read.
+static MODE: AtomicU8 = AtomicU8::new(0);
+
+fn mode_code(mode: CudnnMode) -> u8 {
+    match mode {
+        CudnnMode::Off => 1,
+        CudnnMode::Heuristic => 2,
+        CudnnMode::Timed => 3,
+    }
 }
 
-fn q(p: &ConvParams) -> usize {
-    p.batch * p.out_h() * p.out_w()
+/// Where this process's CUDA convolutions run: what [`set_cudnn_mode`] last set, else what `COHORT_CUDNN` says
+/// (read once, see [`CudnnMode::from_env_value`]).
+pub fn cudnn_mode() -> CudnnMode {
+    let mut code = MODE.load(Ordering::Relaxed);
+    if code == 0 {
+        let env = CudnnMode::from_env_value(std::env::var("COHORT_CUDNN").ok().as_deref());
+        // A concurrent `set_cudnn_mode` wins over the environment.
+        code = match MODE.compare_exchange(0, mode_code(env), Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => mode_code(env),
+            Err(set) => set,
+        };
+    }
+    match code {
+        1 => CudnnMode::Off,
+        2 => CudnnMode::Heuristic,
+        _ => CudnnMode::Timed,
+    }
 }
 
-unsafe fn im2col(gpu: &Gpu, p: &ConvParams, x: u64, col: u64) -> Result<()> {
-    let n = p.c_in * p.kh * p.kw * q(p);
+/// Sets where this process's CUDA convolutions run, over `COHORT_CUDNN`: `Off` sends every later convolution to
+/// the own kernels; between `Heuristic` and `Timed`, a geometry decided on already keeps its algorithm.
+pub fn set_cudnn_mode(mode: CudnnMode) {
+    MODE.store(mode_code(mode), Ordering::Relaxed);
+}
+
+/// The device addresses of one pass: the input (or its gradient), the weight (or its gradient), the output (or its
+/// gradient) and the bias (0: none).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operands {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub bias: u64,
+}
+
+/// `pass` through cuDNN; `false`, queuing nothing, where cuDNN is not in use or has no algorithm for it.
+///
+/// # Safety
+/// As [`conv2d`].
+unsafe fn through_cudnn(
+    gpu: &Gpu,
+    pass: ConvPass,
+    p: &ConvParams,
+    x: Operands,
+    workspace: &mut Workspace<'_>,
+) -> Result<bool> {
+    if p.input_len() == 0 || p.weight_len() == 0 || p.output_len() == 0 {
+        return Ok(false);
+    }
+    // SAFETY: forwarded to the caller.
+    let ran = gpu.with_cudnn(|dnn| unsafe { dnn.run(gpu, pass, p, x, workspace) })?;
+    Ok(ran.unwrap_or(false))
+}
+
+/// Bytes from an f32 element offset.
+fn at(elements: usize) -> u64 {
+    (elements * 4) as u64
+}
+
+/// The tiles of the batch: (first image, the tile's geometry).
+fn tiles(p: &ConvParams) -> impl Iterator<Item = (usize, ConvParams)> + '_ {
+    let n = p.tile_images();
+    (0..p.batch).step_by(n).map(move |b0| {
+        (
+            b0,
+            ConvParams {
+                batch: n.min(p.batch - b0),
+                ..*p
+            },
+        )
+    })
+}
+
+/// Columns of a tile's column matrix: `n·OH·OW`.
+fn q(t: &ConvParams) -> usize {
+    t.batch * t.out_h() * t.out_w()
+}
+
+unsafe fn im2col(gpu: &Gpu, t: &ConvParams, x: u64, col: u64) -> Result<()> {
+    let n = t.c_in * t.kh * t.kw * q(t);
     if n == 0 {
         return Ok(());
     }
-    let (ni, c, h, w, kh, kw, s, pad, oh, ow) = geometry(p);
+    let (ni, c, h, w, kh, kw, s, pad, oh, ow) = geometry(t);
     let mut args = kernel_args![ni, c, h, w, kh, kw, s, pad, oh, ow, x, col];
     // SAFETY: matches `im2col_f32(u64 x10, const float*, float*)`; sizes per the callers.
     unsafe { gpu.launch(&SRC, "im2col_f32", gpu.grid(n, 256), &mut args) }
@@ -49,14 +143,14 @@ fn geometry(p: &ConvParams) -> (u64, u64, u64, u64, u64, u64, u64, u64, u64, u64
     )
 }
 
-/// `[N, O, OH·OW]` gradient into `[O, N·OH·OW]`.
-unsafe fn grad_cnhw(gpu: &Gpu, p: &ConvParams, g: u64, out: u64) -> Result<()> {
-    let hw = p.out_h() * p.out_w();
-    let n = p.batch * p.c_out * hw;
+/// A tile's `[n, O, OH·OW]` gradient into `[O, n·OH·OW]`.
+unsafe fn grad_cnhw(gpu: &Gpu, t: &ConvParams, g: u64, out: u64) -> Result<()> {
+    let hw = t.out_h() * t.out_w();
+    let n = t.batch * t.c_out * hw;
     if n == 0 {
         return Ok(());
     }
-    let (ni, co, hww) = (p.batch as u64, p.c_out as u64, hw as u64);
+    let (ni, co, hww) = (t.batch as u64, t.c_out as u64, hw as u64);
     let mut args = kernel_args![ni, co, hww, g, out];
     // SAFETY: matches `conv_grad_cnhw_f32(u64, u64, u64, const float*, float*)`.
     unsafe { gpu.launch(&SRC, "conv_grad_cnhw_f32", gpu.grid(n, 256), &mut args) }
@@ -66,10 +160,11 @@ unsafe fn grad_cnhw(gpu: &Gpu, p: &ConvParams, g: u64, out: u64) -> Result<()> {
 /// + `bias` (`[O]`, optional), all f32.
 ///
 /// # Safety
-/// Buffers of the sizes [`ConvParams`] gives, and `workspace` of [`workspace_len`] f32, on this device.
+/// Buffers of the sizes [`ConvParams`] gives, on this device; `workspace` gives memory of this device (see
+/// [`Workspace`]).
 ///
 /// # Errors
-/// A launch or cuBLAS failure.
+/// A launch, cuDNN or cuBLAS failure, or no workspace (the workspace's own error, such as out of memory).
 pub unsafe fn conv2d(
     gpu: &Gpu,
     p: &ConvParams,
@@ -77,40 +172,58 @@ pub unsafe fn conv2d(
     weight: u64,
     bias: Option<u64>,
     out: u64,
-    workspace: u64,
+    workspace: &mut Workspace<'_>,
 ) -> Result<()> {
-    let q = q(p);
     if p.output_len() == 0 {
         return Ok(());
     }
-    let col = workspace;
-    let tmp = workspace + (p.c_in * p.kh * p.kw * q * 4) as u64;
-    let (og, kg) = (p.c_out_g(), p.col_rows());
-    // SAFETY: all three calls get sizes per the caller and `workspace_len`.
-    unsafe {
-        im2col(gpu, p, input, col)?;
-        let s = MatmulShape {
-            batch: p.groups,
-            m: og,
-            n: q,
-            k: kg,
-            lhs_batch_stride: og * kg,
-            rhs_batch_stride: kg * q,
-            trans_lhs: false,
-            trans_rhs: false,
-        };
-        matmul(gpu, CudaType::F32, weight, col, tmp, &s)?;
-        let hw = (p.out_h() * p.out_w()) as u64;
-        let (ni, co) = (p.batch as u64, p.c_out as u64);
-        let b = bias.unwrap_or(0);
-        let mut args = kernel_args![ni, co, hw, tmp, b, out];
-        gpu.launch(
-            &SRC,
-            "conv_out_f32",
-            gpu.grid(p.output_len(), 256),
-            &mut args,
-        )
+    let x = Operands {
+        x: input,
+        w: weight,
+        y: out,
+        bias: bias.unwrap_or(0),
+    };
+    let pass = ConvPass::Forward {
+        bias: bias.is_some(),
+    };
+    // SAFETY: forwarded to the caller.
+    if unsafe { through_cudnn(gpu, pass, p, x, workspace) }? {
+        return Ok(());
     }
+    let ws = workspace(p.own_workspace_len() * 4)?;
+    let col = ws;
+    let hw = p.out_h() * p.out_w();
+    let tmp = ws + at(p.c_in * p.kh * p.kw * p.tile_images() * hw);
+    let (og, kg) = (p.c_out_g(), p.col_rows());
+    for (b0, t) in tiles(p) {
+        let q = q(&t);
+        // SAFETY: the tile's images of the caller's buffers; the workspace holds one tile's columns and product.
+        unsafe {
+            im2col(gpu, &t, input + at(b0 * p.c_in * p.h * p.w), col)?;
+            let s = MatmulShape {
+                batch: p.groups,
+                m: og,
+                n: q,
+                k: kg,
+                lhs_batch_stride: og * kg,
+                rhs_batch_stride: kg * q,
+                trans_lhs: false,
+                trans_rhs: false,
+            };
+            matmul(gpu, CudaType::F32, weight, col, tmp, &s)?;
+            let (ni, co, hww) = (t.batch as u64, p.c_out as u64, hw as u64);
+            let b = bias.unwrap_or(0);
+            let y = out + at(b0 * p.c_out * hw);
+            let mut args = kernel_args![ni, co, hww, tmp, b, y];
+            gpu.launch(
+                &SRC,
+                "conv_out_f32",
+                gpu.grid(t.output_len(), 256),
+                &mut args,
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Gradient of the input: `grad_in` (`[N, C, H, W]`) from `grad_out` (`[N, O, OH, OW]`) and
@@ -120,78 +233,129 @@ pub unsafe fn conv2d(
 /// As [`conv2d`].
 ///
 /// # Errors
-/// A launch or cuBLAS failure.
+/// As [`conv2d`].
 pub unsafe fn conv2d_backward_input(
     gpu: &Gpu,
     p: &ConvParams,
     grad_out: u64,
     weight: u64,
     grad_in: u64,
-    workspace: u64,
+    workspace: &mut Workspace<'_>,
 ) -> Result<()> {
-    let q = q(p);
     if p.input_len() == 0 {
         return Ok(());
     }
-    let dcol = workspace;
-    let g = workspace + (p.c_in * p.kh * p.kw * q * 4) as u64;
-    let (og, kg) = (p.c_out_g(), p.col_rows());
-    // SAFETY: sizes per the caller and `workspace_len`.
-    unsafe {
-        grad_cnhw(gpu, p, grad_out, g)?;
-        let s = MatmulShape {
-            batch: p.groups,
-            m: kg,
-            n: q,
-            k: og,
-            lhs_batch_stride: og * kg,
-            rhs_batch_stride: og * q,
-            trans_lhs: true,
-            trans_rhs: false,
-        };
-        matmul(gpu, CudaType::F32, weight, g, dcol, &s)?;
-        let (ni, c, h, w, kh, kw, st, pad, oh, ow) = geometry(p);
-        let mut args = kernel_args![ni, c, h, w, kh, kw, st, pad, oh, ow, dcol, grad_in];
-        gpu.launch(&SRC, "col2im_f32", gpu.grid(p.input_len(), 256), &mut args)
+    let x = Operands {
+        x: grad_in,
+        w: weight,
+        y: grad_out,
+        bias: 0,
+    };
+    // SAFETY: forwarded to the caller.
+    if unsafe { through_cudnn(gpu, ConvPass::BackwardData, p, x, workspace) }? {
+        return Ok(());
     }
+    let ws = workspace(p.own_workspace_len() * 4)?;
+    let dcol = ws;
+    let hw = p.out_h() * p.out_w();
+    let g = ws + at(p.c_in * p.kh * p.kw * p.tile_images() * hw);
+    let (og, kg) = (p.c_out_g(), p.col_rows());
+    for (b0, t) in tiles(p) {
+        let q = q(&t);
+        // SAFETY: the tile's images of the caller's buffers; the workspace holds one tile's columns and gradient.
+        unsafe {
+            grad_cnhw(gpu, &t, grad_out + at(b0 * p.c_out * hw), g)?;
+            let s = MatmulShape {
+                batch: p.groups,
+                m: kg,
+                n: q,
+                k: og,
+                lhs_batch_stride: og * kg,
+                rhs_batch_stride: og * q,
+                trans_lhs: true,
+                trans_rhs: false,
+            };
+            matmul(gpu, CudaType::F32, weight, g, dcol, &s)?;
+            let (ni, c, h, w, kh, kw, st, pad, oh, ow) = geometry(&t);
+            let dx = grad_in + at(b0 * p.c_in * p.h * p.w);
+            let mut args = kernel_args![ni, c, h, w, kh, kw, st, pad, oh, ow, dcol, dx];
+            gpu.launch(&SRC, "col2im_f32", gpu.grid(t.input_len(), 256), &mut args)?;
+        }
+    }
+    Ok(())
 }
 
-/// Gradient of the weight: `grad_w` (`[O, C/g, kh, kw]`) from `input` and `grad_out`, all f32.
+/// Gradient of the weight: `grad_w` (`[O, C/g, kh, kw]`) from `input` and `grad_out`, all f32, summed over the
+/// batch; on the own kernels tile by tile, the tiles' sums added in order (the same bits run after run).
 ///
 /// # Safety
 /// As [`conv2d`].
 ///
 /// # Errors
-/// A launch or cuBLAS failure.
+/// As [`conv2d`].
 pub unsafe fn conv2d_backward_weight(
     gpu: &Gpu,
     p: &ConvParams,
     input: u64,
     grad_out: u64,
     grad_w: u64,
-    workspace: u64,
+    workspace: &mut Workspace<'_>,
 ) -> Result<()> {
-    let q = q(p);
     if p.weight_len() == 0 {
         return Ok(());
     }
-    let col = workspace;
-    let g = workspace + (p.c_in * p.kh * p.kw * q * 4) as u64;
-    let (og, kg) = (p.c_out_g(), p.col_rows());
-    // SAFETY: sizes per the caller and `workspace_len`.
-    unsafe {
-        im2col(gpu, p, input, col)?;
-        grad_cnhw(gpu, p, grad_out, g)?;
-        let s = MatmulShape {
-            batch: p.groups,
-            m: og,
-            n: kg,
-            k: q,
-            lhs_batch_stride: og * q,
-            rhs_batch_stride: kg * q,
-            trans_lhs: false,
-            trans_rhs: true,
-        };
-        matmul(gpu, CudaType::F32, g, col, grad_w, &s)
+    let x = Operands {
+        x: input,
+        w: grad_w,
+        y: grad_out,
+        bias: 0,
+    };
+    // SAFETY: forwarded to the caller.
+    if unsafe { through_cudnn(gpu, ConvPass::BackwardFilter, p, x, workspace) }? {
+        return Ok(());
     }
+    if p.batch == 0 {
+        // SAFETY: grad_w holds weight_len f32.
+        return unsafe { gpu.zero(grad_w, p.weight_len() * 4) };
+    }
+    let ws = workspace(p.own_workspace_len() * 4)?;
+    let hw = p.out_h() * p.out_w();
+    let q_tile = p.tile_images() * hw;
+    let col = ws;
+    let g = ws + at(p.c_in * p.kh * p.kw * q_tile);
+    let partial = g + at(p.c_out * q_tile);
+    let (og, kg) = (p.c_out_g(), p.col_rows());
+    for (i, (b0, t)) in tiles(p).enumerate() {
+        let q = q(&t);
+        // The first tile's sum is the gradient so far; each later one is added to it.
+        let dst = if i == 0 { grad_w } else { partial };
+        // SAFETY: the tile's images of the caller's buffers; the workspace holds one tile's columns and gradient,
+        // and with more than one tile a partial weight gradient.
+        unsafe {
+            im2col(gpu, &t, input + at(b0 * p.c_in * p.h * p.w), col)?;
+            grad_cnhw(gpu, &t, grad_out + at(b0 * p.c_out * hw), g)?;
+            let s = MatmulShape {
+                batch: p.groups,
+                m: og,
+                n: kg,
+                k: q,
+                lhs_batch_stride: og * q,
+                rhs_batch_stride: kg * q,
+                trans_lhs: false,
+                trans_rhs: true,
+            };
+            matmul(gpu, CudaType::F32, g, col, dst, &s)?;
+            if i > 0 {
+                let n = p.weight_len() as u64;
+                let mut args = kernel_args![n, partial, grad_w];
+                gpu.launch(
+                    &SRC,
+                    "conv_accumulate_f32",
+                    gpu.grid(p.weight_len(), 256),
+                    &mut args,
+                )?;
+            }
+        }
+    }
+    Ok(())
 }

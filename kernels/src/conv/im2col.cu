@@ -1,5 +1,6 @@
-// Convolution helpers around GEMM. The column matrix is [C·kh·kw, N·OH·OW]: row (c, ki, kj),
-// column (n, oy, ox), so one GEMM covers the whole batch and each group's rows are contiguous.
+// Convolution helpers around GEMM. The column matrix of a tile of n images is [C·kh·kw, n·OH·OW]: row (c, ki, kj),
+// column (img, oy, ox), so one GEMM covers the tile and each group's rows are contiguous. The callers pass the
+// tile's first image as x (and out, grad, ...) and its size as nimg.
 
 extern "C" __global__ void im2col_f32(u64 nimg, u64 c, u64 h, u64 w, u64 kh, u64 kw, u64 stride, u64 pad,
                                       u64 oh, u64 ow, const float* x, float* col) {
@@ -61,4 +62,9 @@ extern "C" __global__ void conv_grad_cnhw_f32(u64 nimg, u64 cout, u64 hw, const 
         const u64 p = t % hw, img = (t / hw) % nimg, o = t / (hw * nimg);
         out[t] = g[(img * cout + o) * hw + p];
     }
+}
+
+// dst[i] += src[i]: a weight gradient's later tiles added to the first's sum, in order.
+extern "C" __global__ void conv_accumulate_f32(u64 n, const float* src, float* dst) {
+    GRID_STRIDE(t, n) { dst[t] += src[t]; }
 }

@@ -1,5 +1,6 @@
 //! The CUDA device layer: one [`Gpu`] per device (context, a compute stream, a copy stream,
-//! cuBLAS and cuBLASLt handles and its loaded kernel modules), and the kernel modules themselves:
+//! cuBLAS and cuBLASLt handles, a cuDNN handle where `libcudnn.so.9` loads, and its loaded kernel
+//! modules), and the kernel modules themselves:
 //! compiled by NVRTC to cubins once per machine and kept on disk ([`modules`]).
 //!
 //! Kernels take raw device addresses (`u64`), because tensors hold blocks of the device's
@@ -48,12 +49,12 @@ pub struct KernelTime {
     pub total_ms: f64,
 }
 
-/// How one f32 product geometry was tuned ([`Gpu::gemm_tuning`]).
+/// How one f32 product geometry, or one pass of a convolution, was tuned ([`Gpu::gemm_tuning`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmTuning {
-    /// `gemmNT MxNxK xBATCH`, as in [`KernelTime`].
+    /// `gemmNT MxNxK xBATCH`, as in [`KernelTime`]; `cudnn fwd NxCxHxW -> O k3x3 s1 p1` for a convolution.
     pub label: String,
-    /// Algorithms timed: the cuBLASLt heuristics' picks and their split-K variants.
+    /// Algorithms timed: the cuBLASLt heuristics' picks and their split-K variants, or cuDNN's algorithms.
     pub candidates: usize,
     /// µs per product of the heuristic's first pick (`None`: it failed to run).
     pub heuristic_us: Option<f64>,

@@ -7,6 +7,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::conv::ConvChoices;
+
 /// One column-major product `D = op(A)·op(B)` (batched with strides), as cuBLAS sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Geometry {
@@ -143,14 +145,17 @@ impl fmt::Display for GemmDevice {
     }
 }
 
-/// Every f32 product geometry a device has decided on, for the device they were made on; entries in a fixed
-/// order, so the same choices serialize to the same bytes.
+/// Every f32 product geometry a device has decided on, for the device they were made on, and its convolutions'
+/// cuDNN algorithms; entries in a fixed order, so the same choices serialize to the same bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GemmChoices {
     /// What they are valid for.
     pub device: GemmDevice,
     /// The decisions.
     pub entries: Vec<GemmChoice>,
+    /// How each convolution runs (absent from choices saved before convolutions were recorded: none).
+    #[serde(default)]
+    pub convolutions: ConvChoices,
 }
 
 #[cfg(test)]
@@ -205,6 +210,7 @@ mod tests {
                 choice(Epilogue::SumsOfA { stride: 0 }, GemmDecision::Thin),
                 choice(Epilogue::None, GemmDecision::Refused),
             ],
+            convolutions: ConvChoices::default(),
         };
         let json = serde_json::to_string(&choices).unwrap();
         let back: GemmChoices = serde_json::from_str(&json).unwrap();

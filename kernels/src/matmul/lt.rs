@@ -747,7 +747,7 @@ impl Lt {
 }
 
 /// Mean µs of `run` over RUNS runs after one untimed run (waits for the device).
-fn time_runs(gpu: &Gpu, run: impl Fn() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_runs(gpu: &Gpu, run: impl Fn() -> Result<()>) -> Result<f64> {
     run()?;
     let start = gpu.mark()?;
     for _ in 0..RUNS {

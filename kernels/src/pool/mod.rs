@@ -1,4 +1,9 @@
 //! 2-D max pooling (no padding) with the argmax indices its backward pass needs.
+//!
+//! It stays on these kernels, not cuDNN's pooling: cuDNN's max-pool backward wants the input and output again
+//! instead of the indices the autograd keeps, and each pass here is one memory-bound sweep already. Average
+//! pooling is a depthwise convolution (`AvgPool2d`), so it runs through cuDNN where convolutions do; global
+//! average pooling is a mean.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -958,9 +958,42 @@ fn conv_check(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> 
     Ok(())
 }
 
-/// Scratch for the convolution kernels, from the device's allocator (charged to the tenant).
-fn conv_workspace(like: &CudaStorage, p: &ConvParams) -> Result<CudaStorage> {
-    like.sibling(conv_cuda::workspace_len(p), DType::F32)
+/// A convolution's workspace as its kernels ask for it ([`conv_cuda::Workspace`]): a block of the device's
+/// allocator charged to the current tenant (during a capture, of the graph's pool), replaced by a larger one when
+/// more is asked for, and given back when the op returns, stream-ordered after the work that uses it.
+struct ConvWorkspace<'a> {
+    like: &'a CudaStorage,
+    block: Option<CudaStorage>,
+}
+
+impl<'a> ConvWorkspace<'a> {
+    fn new(like: &'a CudaStorage) -> Self {
+        ConvWorkspace { like, block: None }
+    }
+
+    fn get(&mut self, bytes: usize) -> cohort_kernels::Result<u64> {
+        if let Some(b) = &self.block {
+            if b.len() * 4 >= bytes {
+                return Ok(b.device_ptr());
+            }
+        }
+        let block = self
+            .like
+            .sibling(bytes.div_ceil(4), DType::F32)
+            .map_err(|e| match e {
+                // The allocator's error travels inside the kernels' one, and comes out as itself again
+                // (`From<cohort_kernels::Error>`): an out-of-memory stays one for the member's recovery.
+                Error::Alloc(source) => cohort_kernels::Error::DeviceMemory {
+                    what: format!("{bytes} bytes of convolution workspace"),
+                    source: Box::new(source),
+                },
+                Error::Kernel(e) => e,
+                other => cohort_kernels::Error::Cuda(other.to_string()),
+            })?;
+        let ptr = block.device_ptr();
+        self.block = Some(block);
+        Ok(ptr)
+    }
 }
 
 /// See [`crate::cpu::conv2d`].
@@ -981,8 +1014,8 @@ pub fn conv2d(
         same_device("conv2d (bias)", input, b)?;
     }
     let out = input.sibling(p.output_len(), DType::F32)?;
-    let ws = conv_workspace(input, p)?;
-    // SAFETY: sizes from p (validated by the tensor) and workspace_len.
+    let mut ws = ConvWorkspace::new(input);
+    // SAFETY: sizes from p (validated by the tensor); the workspace is this device's.
     unsafe {
         conv_cuda::conv2d(
             &input.gpu,
@@ -991,7 +1024,7 @@ pub fn conv2d(
             weight.device_ptr(),
             bias.map(CudaStorage::device_ptr),
             out.device_ptr(),
-            ws.device_ptr(),
+            &mut |bytes| ws.get(bytes),
         )?
     };
     Ok(out)
@@ -1008,7 +1041,7 @@ pub fn conv2d_backward_input(
 ) -> Result<CudaStorage> {
     conv_check("conv2d_backward_input", grad_out, weight)?;
     let out = grad_out.sibling(p.input_len(), DType::F32)?;
-    let ws = conv_workspace(grad_out, p)?;
+    let mut ws = ConvWorkspace::new(grad_out);
     // SAFETY: as in conv2d.
     unsafe {
         conv_cuda::conv2d_backward_input(
@@ -1017,7 +1050,7 @@ pub fn conv2d_backward_input(
             grad_out.device_ptr(),
             weight.device_ptr(),
             out.device_ptr(),
-            ws.device_ptr(),
+            &mut |bytes| ws.get(bytes),
         )?
     };
     Ok(out)
@@ -1034,7 +1067,7 @@ pub fn conv2d_backward_weight(
 ) -> Result<CudaStorage> {
     conv_check("conv2d_backward_weight", input, grad_out)?;
     let out = input.sibling(p.weight_len(), DType::F32)?;
-    let ws = conv_workspace(input, p)?;
+    let mut ws = ConvWorkspace::new(input);
     // SAFETY: as in conv2d.
     unsafe {
         conv_cuda::conv2d_backward_weight(
@@ -1043,7 +1076,7 @@ pub fn conv2d_backward_weight(
             input.device_ptr(),
             grad_out.device_ptr(),
             out.device_ptr(),
-            ws.device_ptr(),
+            &mut |bytes| ws.get(bytes),
         )?
     };
     Ok(out)

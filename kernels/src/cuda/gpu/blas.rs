@@ -5,6 +5,7 @@ use cudarc::cublas::{result as blas_result, sys as blas_sys};
 use std::ffi::c_void;
 
 use super::{DeviceBuffer, Gpu, ON_SIDE, cuda_err, lock};
+use crate::conv::ConvChoices;
 use crate::cuda::GemmTuning;
 use crate::matmul::GemmChoices;
 use crate::matmul::lt::{self, Lt};
@@ -42,42 +43,54 @@ impl Gpu {
         f(lt)
     }
 
-    /// The f32 product geometries tuned since the last call: each one's candidates, the
-    /// heuristic's pick and the fastest, timed on the device.
+    /// The f32 product geometries, and the convolutions' passes (labelled `cudnn ...`), tuned since the last call:
+    /// each one's candidates, the heuristic's pick and the fastest, timed on the device.
     pub fn gemm_tuning(&self) -> Vec<GemmTuning> {
-        lock(&self.lt)
+        let mut report = lock(&self.lt)
             .as_mut()
             .map(Lt::take_report)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        report.extend(self.take_conv_report());
+        report
     }
 
-    /// Every f32 product geometry decided on so far and how it runs (the algorithms tuning picked), to save with
-    /// a run: adopted by the process that resumes it ([`Gpu::adopt_gemm_choices`]), they make it run each product
-    /// as before, where timing afresh could pick another algorithm, with other rounding.
+    /// Every f32 product geometry decided on so far and how it runs (the algorithms tuning picked), and every
+    /// convolution's cuDNN algorithm ([`GemmChoices::convolutions`]), to save with a run: adopted by the process
+    /// that resumes it ([`Gpu::adopt_gemm_choices`]), they make it run each product and convolution as before,
+    /// where timing afresh could pick another algorithm, with other rounding.
     pub fn gemm_choices(&self) -> GemmChoices {
-        match &*lock(&self.lt) {
+        let mut choices = match &*lock(&self.lt) {
             Some(lt) => lt.choices(self),
             None => GemmChoices {
                 device: lt::device(self),
                 entries: Vec::new(),
+                convolutions: ConvChoices::default(),
             },
-        }
+        };
+        choices.convolutions = self.conv_choices();
+        choices
     }
 
     /// Takes saved [`GemmChoices`] for every geometry not decided on yet, never to time them; returns how many
-    /// entries it took. Adopt before the first product: geometries decided on already keep their entry.
+    /// product entries it took. The convolutions' choices they carry are adopted too, where cuDNN is in use and
+    /// of the version that made them (the log says how many, or why none): a convolution that cannot be adopted
+    /// is chosen afresh, and costs the products nothing. Adopt before the first product: geometries decided on
+    /// already keep their entry.
     ///
     /// # Errors
     /// [`Error::ForeignGemmChoices`] when they were made on another device or cuBLASLt version (nothing is
-    /// adopted; the products are chosen afresh); cuBLASLt missing.
+    /// adopted, the convolutions neither; all are chosen afresh); cuBLASLt missing.
     pub fn adopt_gemm_choices(&self, choices: &GemmChoices) -> Result<usize> {
-        self.with_lt(|lt| lt.adopt(self, choices))
+        let products = self.with_lt(|lt| lt.adopt(self, choices))?;
+        self.adopt_conv_choices(&choices.convolutions);
+        Ok(products)
     }
 
-    /// A count that grows whenever a geometry is decided on, re-decided or adopted: [`Gpu::gemm_choices`] can
-    /// only differ from what it returned when this count differs too, so a run writes them only then.
+    /// A count that grows whenever a geometry (of a product or a convolution) is decided on, re-decided or
+    /// adopted: [`Gpu::gemm_choices`] can only differ from what it returned when this count differs too, so a run
+    /// writes them only then.
     pub fn gemm_choice_count(&self) -> u64 {
-        lock(&self.lt).as_ref().map_or(0, Lt::decisions)
+        lock(&self.lt).as_ref().map_or(0, Lt::decisions) + self.conv_decisions()
     }
 
     /// Runs `f` with the device's cuBLAS handle (created on first use), bound to the stream this

@@ -1,11 +1,12 @@
 //! The per-device context: the driver context, its streams and its error flag, device allocations, scratch, and
 //! kernel launches. By concern beside it: `shape` (launch geometry, strides, element types), `copies` (host and
-//! device copies, pinned memory), `blas` (the cuBLAS and cuBLASLt handles), `capture` (CUDA graphs and the turns
-//! that keep other threads' work out of a capture).
+//! device copies, pinned memory), `blas` (the cuBLAS and cuBLASLt handles), `dnn` (the cuDNN handle, or why there
+//! is none), `capture` (CUDA graphs and the turns that keep other threads' work out of a capture).
 
 mod blas;
 mod capture;
 mod copies;
+mod dnn;
 mod shape;
 
 pub use capture::{GpuGraph, Turn};
@@ -18,6 +19,7 @@ pub(crate) use shape::{
 
 use blas::Blas;
 use capture::{Lanes, Turns};
+use dnn::DnnSlot;
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -214,6 +216,8 @@ pub struct Gpu {
     blas: Mutex<Option<Blas>>,
     /// cuBLASLt and its tuned algorithms (f32 products), created on first use.
     lt: Mutex<Option<Lt>>,
+    /// cuDNN and its tuned algorithms (convolutions), loaded on the first convolution.
+    dnn: Mutex<DnnSlot>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     scratch: Mutex<Option<DeviceBuffer>>,
@@ -318,6 +322,7 @@ impl Gpu {
             name,
             blas: Mutex::new(None),
             lt: Mutex::new(None),
+            dnn: Mutex::new(DnnSlot::Untried),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),

@@ -5,6 +5,7 @@
 use cudarc::cublaslt::sys;
 
 use super::{Choice, Desc, Entry, Key, Lt, MAX_WORKSPACE, Picked, thin};
+use crate::conv::ConvChoices;
 use crate::cuda::Gpu;
 use crate::matmul::{GemmChoice, GemmChoices, GemmDecision, GemmDevice};
 use crate::{Error, Result};
@@ -56,6 +57,7 @@ impl Lt {
         GemmChoices {
             device: device(gpu),
             entries,
+            convolutions: ConvChoices::default(),
         }
     }
 

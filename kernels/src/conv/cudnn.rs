@@ -1,0 +1,861 @@
+//! Convolutions through cuDNN (its convolution API, `libcudnn.so.9` loaded at run time), each geometry and pass
+//! on the algorithm that timed fastest.
+//!
+//! The first time a geometry's pass is met outside a graph capture, every algorithm cuDNN's heuristics offer for
+//! it (`cudnnGet*Algorithm_v7`, those it reports as supported) runs on the real operands, timed with events, and
+//! the fastest is kept, as PyTorch's `cudnn.benchmark` does; a forward with a bias also tries the convolution and
+//! its bias in one call (below). A geometry first met while capturing runs the heuristics' first pick, and is
+//! timed at its next eager call. `COHORT_CUDNN=heuristic` keeps the heuristics' pick; in deterministic mode
+//! ([`crate::determinism`]) nothing is timed and only algorithms cuDNN reports as deterministic are taken, the
+//! heuristics' first of them, the same in every process. The decisions can be saved and adopted by a later
+//! process ([`saved`]), which then times nothing it adopted.
+//!
+//! Precision: every convolution descriptor asks for `CUDNN_FMA_MATH`, plain fp32 multiply-adds. cuDNN's
+//! `CUDNN_DEFAULT_MATH` lets fp32 convolutions run on TF32 tensor cores on Ampere and later; cohort computes in
+//! fp32 with no TF32 until a precision policy exists to choose otherwise (the products keep to the same rule).
+//!
+//! Workspaces: an algorithm runs with the workspace `cudnnGet*WorkspaceSize` names for it, from the caller
+//! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself.
+//!
+//! Fusion: the forward's only epilogue is a bias (the `conv2d` entry point has no activation flag), which cuDNN
+//! fuses in `cudnnConvolutionBiasActivationForward` with an identity activation, only on
+//! `IMPLICIT_PRECOMP_GEMM`; that candidate is timed beside every algorithm followed by `cudnnAddTensor`.
+
+mod saved;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::{align_of, size_of};
+
+use cudarc::cudnn::{result as dnn, sys};
+
+use super::cuda::{Operands, Workspace, cudnn_mode};
+use super::{ConvParams, ConvPass, CudnnMode};
+use crate::cuda::{GemmTuning, Gpu, cuda_err};
+use crate::matmul::lt::time_runs;
+use crate::{Error, Result};
+
+/// Algorithms asked of the heuristics: more than any pass has (cuDNN 9: 8 forward, 6 data, 7 filter).
+const CANDIDATES: usize = 8;
+/// The least of the most workspace one algorithm may take (see [`workspace_cap`]).
+const MIN_WORKSPACE_CAP: usize = 64 << 20;
+/// Workspace the candidates are held to when the largest any of them needs cannot be had.
+const SMALL_WORKSPACE: usize = 8 << 20;
+
+/// `CUDNN_STATUS_SUCCESS`.
+const SUCCESS: u32 = 0;
+/// `CUDNN_DETERMINISTIC`.
+const DETERMINISTIC: u32 = 1;
+/// `CUDNN_TENSOR_OP_MATH` and `CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION`: tensor-core results, which the FMA
+/// descriptors should never be offered.
+const TENSOR_OP_MATH: [u32; 2] = [1, 2];
+/// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
+const IMPLICIT_PRECOMP_GEMM: u32 = 1;
+
+/// The library functions used here: checked at load, since a missing one would panic at its first call.
+const SYMBOLS: [&str; 30] = [
+    "cudnnGetVersion",
+    "cudnnCreate",
+    "cudnnDestroy",
+    "cudnnSetStream",
+    "cudnnCreateTensorDescriptor",
+    "cudnnSetTensor4dDescriptor",
+    "cudnnDestroyTensorDescriptor",
+    "cudnnCreateFilterDescriptor",
+    "cudnnSetFilter4dDescriptor",
+    "cudnnDestroyFilterDescriptor",
+    "cudnnCreateConvolutionDescriptor",
+    "cudnnSetConvolution2dDescriptor",
+    "cudnnSetConvolutionMathType",
+    "cudnnSetConvolutionGroupCount",
+    "cudnnDestroyConvolutionDescriptor",
+    "cudnnCreateActivationDescriptor",
+    "cudnnSetActivationDescriptor",
+    "cudnnDestroyActivationDescriptor",
+    "cudnnGetConvolution2dForwardOutputDim",
+    "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+    "cudnnGetConvolutionForwardWorkspaceSize",
+    "cudnnGetConvolutionBackwardDataWorkspaceSize",
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+    "cudnnConvolutionForward",
+    "cudnnConvolutionBiasActivationForward",
+    "cudnnAddTensor",
+    "cudnnConvolutionBackwardData",
+    "cudnnConvolutionBackwardFilter",
+];
+
+/// The most workspace one algorithm may take for `p`: 64 MiB, or the size of the pass's largest operand where that
+/// is more. Faster algorithms that need more (FFT, Winograd's transforms of large batches) would raise a member's
+/// peak memory by more than one more activation.
+pub(crate) fn workspace_cap(p: &ConvParams) -> usize {
+    let largest = p.input_len().max(p.output_len()).max(p.weight_len());
+    MIN_WORKSPACE_CAP.max(4 * largest)
+}
+
+/// One of cuDNN's `cudnnConvolution*AlgoPerf_t`, read as plain integers: a status or enum value this binding does
+/// not list must not be read into a Rust enum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Perf {
+    algo: u32,
+    status: u32,
+    time: f32,
+    memory: usize,
+    determinism: u32,
+    math_type: u32,
+    reserved: [i32; 3],
+}
+
+const _: () = {
+    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
+    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>());
+    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>());
+    assert!(align_of::<Perf>() == align_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
+};
+
+fn unknown_algo(pass: ConvPass, algo: u32) -> Error {
+    Error::Cuda(format!("cuDNN has no {pass:?} algorithm {algo}"))
+}
+
+/// The forward algorithm of value `algo`.
+fn fwd_algo(algo: u32) -> Result<sys::cudnnConvolutionFwdAlgo_t> {
+    use sys::cudnnConvolutionFwdAlgo_t::*;
+    Ok(match algo {
+        0 => CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        1 => CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        2 => CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        3 => CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        4 => CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        5 => CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        6 => CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        7 => CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+        _ => return Err(unknown_algo(ConvPass::Forward { bias: false }, algo)),
+    })
+}
+
+/// The backward data algorithm of value `algo`.
+fn data_algo(algo: u32) -> Result<sys::cudnnConvolutionBwdDataAlgo_t> {
+    use sys::cudnnConvolutionBwdDataAlgo_t::*;
+    Ok(match algo {
+        0 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+        1 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+        2 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+        3 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+        4 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+        5 => CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+        _ => return Err(unknown_algo(ConvPass::BackwardData, algo)),
+    })
+}
+
+/// The backward filter algorithm of value `algo`.
+fn filter_algo(algo: u32) -> Result<sys::cudnnConvolutionBwdFilterAlgo_t> {
+    use sys::cudnnConvolutionBwdFilterAlgo_t::*;
+    Ok(match algo {
+        0 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+        1 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+        2 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+        3 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+        4 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+        5 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+        6 => CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+        _ => return Err(unknown_algo(ConvPass::BackwardFilter, algo)),
+    })
+}
+
+/// `91400` as `9.14.0`: cuDNN 9 numbers its versions major·10000 + minor·100 + patch, cuDNN 8 major·1000 +
+/// minor·100 + patch.
+pub(crate) fn version_string(v: usize) -> String {
+    if v >= 90_000 {
+        format!("{}.{}.{}", v / 10_000, v / 100 % 100, v % 100)
+    } else {
+        format!("{}.{}.{}", v / 1000, v / 100 % 10, v % 100)
+    }
+}
+
+/// One pass of one geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    pass: ConvPass,
+    p: ConvParams,
+}
+
+/// `cudnn fwd+bias 7x64x13x11 -> 128 k3x3 s2 p1`: a pass's label in profiles and tuning reports.
+fn label(key: &Key) -> String {
+    let p = &key.p;
+    let pass = match key.pass {
+        ConvPass::Forward { bias: false } => "fwd",
+        ConvPass::Forward { bias: true } => "fwd+bias",
+        ConvPass::BackwardData => "bwd data",
+        ConvPass::BackwardFilter => "bwd filter",
+    };
+    let groups = if p.groups > 1 {
+        format!(" g{}", p.groups)
+    } else {
+        String::new()
+    };
+    format!(
+        "cudnn {pass} {}x{}x{}x{} -> {} k{}x{} s{} p{}{groups}",
+        p.batch, p.c_in, p.h, p.w, p.c_out, p.kh, p.kw, p.stride, p.padding
+    )
+}
+
+/// The descriptors of one pass's geometry, destroyed when dropped.
+struct Desc {
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    /// `[1, O, 1, 1]`, for a forward with a bias (else null).
+    bias: sys::cudnnTensorDescriptor_t,
+    /// The identity, for a forward with a fused bias (else null).
+    act: sys::cudnnActivationDescriptor_t,
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: each non-null descriptor was created once by this value and is destroyed once.
+        unsafe {
+            if !self.act.is_null() {
+                let _ = sys::cudnnDestroyActivationDescriptor(self.act);
+            }
+            for t in [self.bias, self.y, self.x] {
+                if !t.is_null() {
+                    let _ = dnn::destroy_tensor_descriptor(t);
+                }
+            }
+            if !self.conv.is_null() {
+                let _ = dnn::destroy_convolution_descriptor(self.conv);
+            }
+            if !self.w.is_null() {
+                let _ = dnn::destroy_filter_descriptor(self.w);
+            }
+        }
+    }
+}
+
+/// `p`'s dimensions as cuDNN takes them: N, C, H, W, O, C/groups, kh, kw, stride, padding, groups, OH, OW; `None`
+/// where one, or a tensor's element count, is beyond its 32-bit sizes.
+fn dims(p: &ConvParams) -> Option<[i32; 13]> {
+    let total = [p.input_len(), p.output_len(), p.weight_len()];
+    if total.iter().any(|&n| i32::try_from(n).is_err()) {
+        return None;
+    }
+    let d = [
+        p.batch,
+        p.c_in,
+        p.h,
+        p.w,
+        p.c_out,
+        p.c_in_g(),
+        p.kh,
+        p.kw,
+        p.stride,
+        p.padding,
+        p.groups,
+        p.out_h(),
+        p.out_w(),
+    ];
+    let mut out = [0i32; 13];
+    for (o, v) in out.iter_mut().zip(d) {
+        *o = i32::try_from(v).ok()?;
+    }
+    Some(out)
+}
+
+/// A 4-D NCHW f32 tensor descriptor.
+fn tensor4d(dims: [i32; 4]) -> std::result::Result<sys::cudnnTensorDescriptor_t, dnn::CudnnError> {
+    let t = dnn::create_tensor_descriptor()?;
+    // SAFETY: `t` was just created; on failure it is destroyed here and not used after.
+    unsafe {
+        dnn::set_tensor4d_descriptor(
+            t,
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            dims,
+        )
+        .inspect_err(|_| {
+            let _ = dnn::destroy_tensor_descriptor(t);
+        })?
+    };
+    Ok(t)
+}
+
+impl Desc {
+    /// The descriptors of `key`; `None` where cuDNN cannot describe the geometry or sees another output shape.
+    fn new(key: &Key) -> Option<Desc> {
+        let dims = dims(&key.p)?;
+        let mut d = Desc {
+            x: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            bias: std::ptr::null_mut(),
+            act: std::ptr::null_mut(),
+        };
+        // `d` owns what `describe` creates, and destroys it when dropped.
+        match d.describe(key.pass, dims) {
+            Ok(true) => Some(d),
+            Ok(false) => {
+                tracing::debug!("{}: cuDNN sees another output shape", label(key));
+                None
+            }
+            Err(e) => {
+                tracing::debug!("{}: cuDNN cannot describe it ({e:?})", label(key));
+                None
+            }
+        }
+    }
+
+    /// Creates and sets the descriptors of `pass` on the geometry `dims` (see [`dims`]); `false` where cuDNN
+    /// computes another output shape. Called once, on a `Desc` of null descriptors.
+    fn describe(
+        &mut self,
+        pass: ConvPass,
+        [n, c, h, w, o, cg, kh, kw, s, pad, g, oh, ow]: [i32; 13],
+    ) -> std::result::Result<bool, dnn::CudnnError> {
+        use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
+        self.x = tensor4d([n, c, h, w])?;
+        self.w = dnn::create_filter_descriptor()?;
+        self.conv = dnn::create_convolution_descriptor()?;
+        // SAFETY: the descriptors were created above and are live.
+        unsafe {
+            dnn::set_filter4d_descriptor(
+                self.w,
+                F32,
+                sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                [o, cg, kh, kw],
+            )?;
+            dnn::set_convolution2d_descriptor(
+                self.conv,
+                pad,
+                pad,
+                s,
+                s,
+                1,
+                1,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                F32,
+            )?;
+            // Plain fp32 multiply-adds, never TF32 (see the module docs).
+            dnn::set_convolution_math_type(self.conv, sys::cudnnMathType_t::CUDNN_FMA_MATH)?;
+            dnn::set_convolution_group_count(self.conv, g)?;
+            let (mut n2, mut c2, mut h2, mut w2) = (0, 0, 0, 0);
+            sys::cudnnGetConvolution2dForwardOutputDim(
+                self.conv, self.x, self.w, &mut n2, &mut c2, &mut h2, &mut w2,
+            )
+            .result()?;
+            if [n2, c2, h2, w2] != [n, o, oh, ow] {
+                return Ok(false);
+            }
+        }
+        self.y = tensor4d([n, o, oh, ow])?;
+        if pass == (ConvPass::Forward { bias: true }) {
+            self.bias = tensor4d([1, o, 1, 1])?;
+            self.act = dnn::create_activation_descriptor()?;
+            // SAFETY: created above.
+            unsafe {
+                dnn::set_activation_descriptor(
+                    self.act,
+                    sys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
+                    sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                    0.0,
+                )?
+            };
+        }
+        Ok(true)
+    }
+}
+
+/// How a [`Choice`] was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Picked {
+    /// The heuristics' first pick, timed at the key's next call that may time.
+    Heuristic,
+    /// The fastest candidate.
+    Timed,
+    /// From saved choices: never timed.
+    Adopted,
+}
+
+/// An algorithm as a candidate.
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    algo: u32,
+    /// Workspace bytes.
+    workspace: usize,
+    /// The bias in the convolution's call.
+    fused: bool,
+    /// cuDNN reports it as deterministic.
+    deterministic: bool,
+}
+
+/// The descriptors of one key and the algorithm it runs.
+struct Choice {
+    desc: Desc,
+    run: Variant,
+    picked: Picked,
+}
+
+/// How a key runs.
+enum Entry {
+    /// cuDNN offers nothing for it: the own kernels run it.
+    Own,
+    Run(Choice),
+}
+
+/// A device's cuDNN handle and the algorithm chosen per geometry and pass.
+pub(crate) struct Dnn {
+    handle: sys::cudnnHandle_t,
+    version: usize,
+    entries: HashMap<Key, Entry>,
+    /// Entries made, changed or adopted so far: what changes whenever the saved choices would.
+    decisions: u64,
+    report: Vec<GemmTuning>,
+}
+
+// SAFETY: the handle and the descriptors are used by one thread at a time, under the Gpu's mutex (cuDNN allows a
+// handle on any thread as long as no two use it at once).
+unsafe impl Send for Dnn {}
+
+impl Drop for Dnn {
+    fn drop(&mut self) {
+        self.entries.clear();
+        // SAFETY: created by cudnnCreate, destroyed once, after every descriptor.
+        let _ = unsafe { dnn::destroy_handle(self.handle) };
+    }
+}
+
+impl Dnn {
+    /// A cuDNN handle for the bound context, or why there can be none here (for the one warning that says so).
+    pub(crate) fn load() -> std::result::Result<Dnn, String> {
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcudnn.so.9 was not found".to_string());
+        }
+        let missing = SYMBOLS.iter().find(|name| {
+            // SAFETY: the library opens (above); looking a symbol up calls nothing.
+            unsafe { sys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err()
+        });
+        if let Some(name) = missing {
+            return Err(format!("the cuDNN found has no {name}"));
+        }
+        let version = dnn::get_version();
+        if !(90_000..100_000).contains(&version) {
+            return Err(format!(
+                "cuDNN {} was found, cohort needs cuDNN 9",
+                version_string(version)
+            ));
+        }
+        let handle = dnn::create_handle().map_err(|e| {
+            format!(
+                "cudnnCreate failed ({e:?}) with cuDNN {}",
+                version_string(version)
+            )
+        })?;
+        Ok(Dnn {
+            handle,
+            version,
+            entries: HashMap::new(),
+            decisions: 0,
+            report: Vec::new(),
+        })
+    }
+
+    /// `cudnnGetVersion()`: 91400 for 9.14.0.
+    pub(crate) fn version(&self) -> usize {
+        self.version
+    }
+
+    /// The tunings made since the last call.
+    pub(crate) fn take_report(&mut self) -> Vec<GemmTuning> {
+        std::mem::take(&mut self.report)
+    }
+
+    /// Makes `entry` the way `key` runs.
+    fn decide(&mut self, key: Key, entry: Entry) {
+        self.entries.insert(key, entry);
+        self.decisions += 1;
+    }
+
+    /// Queues `pass` of `p` on the operands `x`, choosing its algorithm first if the geometry is new. Returns
+    /// `false`, queuing nothing, where cuDNN has no algorithm for it.
+    ///
+    /// # Safety
+    /// The operands hold what `p` describes for the pass, in f32, on `gpu`; `workspace` gives memory of `gpu`.
+    pub(crate) unsafe fn run(
+        &mut self,
+        gpu: &Gpu,
+        pass: ConvPass,
+        p: &ConvParams,
+        x: Operands,
+        workspace: &mut Workspace<'_>,
+    ) -> Result<bool> {
+        let key = Key { pass, p: *p };
+        let det = crate::deterministic();
+        // Timing waits for the device, which a capture cannot, and its pick depends on the moment, which
+        // deterministic mode forbids.
+        let timing = cudnn_mode() == CudnnMode::Timed && !gpu.is_capturing() && !det;
+        let fresh = match self.entries.get(&key) {
+            None => true,
+            Some(Entry::Own) => return Ok(false),
+            Some(Entry::Run(c)) => {
+                (timing && c.picked == Picked::Heuristic) || (det && !c.run.deterministic)
+            }
+        };
+        if fresh {
+            let desc = match self.entries.remove(&key) {
+                Some(Entry::Run(c)) => Some(c.desc),
+                _ => Desc::new(&key),
+            };
+            let entry = match desc {
+                // SAFETY: forwarded to the caller.
+                Some(desc) => unsafe { self.choose(gpu, &key, desc, x, workspace, timing) }?,
+                None => Entry::Own,
+            };
+            self.decide(key, entry);
+        }
+        let Some(Entry::Run(c)) = self.entries.get(&key) else {
+            return Ok(false);
+        };
+        let v = c.run;
+        let ws = if v.workspace == 0 {
+            0
+        } else {
+            workspace(v.workspace)?
+        };
+        gpu.timed(
+            || label(&key),
+            // SAFETY: forwarded to the caller; the workspace holds what the algorithm needs.
+            || unsafe { self.launch(gpu, &key, &c.desc, v, x, ws) },
+        )?;
+        Ok(true)
+    }
+
+    /// The heuristics' first pick for `key`, or (when `timing`) the fastest candidate; [`Entry::Own`] where cuDNN
+    /// offers none that runs.
+    ///
+    /// # Safety
+    /// As [`Dnn::run`].
+    unsafe fn choose(
+        &mut self,
+        gpu: &Gpu,
+        key: &Key,
+        desc: Desc,
+        x: Operands,
+        workspace: &mut Workspace<'_>,
+        timing: bool,
+    ) -> Result<Entry> {
+        let mut variants = self.variants(key, &desc);
+        let Some(&first) = variants.first() else {
+            return Ok(Entry::Own);
+        };
+        if !timing {
+            return Ok(Entry::Run(Choice {
+                desc,
+                run: first,
+                picked: Picked::Heuristic,
+            }));
+        }
+        let most = |vs: &[Variant]| vs.iter().map(|v| v.workspace).max().unwrap_or(0);
+        // One workspace for every candidate: the largest any needs, or where that cannot be had, a small one for
+        // those that need little (the allocator's error stands where none does).
+        let ws = match most(&variants) {
+            0 => 0,
+            bytes => match workspace(bytes) {
+                Ok(ws) => ws,
+                Err(Error::DeviceMemory { what, source }) => {
+                    variants.retain(|v| v.workspace <= SMALL_WORKSPACE);
+                    if variants.is_empty() {
+                        return Err(Error::DeviceMemory { what, source });
+                    }
+                    match most(&variants) {
+                        0 => 0,
+                        bytes => workspace(bytes)?,
+                    }
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let times: Vec<Option<f64>> = variants
+            .iter()
+            .map(|&v| {
+                // SAFETY: forwarded to the caller; the workspace holds what every candidate needs. One that
+                // fails is skipped.
+                time_runs(gpu, || unsafe { self.launch(gpu, key, &desc, v, x, ws) }).ok()
+            })
+            .collect();
+        let best = times
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.map(|t| (i, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((best, best_us)) = best else {
+            return Ok(Entry::Own);
+        };
+        tracing::debug!(
+            "{}: algorithm {}{} at {best_us:.1} µs, of {} candidates",
+            label(key),
+            variants[best].algo,
+            if variants[best].fused {
+                " (bias fused)"
+            } else {
+                ""
+            },
+            variants.len()
+        );
+        self.report.push(GemmTuning {
+            label: label(key),
+            candidates: variants.len(),
+            heuristic_us: times[0],
+            best_us,
+            best_index: best,
+        });
+        Ok(Entry::Run(Choice {
+            desc,
+            run: variants[best],
+            picked: Picked::Timed,
+        }))
+    }
+
+    /// The candidates for `key`, the heuristics' order kept: every algorithm cuDNN reports as supported, without
+    /// tensor-core math, within [`workspace_cap`], in deterministic mode only those it reports as deterministic; a
+    /// forward with a bias also as one call where cuDNN allows it, tried before the same algorithm unfused.
+    fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
+        let det = crate::deterministic();
+        let cap = workspace_cap(&key.p);
+        let mut variants = Vec::new();
+        for c in self.candidates(key.pass, desc) {
+            let deterministic = c.determinism == DETERMINISTIC;
+            if det && !deterministic {
+                continue;
+            }
+            let Ok(workspace) = self.workspace_size(key.pass, desc, c.algo) else {
+                continue;
+            };
+            if workspace > cap {
+                continue;
+            }
+            let v = Variant {
+                algo: c.algo,
+                workspace,
+                fused: false,
+                deterministic,
+            };
+            if key.pass == (ConvPass::Forward { bias: true }) && c.algo == IMPLICIT_PRECOMP_GEMM {
+                variants.push(Variant { fused: true, ..v });
+            }
+            variants.push(v);
+        }
+        variants
+    }
+
+    /// What `cudnnGet*Algorithm_v7` reports as supported for `pass`, in its order (best expected first); empty
+    /// where it fails.
+    fn candidates(&self, pass: ConvPass, d: &Desc) -> Vec<Perf> {
+        let mut perf = [Perf::default(); CANDIDATES];
+        let mut n = 0i32;
+        let (h, want) = (self.handle, CANDIDATES as i32);
+        // SAFETY: the descriptors are live; `perf` has room for `want` results, whose layout `Perf` mirrors.
+        let status = unsafe {
+            match pass {
+                ConvPass::Forward { .. } => sys::cudnnGetConvolutionForwardAlgorithm_v7(
+                    h,
+                    d.x,
+                    d.w,
+                    d.conv,
+                    d.y,
+                    want,
+                    &mut n,
+                    perf.as_mut_ptr().cast(),
+                ),
+                ConvPass::BackwardData => sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    h,
+                    d.w,
+                    d.y,
+                    d.conv,
+                    d.x,
+                    want,
+                    &mut n,
+                    perf.as_mut_ptr().cast(),
+                ),
+                ConvPass::BackwardFilter => sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                    h,
+                    d.x,
+                    d.y,
+                    d.conv,
+                    d.w,
+                    want,
+                    &mut n,
+                    perf.as_mut_ptr().cast(),
+                ),
+            }
+        };
+        if status.result().is_err() {
+            return Vec::new();
+        }
+        let known = |a: u32| match pass {
+            ConvPass::Forward { .. } => fwd_algo(a).is_ok(),
+            ConvPass::BackwardData => data_algo(a).is_ok(),
+            ConvPass::BackwardFilter => filter_algo(a).is_ok(),
+        };
+        perf[..usize::try_from(n).unwrap_or(0).min(CANDIDATES)]
+            .iter()
+            .filter(|c| {
+                c.status == SUCCESS && !TENSOR_OP_MATH.contains(&c.math_type) && known(c.algo)
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Bytes of workspace `algo` needs for `pass` on `d`.
+    fn workspace_size(&self, pass: ConvPass, d: &Desc, algo: u32) -> Result<usize> {
+        let h = self.handle;
+        // SAFETY: the descriptors are live; the algorithm is a value of the pass's enum.
+        unsafe {
+            match pass {
+                ConvPass::Forward { .. } => dnn::get_convolution_forward_workspace_size(
+                    h,
+                    d.x,
+                    d.w,
+                    d.conv,
+                    d.y,
+                    fwd_algo(algo)?,
+                ),
+                ConvPass::BackwardData => dnn::get_convolution_backward_data_workspace_size(
+                    h,
+                    d.w,
+                    d.y,
+                    d.conv,
+                    d.x,
+                    data_algo(algo)?,
+                ),
+                ConvPass::BackwardFilter => dnn::get_convolution_backward_filter_workspace_size(
+                    h,
+                    d.x,
+                    d.y,
+                    d.conv,
+                    d.w,
+                    filter_algo(algo)?,
+                ),
+            }
+        }
+        .map_err(|e| cuda_err("cudnnGetConvolution*WorkspaceSize", e))
+    }
+
+    /// Queues `key`'s pass with `v` on the stream this thread's work goes to, with the workspace at `ws`
+    /// (`v.workspace` bytes).
+    ///
+    /// # Safety
+    /// As [`Dnn::run`]; `ws` holds `v.workspace` bytes of `gpu`'s memory.
+    unsafe fn launch(
+        &self,
+        gpu: &Gpu,
+        key: &Key,
+        d: &Desc,
+        v: Variant,
+        x: Operands,
+        ws: u64,
+    ) -> Result<()> {
+        let h = self.handle;
+        // SAFETY: the handle is live, the stream one of this device's, which outlive the handle's use.
+        unsafe { dnn::set_stream(h, gpu.stream().cu_stream() as sys::cudaStream_t) }
+            .map_err(|e| cuda_err("cudnnSetStream", e))?;
+        let (one, zero) = (1.0f32, 0.0f32);
+        let one = (&one) as *const f32 as *const c_void;
+        let zero = (&zero) as *const f32 as *const c_void;
+        let (wsp, bytes) = (ws as *mut c_void, v.workspace);
+        let src = |a: u64| a as *const c_void;
+        let dst = |a: u64| a as *mut c_void;
+        // SAFETY: the descriptors describe the caller's operands (`key`); alpha and beta are host f32 read during
+        // the call; the workspace holds `bytes` bytes.
+        unsafe {
+            match key.pass {
+                ConvPass::Forward { bias } => {
+                    let algo = fwd_algo(v.algo)?;
+                    if v.fused {
+                        // z is the output with alpha2 = 0: cuDNN does not read it (XLA passes the output so too).
+                        return dnn::convolution_bias_activation_forward(
+                            h,
+                            one,
+                            d.x,
+                            src(x.x),
+                            d.w,
+                            src(x.w),
+                            d.conv,
+                            algo,
+                            wsp,
+                            bytes,
+                            zero,
+                            d.y,
+                            src(x.y),
+                            d.bias,
+                            src(x.bias),
+                            d.act,
+                            d.y,
+                            dst(x.y),
+                        )
+                        .map_err(|e| cuda_err("cudnnConvolutionBiasActivationForward", e));
+                    }
+                    dnn::convolution_forward(
+                        h,
+                        one,
+                        d.x,
+                        src(x.x),
+                        d.w,
+                        src(x.w),
+                        d.conv,
+                        algo,
+                        wsp,
+                        bytes,
+                        zero,
+                        d.y,
+                        dst(x.y),
+                    )
+                    .map_err(|e| cuda_err("cudnnConvolutionForward", e))?;
+                    if bias {
+                        sys::cudnnAddTensor(h, one, d.bias, src(x.bias), one, d.y, dst(x.y))
+                            .result()
+                            .map_err(|e| cuda_err("cudnnAddTensor", e))?;
+                    }
+                    Ok(())
+                }
+                ConvPass::BackwardData => dnn::convolution_backward_data(
+                    h,
+                    one,
+                    d.w,
+                    src(x.w),
+                    d.y,
+                    src(x.y),
+                    d.conv,
+                    data_algo(v.algo)?,
+                    wsp,
+                    bytes,
+                    zero,
+                    d.x,
+                    dst(x.x),
+                )
+                .map_err(|e| cuda_err("cudnnConvolutionBackwardData", e)),
+                ConvPass::BackwardFilter => dnn::convolution_backward_filter(
+                    h,
+                    one,
+                    d.x,
+                    src(x.x),
+                    d.y,
+                    src(x.y),
+                    d.conv,
+                    filter_algo(v.algo)?,
+                    wsp,
+                    bytes,
+                    zero,
+                    d.w,
+                    dst(x.w),
+                )
+                .map_err(|e| cuda_err("cudnnConvolutionBackwardFilter", e)),
+            }
+        }
+    }
+}

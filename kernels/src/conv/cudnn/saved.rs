@@ -1,0 +1,113 @@
+//! cuDNN's decisions as [`ConvChoices`]: exported with the products' choices for a run to save, and adopted by the
+//! process that resumes it, which then runs every convolution it met before on the same algorithm without timing.
+
+use super::{Choice, Desc, Dnn, Entry, IMPLICIT_PRECOMP_GEMM, Key, Picked, Variant};
+use crate::conv::{ConvChoice, ConvChoices, ConvDecision, ConvPass};
+
+impl Dnn {
+    /// Entries made, changed or adopted so far.
+    pub(crate) fn decisions(&self) -> u64 {
+        self.decisions
+    }
+
+    /// Every decision, in a fixed order.
+    pub(crate) fn choices(&self) -> ConvChoices {
+        let mut entries: Vec<ConvChoice> = self
+            .entries
+            .iter()
+            .map(|(k, e)| ConvChoice {
+                pass: k.pass,
+                params: k.p,
+                decision: match e {
+                    Entry::Own => ConvDecision::Own,
+                    Entry::Run(c) => ConvDecision::Cudnn {
+                        algo: c.run.algo,
+                        workspace: c.run.workspace,
+                        fused_bias: c.run.fused,
+                    },
+                },
+            })
+            .collect();
+        entries.sort_by_key(|e| (e.pass, e.params));
+        ConvChoices {
+            cudnn_version: self.version as u64,
+            entries,
+        }
+    }
+
+    /// Takes `choices` for the keys this state has not decided on yet (those it has keep their entry: work may be
+    /// queued or captured on them), never to be timed; returns how many it took. Choices of another cuDNN version
+    /// are all left out, and so is an entry this cuDNN rejects: its key is chosen afresh when met.
+    pub(crate) fn adopt(&mut self, choices: &ConvChoices) -> usize {
+        if choices.entries.is_empty() {
+            return 0;
+        }
+        if choices.cudnn_version != self.version as u64 {
+            tracing::warn!(
+                "convolution choices were made with cuDNN {}, this is cuDNN {}: none adopted, the convolutions \
+                 will be chosen afresh",
+                super::version_string(choices.cudnn_version as usize),
+                super::version_string(self.version)
+            );
+            return 0;
+        }
+        let mut adopted = 0;
+        for c in &choices.entries {
+            let key = Key {
+                pass: c.pass,
+                p: c.params,
+            };
+            if self.entries.contains_key(&key) {
+                continue;
+            }
+            match self.entry(&key, &c.decision) {
+                Some(entry) => {
+                    self.decide(key, entry);
+                    adopted += 1;
+                }
+                None => tracing::warn!(
+                    "convolution choices: {} cannot run as saved ({:?}); it will be chosen afresh",
+                    super::label(&key),
+                    c.decision
+                ),
+            }
+        }
+        adopted
+    }
+
+    /// The entry `decision` makes for `key`, where it can run: an algorithm the heuristics report as supported for
+    /// the geometry, needing no more workspace than saved, fused only where cuDNN allows it.
+    fn entry(&self, key: &Key, decision: &ConvDecision) -> Option<Entry> {
+        let ConvDecision::Cudnn {
+            algo,
+            workspace,
+            fused_bias,
+        } = *decision
+        else {
+            return Some(Entry::Own);
+        };
+        if fused_bias
+            && (key.pass != (ConvPass::Forward { bias: true }) || algo != IMPLICIT_PRECOMP_GEMM)
+        {
+            return None;
+        }
+        let desc = Desc::new(key)?;
+        let found = self
+            .candidates(key.pass, &desc)
+            .into_iter()
+            .find(|c| c.algo == algo)?;
+        let need = self.workspace_size(key.pass, &desc, algo).ok()?;
+        (need <= workspace).then(|| {
+            Entry::Run(Choice {
+                desc,
+                run: Variant {
+                    algo,
+                    workspace,
+                    fused: fused_bias,
+                    deterministic: found.determinism == super::DETERMINISTIC,
+                },
+                picked: Picked::Adopted,
+            })
+        })
+    }
+}

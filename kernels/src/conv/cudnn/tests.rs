@@ -1,0 +1,362 @@
+//! GPU tests of the cuDNN path: every algorithm it may pick against the CPU, timing, saved choices and their
+//! adoption, deterministic mode. Each test makes [`Dnn`] states of its own beside the device's, so that it sees
+//! its own decisions alone; tests that depend on the mode hold it ([`exclusive`]).
+
+use std::sync::Arc;
+
+use super::*;
+use crate::conv::{ConvChoices, ConvDecision, cpu};
+use crate::cuda::DeviceBuffer;
+use crate::determinism::exclusive;
+
+fn gpu() -> Arc<Gpu> {
+    Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"))
+}
+
+/// A new cuDNN state of its own (its own handle) for this thread's bound context.
+fn fresh(gpu: &Gpu) -> Dnn {
+    gpu.bind().unwrap();
+    Dnn::load().unwrap_or_else(|why| panic!("these tests need cuDNN 9: {why}"))
+}
+
+/// Values in [-1, 1) (xorshift).
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn up(gpu: &Gpu, v: &[f32]) -> DeviceBuffer {
+    let buf = gpu.alloc(v.len().max(1) * 4).unwrap();
+    // SAFETY: the buffer holds these bytes.
+    unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
+    buf
+}
+
+fn down(gpu: &Gpu, buf: &DeviceBuffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    // SAFETY: callers size the buffer for n f32.
+    unsafe {
+        gpu.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
+            .unwrap()
+    };
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Within 1e-4 of the largest magnitude of `want` (a NaN never is: outputs start as NaN, so an element left
+/// unwritten fails).
+#[track_caller]
+fn assert_near(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * scale,
+            "{what}: element {i}: got {g}, want {w} (largest {scale})"
+        );
+    }
+}
+
+fn params(
+    batch: usize,
+    (c_in, c_out): (usize, usize),
+    k: usize,
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> ConvParams {
+    ConvParams {
+        batch,
+        c_in,
+        h: 13,
+        w: 11,
+        c_out,
+        kh: k,
+        kw: k,
+        stride,
+        padding,
+        groups,
+    }
+}
+
+/// Geometries of every kind the model zoo makes: a first layer, strided and padded 3x3, 5x5 without padding, 1x1,
+/// grouped and depthwise (average pooling runs as one).
+fn geometries() -> Vec<ConvParams> {
+    vec![
+        params(7, (3, 16), 3, 1, 1, 1),
+        params(7, (64, 128), 3, 2, 1, 1),
+        params(1, (64, 128), 5, 1, 0, 1),
+        params(7, (64, 128), 1, 1, 0, 1),
+        params(3, (16, 32), 3, 2, 1, 4),
+        params(2, (32, 32), 3, 1, 1, 32),
+    ]
+}
+
+const PASSES: [ConvPass; 4] = [
+    ConvPass::Forward { bias: false },
+    ConvPass::Forward { bias: true },
+    ConvPass::BackwardData,
+    ConvPass::BackwardFilter,
+];
+
+/// One geometry's operands on the device, the buffer each pass writes (NaN before it runs) and the CPU's values.
+struct Case {
+    p: ConvParams,
+    x: DeviceBuffer,
+    w: DeviceBuffer,
+    bias: DeviceBuffer,
+    dy: DeviceBuffer,
+    host: (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
+}
+
+impl Case {
+    fn new(gpu: &Gpu, p: ConvParams) -> Case {
+        let x = rand_vec(p.input_len(), 1);
+        let w = rand_vec(p.weight_len(), 2);
+        let bias = rand_vec(p.c_out, 3);
+        let dy = rand_vec(p.output_len(), 4);
+        Case {
+            p,
+            x: up(gpu, &x),
+            w: up(gpu, &w),
+            bias: up(gpu, &bias),
+            dy: up(gpu, &dy),
+            host: (x, w, bias, dy),
+        }
+    }
+
+    /// The CPU's result of `pass`.
+    fn want(&self, pass: ConvPass) -> Vec<f32> {
+        let (x, w, bias, dy) = &self.host;
+        match pass {
+            ConvPass::Forward { bias: false } => cpu::conv2d(x, w, None, &self.p),
+            ConvPass::Forward { bias: true } => cpu::conv2d(x, w, Some(bias), &self.p),
+            ConvPass::BackwardData => cpu::conv2d_backward_input(dy, w, &self.p),
+            ConvPass::BackwardFilter => cpu::conv2d_backward_weight(x, dy, &self.p),
+        }
+    }
+
+    /// A NaN-filled buffer for what `pass` writes, and the operands that point at it.
+    fn target(&self, gpu: &Gpu, pass: ConvPass) -> (DeviceBuffer, usize, Operands) {
+        let p = &self.p;
+        let n = match pass {
+            ConvPass::Forward { .. } => p.output_len(),
+            ConvPass::BackwardData => p.input_len(),
+            ConvPass::BackwardFilter => p.weight_len(),
+        };
+        let out = up(gpu, &vec![f32::NAN; n]);
+        let mut x = Operands {
+            x: self.x.ptr(),
+            w: self.w.ptr(),
+            y: self.dy.ptr(),
+            bias: 0,
+        };
+        match pass {
+            ConvPass::Forward { bias } => {
+                x.y = out.ptr();
+                if bias {
+                    x.bias = self.bias.ptr();
+                }
+            }
+            ConvPass::BackwardData => x.x = out.ptr(),
+            ConvPass::BackwardFilter => x.w = out.ptr(),
+        }
+        (out, n, x)
+    }
+
+    /// `pass` through `dnn` (choosing its algorithm if new); its result.
+    fn run(&self, gpu: &Gpu, dnn: &mut Dnn, pass: ConvPass) -> Vec<f32> {
+        let (out, n, x) = self.target(gpu, pass);
+        let mut held: Vec<DeviceBuffer> = Vec::new();
+        let mut workspace = |bytes: usize| -> Result<u64> {
+            let b = gpu.alloc(bytes)?;
+            let ptr = b.ptr();
+            held.push(b);
+            Ok(ptr)
+        };
+        // SAFETY: the operands hold what `p` describes for the pass.
+        let ran = unsafe { dnn.run(gpu, pass, &self.p, x, &mut workspace) }.unwrap();
+        assert!(
+            ran,
+            "{}: cuDNN has no algorithm for it",
+            label_of(pass, &self.p)
+        );
+        down(gpu, &out, n)
+    }
+}
+
+fn label_of(pass: ConvPass, p: &ConvParams) -> String {
+    label(&Key { pass, p: *p })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_algorithm_cudnn_offers_matches_the_cpu() {
+    let _mode = exclusive(false);
+    let gpu = gpu();
+    let dnn = fresh(&gpu);
+    let mut fused = 0;
+    for p in geometries() {
+        let case = Case::new(&gpu, p);
+        for pass in PASSES {
+            let key = Key { pass, p };
+            let what = label(&key);
+            let desc = Desc::new(&key).unwrap_or_else(|| panic!("{what}: no descriptors"));
+            let variants = dnn.variants(&key, &desc);
+            assert!(!variants.is_empty(), "{what}: no algorithm offered");
+            let want = case.want(pass);
+            for v in variants {
+                fused += usize::from(v.fused);
+                let (out, n, x) = case.target(&gpu, pass);
+                let ws = gpu.alloc(v.workspace.max(1)).unwrap();
+                // SAFETY: the operands hold what `p` describes, the workspace what the algorithm needs.
+                unsafe { dnn.launch(&gpu, &key, &desc, v, x, ws.ptr()) }
+                    .unwrap_or_else(|e| panic!("{what} on {v:?}: {e}"));
+                assert_near(&format!("{what} on {v:?}"), &down(&gpu, &out, n), &want);
+            }
+        }
+    }
+    assert!(
+        fused > 0,
+        "no forward with a bias was offered IMPLICIT_PRECOMP_GEMM, so the fused bias never ran"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_fastest_algorithm_is_kept_and_saved_choices_run_without_timing() {
+    let _mode = exclusive(false);
+    assert_eq!(
+        cudnn_mode(),
+        CudnnMode::Timed,
+        "run these tests without COHORT_CUDNN"
+    );
+    let gpu = gpu();
+    let cases: Vec<Case> = geometries()[..3]
+        .iter()
+        .map(|&p| Case::new(&gpu, p))
+        .collect();
+    let mut first = fresh(&gpu);
+    let mut got = Vec::new();
+    for case in &cases {
+        for pass in PASSES {
+            let out = case.run(&gpu, &mut first, pass);
+            assert_near(&label_of(pass, &case.p), &out, &case.want(pass));
+            // The same call again runs the kept algorithm: the same bits, nothing timed again.
+            assert_eq!(bits(&case.run(&gpu, &mut first, pass)), bits(&out));
+            got.push(out);
+        }
+    }
+    let report = first.take_report();
+    assert_eq!(report.len(), cases.len() * PASSES.len(), "{report:?}");
+    for t in &report {
+        assert!(t.best_index < t.candidates && t.best_us > 0.0, "{t:?}");
+        assert!(t.label.starts_with("cudnn "), "{t:?}");
+    }
+    let saved = first.choices();
+    assert_eq!(saved.entries.len(), cases.len() * PASSES.len());
+    assert_eq!(saved.cudnn_version, first.version() as u64);
+    assert!(
+        saved
+            .entries
+            .iter()
+            .all(|e| matches!(e.decision, ConvDecision::Cudnn { .. })),
+        "{saved:?}"
+    );
+
+    // A later process adopts them (through JSON, as tuning.json carries them) and times nothing.
+    let json = serde_json::to_string(&saved).unwrap();
+    let back: ConvChoices = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, saved);
+    let mut second = fresh(&gpu);
+    assert_eq!(second.adopt(&back), back.entries.len());
+    let adopted = second.decisions();
+    let mut again = Vec::new();
+    for case in &cases {
+        for pass in PASSES {
+            again.push(case.run(&gpu, &mut second, pass));
+        }
+    }
+    assert!(
+        second.take_report().is_empty(),
+        "adopted geometries were timed"
+    );
+    assert_eq!(second.decisions(), adopted, "a decision was made afresh");
+    assert_eq!(
+        second.choices(),
+        saved,
+        "the adopted state decided otherwise"
+    );
+    for (a, b) in again.iter().zip(&got) {
+        assert_eq!(bits(a), bits(b), "the same algorithm gave other bits");
+    }
+
+    // Choices of another cuDNN are refused whole; an algorithm this cuDNN does not offer is left out alone.
+    let mut third = fresh(&gpu);
+    let foreign = ConvChoices {
+        cudnn_version: saved.cudnn_version + 1,
+        ..saved.clone()
+    };
+    assert_eq!(third.adopt(&foreign), 0);
+    assert_eq!(third.decisions(), 0, "foreign choices were adopted");
+    let mut broken = saved.clone();
+    broken.entries[0].decision = ConvDecision::Cudnn {
+        algo: 99,
+        workspace: 0,
+        fused_bias: false,
+    };
+    assert_eq!(third.adopt(&broken), saved.entries.len() - 1);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn deterministic_mode_picks_the_same_deterministic_algorithms_in_every_state() {
+    let _mode = exclusive(true);
+    let gpu = gpu();
+    // Backward data and filter have non-deterministic algorithms (atomic adds) at this size.
+    let cases = [
+        Case::new(&gpu, params(7, (64, 128), 3, 1, 1, 1)),
+        Case::new(&gpu, params(7, (3, 16), 5, 2, 1, 1)),
+    ];
+    let mut runs: Vec<(ConvChoices, Vec<Vec<u32>>)> = Vec::new();
+    for _ in 0..3 {
+        let mut dnn = fresh(&gpu);
+        let mut outs = Vec::new();
+        for case in &cases {
+            for pass in PASSES {
+                let out = case.run(&gpu, &mut dnn, pass);
+                assert_near(&label_of(pass, &case.p), &out, &case.want(pass));
+                assert_eq!(bits(&case.run(&gpu, &mut dnn, pass)), bits(&out));
+                outs.push(bits(&out));
+            }
+        }
+        assert!(dnn.take_report().is_empty(), "deterministic mode timed");
+        for (key, entry) in &dnn.entries {
+            match entry {
+                Entry::Run(c) => assert!(
+                    c.run.deterministic && c.picked == Picked::Heuristic,
+                    "{}: {:?} ({:?})",
+                    label(key),
+                    c.run,
+                    c.picked
+                ),
+                Entry::Own => panic!("{}: cuDNN offered no deterministic algorithm", label(key)),
+            }
+        }
+        runs.push((dnn.choices(), outs));
+    }
+    for (k, run) in runs.iter().enumerate().skip(1) {
+        assert_eq!(run.0, runs[0].0, "state {k} chose otherwise");
+        assert_eq!(run.1, runs[0].1, "state {k} gave other bits");
+    }
+}
