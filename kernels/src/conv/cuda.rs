@@ -1,4 +1,4 @@
-//! CUDA 2-D convolution, f32: through cuDNN where it loads ([`super::cudnn`]: an algorithm per geometry and pass,
+//! CUDA 2-D convolution, f32: through cuDNN where it loads (`conv::cudnn`: an algorithm per geometry and pass,
 //! timed on first use), else on cohort's own kernels (`im2col.cu` + cuBLAS), which also run any geometry cuDNN
 //! offers no algorithm for and every convolution under `COHORT_CUDNN=0` ([`set_cudnn_mode`]).
 //!

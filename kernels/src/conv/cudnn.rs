@@ -622,15 +622,18 @@ impl Dnn {
     }
 
     /// The candidates for `key`, the heuristics' order kept: every algorithm cuDNN reports as supported, without
-    /// tensor-core math, within [`workspace_cap`], in deterministic mode only those it reports as deterministic; a
-    /// forward with a bias also as one call where cuDNN allows it, tried before the same algorithm unfused.
+    /// tensor-core math, within [`workspace_cap`], in deterministic mode only those it reports as deterministic,
+    /// each once; a forward with a bias also as one call where cuDNN allows it, tried before the same algorithm
+    /// unfused.
     fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
         let det = crate::deterministic();
         let cap = workspace_cap(&key.p);
         let mut variants = Vec::new();
         for c in self.candidates(key.pass, desc) {
             let deterministic = c.determinism == DETERMINISTIC;
-            if det && !deterministic {
+            // The heuristics may list an algorithm once per math type.
+            let again = variants.iter().any(|v: &Variant| v.algo == c.algo);
+            if again || (det && !deterministic) {
                 continue;
             }
             let Ok(workspace) = self.workspace_size(key.pass, desc, c.algo) else {

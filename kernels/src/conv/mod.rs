@@ -1,6 +1,6 @@
 //! 2-D convolution, NCHW, with stride, zero padding and groups: forward and both backward passes.
 //!
-//! On CUDA ([`cuda`]) a convolution runs through cuDNN where `libcudnn.so.9` loads, on the algorithm that timed
+//! On CUDA (`cuda`, with the `cuda` feature) a convolution runs through cuDNN where `libcudnn.so.9` loads, on the algorithm that timed
 //! fastest for its geometry, and otherwise on cohort's own kernels: im2col and cuBLAS over tiles of
 //! [`ConvParams::tile_images`] images, so that the column matrix never holds more than [`COLUMN_TILE_BYTES`].
 //! `COHORT_CUDNN` ([`CudnnMode`]) chooses between them.
@@ -118,7 +118,7 @@ impl ConvParams {
     }
 }
 
-/// Where CUDA convolutions run, from `COHORT_CUDNN` unless [`cuda::set_cudnn_mode`] says otherwise.
+/// Where CUDA convolutions run, from `COHORT_CUDNN` unless `cuda::set_cudnn_mode` says otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CudnnMode {
     /// On cohort's own kernels (`COHORT_CUDNN=0`), even where cuDNN loads.
