@@ -89,8 +89,9 @@ fn deterministic_is_a_boolean_and_changes_nothing_on_the_cpu() {
 }
 
 /// Under `deterministic = true` two fresh runs, and a run killed and resumed, end on the same bits on a GPU: the
-/// products run on the heuristics' picks (not whichever algorithm timed fastest), and the max-pool's backward
-/// sums overlapping windows in a fixed order.
+/// products run on the heuristics' picks (not whichever algorithm timed fastest), the max-pool's backward sums
+/// overlapping windows in a fixed order, and every step is eager (a resumed run's first step is eager, and a
+/// replayed graph rounds Adam's bias correction otherwise).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn under_deterministic_fresh_and_resumed_runs_end_on_the_same_bits_on_cuda() {
@@ -101,16 +102,17 @@ fn under_deterministic_fresh_and_resumed_runs_end_on_the_same_bits_on_cuda() {
     for m in MEMBERS {
         let a = final_tensors(&full, m);
         assert!(!a.is_empty());
-        assert_eq!(
-            a,
-            final_tensors(&resumed, m),
-            "member {m}: killed and resumed"
-        );
-        assert_eq!(
-            a,
-            final_tensors(&again.run_dir, m),
-            "member {m}: a second fresh run"
-        );
+        for (what, run) in [
+            ("killed and resumed", &resumed),
+            ("a second fresh run", &again.run_dir),
+        ] {
+            let b = final_tensors(run, m);
+            let differ: Vec<&String> = a.keys().filter(|k| a.get(*k) != b.get(*k)).collect();
+            assert!(
+                differ.is_empty(),
+                "member {m}, {what}: these tensors differ: {differ:?}"
+            );
+        }
     }
 }
 

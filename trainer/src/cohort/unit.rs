@@ -191,7 +191,7 @@ impl Cohort {
                 fusion_key(
                     &m.cfg,
                     &self.data[&m.cfg.data],
-                    self.device.is_cuda() && self.config.run.cuda_graphs,
+                    self.device.is_cuda() && self.config.run.replays_graphs(),
                 )
             } else {
                 format!("single:{}", i.0)
@@ -403,7 +403,7 @@ impl Cohort {
         // An embedding reads its ids back to check them, which a graph cannot replay.
         let graphs = Graphs::new(
             device.is_cuda()
-                && self.config.run.cuda_graphs
+                && self.config.run.replays_graphs()
                 && spec.is_some_and(|s| !s.draws_masks() && s.vocab().is_none()),
         );
         let id = UnitId(self.next_unit.get());
