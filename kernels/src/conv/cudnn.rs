@@ -26,8 +26,9 @@ mod saved;
 mod tests;
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{CStr, CString, c_void};
 use std::mem::{align_of, size_of};
+use std::path::{Path, PathBuf};
 
 use cudarc::cudnn::{result as dnn, sys};
 
@@ -87,6 +88,56 @@ const SYMBOLS: [&str; 30] = [
     "cudnnConvolutionBackwardData",
     "cudnnConvolutionBackwardFilter",
 ];
+
+/// The libraries `libcudnn.so.9` (a shim) loads for the convolution API, from its own folder or the library path.
+/// Where one is missing it aborts the process at its first call, so they are looked for before any.
+const PARTS: [&str; 3] = [
+    "libcudnn_graph.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_cnn.so.9",
+];
+
+/// The folder the loaded `libcudnn.so.9` came from, as the dynamic loader says.
+fn shim_folder() -> Option<PathBuf> {
+    // SAFETY: the library is open; looking a symbol up and asking the loader which file holds it call nothing of
+    // cuDNN; the loader's file name is a NUL-terminated string it owns while the library stays loaded.
+    unsafe {
+        let f = sys::culib()
+            .get::<unsafe extern "C" fn()>(b"cudnnGetVersion")
+            .ok()?;
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(*f as *const libc::c_void, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        let file = CStr::from_ptr(info.dli_fname).to_str().ok()?;
+        Some(Path::new(file).parent()?.to_path_buf())
+    }
+}
+
+/// Whether the dynamic loader finds `name` on the library path.
+fn loadable(name: &str) -> bool {
+    let Ok(c) = CString::new(name) else {
+        return false;
+    };
+    // SAFETY: opens a library by name and closes it again; cuDNN loads it itself later.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if h.is_null() {
+            return false;
+        }
+        libc::dlclose(h);
+        true
+    }
+}
+
+/// A part of cuDNN ([`PARTS`]) neither beside `libcudnn.so.9` nor on the library path.
+fn missing_part() -> Option<&'static str> {
+    let folder = shim_folder();
+    PARTS.into_iter().find(|part| {
+        let beside = folder.as_ref().is_some_and(|f| f.join(part).exists());
+        !beside && !loadable(part)
+    })
+}
 
 /// The most workspace one algorithm may take for `p`: 64 MiB, or the size of the pass's largest operand where that
 /// is more. Faster algorithms that need more (FFT, Winograd's transforms of large batches) would raise a member's
@@ -442,6 +493,9 @@ impl Dnn {
         });
         if let Some(name) = missing {
             return Err(format!("the cuDNN found has no {name}"));
+        }
+        if let Some(part) = missing_part() {
+            return Err(format!("libcudnn.so.9 was found without {part}"));
         }
         let version = dnn::get_version();
         if !(90_000..100_000).contains(&version) {
