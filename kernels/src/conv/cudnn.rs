@@ -449,6 +449,8 @@ struct Choice {
     desc: Desc,
     run: Variant,
     picked: Picked,
+    /// It has run in this process: the heuristics may offer an algorithm that then refuses the geometry.
+    ran: bool,
 }
 
 /// How a key runs.
@@ -575,18 +577,38 @@ impl Dnn {
         let Some(Entry::Run(c)) = self.entries.get(&key) else {
             return Ok(false);
         };
-        let v = c.run;
+        let (v, ran) = (c.run, c.ran);
         let ws = if v.workspace == 0 {
             0
         } else {
             workspace(v.workspace)?
         };
-        gpu.timed(
+        let launched = gpu.timed(
             || label(&key),
             // SAFETY: forwarded to the caller; the workspace holds what the algorithm needs.
             || unsafe { self.launch(gpu, &key, &c.desc, v, x, ws) },
-        )?;
-        Ok(true)
+        );
+        match launched {
+            Ok(()) => {
+                if let Some(Entry::Run(c)) = self.entries.get_mut(&key) {
+                    c.ran = true;
+                }
+                Ok(true)
+            }
+            // An algorithm the heuristics offered (or a saved choice named) that refuses the geometry, where
+            // nothing else ran it before: the own kernels run it from now on (they write every output element,
+            // so what a half-done call wrote does not matter).
+            Err(e) if !ran => {
+                tracing::warn!(
+                    "{}: cuDNN's algorithm {} failed ({e}); cohort's own kernels run it",
+                    label(&key),
+                    v.algo
+                );
+                self.decide(key, Entry::Own);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The heuristics' first pick for `key`, or (when `timing`) the fastest candidate; [`Entry::Own`] where cuDNN
@@ -612,6 +634,7 @@ impl Dnn {
                 desc,
                 run: first,
                 picked: Picked::Heuristic,
+                ran: false,
             }));
         }
         let most = |vs: &[Variant]| vs.iter().map(|v| v.workspace).max().unwrap_or(0);
@@ -672,6 +695,7 @@ impl Dnn {
             desc,
             run: variants[best],
             picked: Picked::Timed,
+            ran: true,
         }))
     }
 

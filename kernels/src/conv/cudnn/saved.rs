@@ -107,6 +107,7 @@ impl Dnn {
                     deterministic: found.determinism == super::DETERMINISTIC,
                 },
                 picked: Picked::Adopted,
+                ran: false,
             })
         })
     }
