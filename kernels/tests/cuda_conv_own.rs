@@ -4,60 +4,21 @@
 //! --test cuda_conv_own -- --include-ignored` on a GPU).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::sync::Arc;
 
 use cohort_kernels::conv::{
     COLUMN_TILE_BYTES, ConvParams, CudnnMode, cpu as conv_cpu, cuda as conv_cuda,
 };
-use cohort_kernels::cuda::{DeviceBuffer, Gpu};
+use cohort_kernels::cuda::Gpu;
+
+use common::{assert_near, down, rand_vec, up};
 
 /// Device 0 with cuDNN switched off: every test of this process wants that, none turns it on.
 fn gpu() -> Arc<Gpu> {
     conv_cuda::set_cudnn_mode(CudnnMode::Off);
     Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"))
-}
-
-/// Values in [-1, 1) (xorshift).
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-fn up(g: &Gpu, v: &[f32]) -> DeviceBuffer {
-    let buf = g.alloc(v.len().max(1) * 4).unwrap();
-    // SAFETY: the buffer holds these bytes.
-    unsafe { g.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
-    buf
-}
-
-fn down(g: &Gpu, buf: &DeviceBuffer, n: usize) -> Vec<f32> {
-    let mut out = vec![0f32; n];
-    // SAFETY: callers size the buffer for n f32.
-    unsafe {
-        g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
-            .unwrap()
-    };
-    out
-}
-
-/// Within 1e-4 of the largest magnitude of `want`; a NaN never is (outputs start as NaN).
-#[track_caller]
-fn assert_near(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * scale,
-            "{what}: element {i}: got {g}, want {w} (largest {scale})"
-        );
-    }
 }
 
 fn params(

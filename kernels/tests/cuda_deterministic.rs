@@ -3,48 +3,22 @@
 //! cuda_deterministic -- --include-ignored` on a GPU).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::sync::Arc;
 
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu, cuda as conv_cuda};
-use cohort_kernels::cuda::{CudaType, DeviceBuffer, Gpu};
+use cohort_kernels::cuda::{CudaType, Gpu};
 use cohort_kernels::index::{cpu as index_cpu, cuda as index_cuda};
 use cohort_kernels::pool::{PoolParams, cpu as pool_cpu, cuda as pool_cuda};
 use cohort_kernels::{Error, set_deterministic};
+
+use common::{assert_near, down, rand_vec, up};
 
 /// Device 0, with deterministic mode on: every test of this process wants it, none turns it off.
 fn gpu() -> Arc<Gpu> {
     set_deterministic(true);
     Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"))
-}
-
-/// Values in [-1, 1) (xorshift).
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-fn up<T: bytemuck::Pod>(g: &Gpu, data: &[T]) -> DeviceBuffer {
-    let buf = g.alloc(std::mem::size_of_val(data)).unwrap();
-    // SAFETY: the buffer holds exactly these bytes.
-    unsafe { g.htod(buf.ptr(), bytemuck::cast_slice(data)).unwrap() };
-    buf
-}
-
-fn down(g: &Gpu, buf: &DeviceBuffer, n: usize) -> Vec<f32> {
-    let mut out = vec![0f32; n];
-    // SAFETY: callers size the buffer for n f32.
-    unsafe {
-        g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
-            .unwrap()
-    };
-    out
 }
 
 /// Within 1e-5 of the CPU's values, relative (absolute below 1). Both add in the same order, so they should be
@@ -220,20 +194,6 @@ fn index_add_with_repeated_indices_is_the_same_bits_every_run() {
             assert_eq!((op, index, size), ("index_add", 10, dim))
         }
         other => panic!("a bad index gave {other:?}"),
-    }
-}
-
-/// Within 1e-4 of the largest magnitude of `want`: cuDNN's deterministic algorithms add in another order than the
-/// CPU does.
-#[track_caller]
-fn assert_near(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * scale,
-            "{what}: element {i}: got {g}, want {w} (largest {scale})"
-        );
     }
 }
 
