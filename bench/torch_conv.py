@@ -48,7 +48,7 @@ def main():
         }
         for name, fn in rows.items():
             us = timed(fn)
-            print(f"torch {'tf32' if tf32 else 'fp32'} {name:<10} {us:9.1f} us  {flops / us / 1e6:8.1f} GFLOP/s")
+            print(f"torch {'tf32' if tf32 else 'fp32'} {name:<10} {us:9.1f} us  {flops / us / 1e6:8.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,17 @@ const TENSOR_OP_MATH: [u32; 2] = [1, 2];
 /// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
 const IMPLICIT_PRECOMP_GEMM: u32 = 1;
 
+/// Whether `algo` is the pass's `WINOGRAD_NONFUSED`: its large transform tiles lose as much as TF32 does in fp32
+/// (measured on the H200: 8.4e-4 of the output's scale on a 5x5 forward, where every other algorithm stays within
+/// 1e-4), so under the fp32 policy it is no candidate.
+fn winograd_nonfused(pass: ConvPass, algo: u32) -> bool {
+    let nonfused = match pass {
+        ConvPass::Forward { .. } => 7,
+        ConvPass::BackwardData | ConvPass::BackwardFilter => 5,
+    };
+    algo == nonfused
+}
+
 /// The library functions used here: checked at load, since a missing one would panic at its first call.
 const SYMBOLS: [&str; 30] = [
     "cudnnGetVersion",
@@ -786,7 +797,10 @@ impl Dnn {
         perf[..usize::try_from(n).unwrap_or(0).min(CANDIDATES)]
             .iter()
             .filter(|c| {
-                c.status == SUCCESS && !TENSOR_OP_MATH.contains(&c.math_type) && known(c.algo)
+                c.status == SUCCESS
+                    && !TENSOR_OP_MATH.contains(&c.math_type)
+                    && known(c.algo)
+                    && !winograd_nonfused(pass, c.algo)
             })
             .copied()
             .collect()
