@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-use common::{assert_close, config, config_on, final_tensors, mlp, quiet, records};
+use common::{assert_close, config, config_on, final_tensors, gpu_turn, mlp, quiet, records};
 
 use cohort_trainer::Error;
 use cohort_trainer::checkpoint::CheckpointDir;
@@ -14,17 +14,6 @@ use cohort_trainer::cohort::{Cohort, RunOptions, resume, train};
 use cohort_trainer::config::Config;
 use cohort_trainer::metrics::MetricRecord;
 use cohort_trainer::report::Summary;
-
-/// The CUDA tests that compare two runs elementwise take turns. Concurrent runs tune the same products under each
-/// other's load and may keep different algorithms; Adam turns the last-bit difference of a near-zero gradient into
-/// a whole step, so two runs compared this way must use the same ones. (Cohorts do share a GPU safely: see
-/// `other_threads_wait_while_a_graph_is_captured` in cohort-tensor.)
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
-    GPU.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// Member `m`'s last checkpoints in runs `a` and `b` hold the same tensors within a relative 1e-4.
 fn assert_same_tensors(a: &Path, b: &Path, m: &str) {

@@ -8,17 +8,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{config_on, final_tensors, mlp, quiet};
+use common::{config_on, final_tensors, gpu_turn, mlp, quiet};
 
 use cohort_trainer::cohort::{RunOptions, resume, train};
 use cohort_trainer::config::Config;
-
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
-    GPU.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// A fused pair of MLPs and a small CNN (a convolution, overlapping max-pool windows) with checkpoints every 5
 /// steps, for 2 epochs.

@@ -273,16 +273,9 @@ impl Cohort {
     /// The live snapshot: every member's memory now, and on a GPU the allocator's tenants and the process's figures.
     fn memory_now(&self) -> crate::memory_now::Snapshot {
         let members = self
-            .members
-            .iter()
-            .map(|m| {
-                // By name (unique in a run): the unit that trains the member, if one still does.
-                let unit = self.units.iter().find(|u| {
-                    u.members
-                        .iter()
-                        .any(|&j| self.members[j].cfg.name == m.cfg.name)
-                });
-                let mem = Cohort::member_memory(m, unit);
+            .member_ids()
+            .map(|i| {
+                let (m, mem) = (&self.members[i], self.member_memory(i));
                 crate::memory_now::MemberNow {
                     name: m.cfg.name.clone(),
                     state: match m.state {
@@ -316,16 +309,14 @@ impl Cohort {
         )
     }
 
-    /// Member `m`'s memory, trained by `unit` (if one still trains it): live at the height of its latest step, its
-    /// high-water mark since its last record, its share of the unit's limit and reserve. Nothing once no unit holds
-    /// it (finished, stopped, failed): its memory went back.
-    pub(super) fn member_memory(
-        m: &super::MemberRun,
-        unit: Option<&super::Unit>,
-    ) -> crate::memory::MemberUsage {
-        let Some(u) = unit else {
+    /// Member `i`'s memory: live at the height of its latest step, its high-water mark since its last record, its
+    /// share of its unit's limit and reserve. Nothing once no unit trains it (finished, stopped, failed): its memory
+    /// went back.
+    pub(super) fn member_memory(&self, i: MemberId) -> crate::memory::MemberUsage {
+        let Some(u) = self.unit_of(i) else {
             return crate::memory::MemberUsage::default();
         };
+        let m = &self.members[i];
         let share = u.tenant.share(u.members.len());
         crate::memory::MemberUsage {
             live: m.mem_now,

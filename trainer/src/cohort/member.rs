@@ -95,13 +95,10 @@ impl Cohort {
         let m = &self.members[i];
         let d = &self.data[&m.cfg.data];
         // Steps left: the rest of this epoch and the epochs after it, at the member's current batch size.
-        let consumed = self.units.iter().find(|u| u.members.contains(&i)).map_or(
-            m.epochs_done * d.train_len,
-            |u| {
-                let p = u.feed.position();
-                p.epoch * d.train_len + p.index
-            },
-        );
+        let consumed = self.unit_of(i).map_or(m.epochs_done * d.train_len, |u| {
+            let p = u.feed.position();
+            p.epoch * d.train_len + p.index
+        });
         let left = (u64::from(m.cfg.epochs) * d.train_len).saturating_sub(consumed);
         let mut total = if m.state == State::Done {
             m.step
@@ -182,8 +179,7 @@ impl Cohort {
         test: Option<Scores>,
     ) -> Result<()> {
         let time = self.elapsed();
-        let unit = self.units.iter().find(|u| u.members.contains(&i));
-        let mem = Cohort::member_memory(&self.members[i], unit);
+        let mem = self.member_memory(i);
         let m = &mut self.members[i];
         let loss = if m.c.loss_n > 0 {
             m.c.loss_sum / m.c.loss_n as f64

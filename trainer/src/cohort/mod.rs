@@ -466,6 +466,11 @@ impl Cohort {
         Ok(())
     }
 
+    /// The unit that trains member `i`, while one does.
+    fn unit_of(&self, i: MemberId) -> Option<&Unit> {
+        self.units.iter().find(|u| u.members.contains(&i))
+    }
+
     /// Where unit `id` is in the list, while it exists.
     fn position(&self, id: UnitId) -> Option<usize> {
         self.units.iter().position(|u| u.id == id)

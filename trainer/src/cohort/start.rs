@@ -160,8 +160,8 @@ impl Cohort {
             loaded.push(checkpoint);
         }
         let names: Vec<String> = members.iter().map(|m| m.cfg.name.clone()).collect();
-        let run_root = &run.root().to_path_buf();
         let schedule_kind = config.run.schedule;
+        let tuning = TuningFile::new(run.root(), device);
         let mut cohort = Cohort {
             control: ControlFile::new(run.control_path()),
             progress: Progress::new(&names, opts.progress),
@@ -181,7 +181,7 @@ impl Cohort {
             last_process: None,
             peak_process: 0,
             said_all_paused: false,
-            tuning: TuningFile::new(run_root, device),
+            tuning,
         };
         // Before the first product: a resumed run's products run on the algorithms the interrupted run chose.
         if resuming && let Some(m) = cohort.tuning.adopt() {

@@ -68,6 +68,17 @@ pub fn config_on(device: &str, dir: &Path, name: &str, run: &str, members: &str)
     Config::parse(&text, &format!("{name}.toml")).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The CUDA tests that compare two runs elementwise take turns. Concurrent runs tune the same products under each
+/// other's load and may keep different algorithms; Adam turns the last-bit difference of a near-zero gradient into
+/// a whole step, so two runs compared this way must use the same ones. (Cohorts do share a GPU safely: see
+/// `other_threads_wait_while_a_graph_is_captured` in cohort-tensor.)
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    GPU.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub fn quiet() -> RunOptions {
     RunOptions::default()
 }
