@@ -172,6 +172,16 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// # Errors
 /// I/O errors naming the path.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace_file(path, bytes, true)
+}
+
+/// Writes `bytes` to `path` through a temporary file renamed over it, so that a reader sees the old file or the
+/// new one, never part of one. `durable` also fsyncs the file and its directory, which a file rewritten every
+/// second (the live memory snapshot) does not need.
+///
+/// # Errors
+/// I/O errors naming the path.
+pub fn replace_file(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -179,7 +189,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let written = File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|mut f| {
+            f.write_all(bytes)
+                .and_then(|()| if durable { f.sync_all() } else { Ok(()) })
+        })
         .map_err(|e| Error::io(&tmp, e))
         .and_then(|()| fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
     if written.is_err() {
@@ -187,7 +200,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     written?;
-    sync_dir(dir)
+    if durable { sync_dir(dir) } else { Ok(()) }
 }
 
 impl CheckpointDir {

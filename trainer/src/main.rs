@@ -352,8 +352,7 @@ fn age(seconds: f64) -> String {
     } else if seconds < 60.0 {
         format!("{seconds:.0} s")
     } else {
-        let s = seconds as u64;
-        format!("{}:{:02}", s / 60, s % 60)
+        cohort_trainer::progress::clock(seconds)
     }
 }
 

@@ -81,6 +81,12 @@ fn process_start(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// When this process started ([`process_start`]): read once, it never changes.
+fn own_start() -> Option<u64> {
+    static START: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *START.get_or_init(|| process_start(std::process::id()))
+}
+
 impl Snapshot {
     /// A snapshot of this process now, `time` seconds into the run.
     pub fn now(
@@ -93,7 +99,7 @@ impl Snapshot {
         let pid = std::process::id();
         Snapshot {
             pid,
-            process_start: process_start(pid),
+            process_start: own_start(),
             unix_time: unix_now(),
             time,
             device,
@@ -114,15 +120,8 @@ impl Snapshot {
     /// # Errors
     /// I/O errors naming the file.
     pub fn write(&self, root: &Path) -> Result<()> {
-        let path = root.join(MEMORY_NOW_FILE);
-        let tmp = root.join(format!(".{MEMORY_NOW_FILE}.tmp-{}", std::process::id()));
         let text = serde_json::to_vec(self).map_err(|e| Error::json("memory snapshot", e))?;
-        std::fs::write(&tmp, text)
-            .map_err(|e| Error::io(&tmp, e))
-            .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e)))
-            .inspect_err(|_| {
-                let _ = std::fs::remove_file(&tmp);
-            })
+        crate::checkpoint::replace_file(&root.join(MEMORY_NOW_FILE), &text, false)
     }
 
     /// Reads `root/memory-now.json`; `None` when there is none.

@@ -22,17 +22,6 @@ pub struct Span {
     pub bytes: u64,
 }
 
-/// An out-of-memory event of a member.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Oom {
-    /// Seconds into the run.
-    pub time: f64,
-    /// What the member held (live) when it happened.
-    pub bytes: u64,
-    /// The event's text.
-    pub text: String,
-}
-
 /// A member's batch size changing (an OOM shrinking it, or the control file).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchChange {
@@ -55,6 +44,8 @@ pub struct Event {
     pub step: u64,
     /// Its batch.
     pub batch: usize,
+    /// What it held (live) then.
+    pub bytes: u64,
     /// What happened.
     pub text: String,
 }
@@ -71,8 +62,6 @@ pub struct MemberTimeline {
     pub reserved: Vec<(f64, u64)>,
     /// Its limit while it had one.
     pub limits: Vec<Span>,
-    /// Its out-of-memory events.
-    pub ooms: Vec<Oom>,
     /// Its batch changes.
     pub batch_changes: Vec<BatchChange>,
     /// All its events (the OOMs and batch changes among them).
@@ -80,6 +69,11 @@ pub struct MemberTimeline {
 }
 
 impl MemberTimeline {
+    /// Its out-of-memory events.
+    pub fn ooms(&self) -> impl Iterator<Item = &Event> {
+        self.events.iter().filter(|e| is_oom(&e.text))
+    }
+
     /// The timeline of member `name` from its records. Records that carry no limit (those of runs before cohort
     /// logged it) take `fallback_limit` (the config's) for the whole run.
     pub fn from_records(
@@ -111,17 +105,11 @@ impl MemberTimeline {
             }
             batch = Some(r.batch);
             if let Some(text) = &r.event {
-                if is_oom(text) {
-                    t.ooms.push(Oom {
-                        time: r.time,
-                        bytes: r.mem_bytes,
-                        text: text.clone(),
-                    });
-                }
                 t.events.push(Event {
                     time: r.time,
                     step: r.step,
                     batch: r.batch,
+                    bytes: r.mem_bytes,
                     text: text.clone(),
                 });
                 continue;
@@ -229,18 +217,27 @@ impl Timeline {
     /// # Errors
     /// A record file that cannot be read.
     pub fn read(root: &Path, members: &[(String, Option<u64>)]) -> Result<Timeline> {
+        let records = crate::metrics::read_members(root, members.iter().map(|(n, _)| n.as_str()))?;
+        Ok(Timeline::of(root, members, &records))
+    }
+
+    /// The timeline of `members` (as for [`Timeline::read`]) from their `records`, in the same order, and, on a
+    /// GPU, the run's `memory.jsonl`.
+    pub fn of(
+        root: &Path,
+        members: &[(String, Option<u64>)],
+        records: &[Vec<MetricRecord>],
+    ) -> Timeline {
         let gpu =
             std::fs::read_to_string(root.join(crate::run_dir::MEMORY_LOG_FILE)).unwrap_or_default();
-        let mut t = Timeline {
-            members: Vec::new(),
+        Timeline {
+            members: members
+                .iter()
+                .zip(records)
+                .map(|((name, limit), r)| MemberTimeline::from_records(name, r, *limit))
+                .collect(),
             device: DeviceTimeline::from_lines(&gpu),
-        };
-        for (name, limit) in members {
-            let records = crate::metrics::read(&root.join(name).join("metrics.jsonl"))?;
-            t.members
-                .push(MemberTimeline::from_records(name, &records, *limit));
         }
-        Ok(t)
     }
 
     /// The first and last time anything was recorded (`(0, 0)` for nothing).
@@ -358,8 +355,9 @@ pub(crate) mod tests {
                 },
             ]
         );
-        assert_eq!(t.ooms.len(), 1);
-        assert_eq!((t.ooms[0].time, t.ooms[0].bytes), (1.5, 100));
+        let ooms: Vec<&Event> = t.ooms().collect();
+        assert_eq!(ooms.len(), 1);
+        assert_eq!((ooms[0].time, ooms[0].bytes), (1.5, 100));
         let changes: Vec<_> = t
             .batch_changes
             .iter()

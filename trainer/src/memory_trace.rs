@@ -73,15 +73,13 @@ pub fn trace(timeline: &Timeline) -> Value {
     json!({"traceEvents": out, "displayTimeUnit": "ms"})
 }
 
-/// Writes `root/memory-trace.json` for `members` (name, and the config's limit in bytes for records that carry
-/// none) from their `metrics.jsonl` and, on a GPU, the run's `memory.jsonl`.
+/// Writes `root/memory-trace.json` of the run's `timeline`.
 ///
 /// # Errors
-/// A record file that cannot be read, or the trace that cannot be written.
-pub fn write(root: &Path, members: &[(String, Option<u64>)]) -> Result<()> {
-    let timeline = Timeline::read(root, members)?;
+/// The trace cannot be written.
+pub fn write(root: &Path, timeline: &Timeline) -> Result<()> {
     let path = root.join(FILE);
-    std::fs::write(&path, trace(&timeline).to_string()).map_err(|e| Error::io(&path, e))
+    std::fs::write(&path, trace(timeline).to_string()).map_err(|e| Error::io(&path, e))
 }
 
 #[cfg(test)]

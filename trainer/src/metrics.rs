@@ -130,6 +130,20 @@ impl MetricsWriter {
     }
 }
 
+/// The records of each of `members` of the run in `root`, in their order.
+///
+/// # Errors
+/// As [`read`].
+pub fn read_members<'a>(
+    root: &Path,
+    members: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<Vec<MetricRecord>>> {
+    members
+        .into_iter()
+        .map(|name| read(&root.join(name).join("metrics.jsonl")))
+        .collect()
+}
+
 /// Reads a `metrics.jsonl` (missing file: no records; a torn last line from a crash is skipped).
 ///
 /// # Errors

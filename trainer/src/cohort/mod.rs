@@ -402,8 +402,10 @@ impl Cohort {
             .all(|&i| self.members[i].state == State::Running)
     }
 
-    /// `memory-trace.json` from the members' records (and, on a GPU, the process's).
-    fn write_memory_trace(&self) -> Result<()> {
+    /// `memory-trace.json` and, with `plots` (a run that ended), `loss.png` and `memory.png`, from the members'
+    /// records, read once (and, on a GPU, the process's).
+    fn write_run_files(&self, plots: bool) -> Result<()> {
+        let root = self.run.root();
         let total = crate::memory::device_total_bytes(&self.device)?;
         let members: Vec<(String, Option<u64>)> = self
             .members
@@ -415,7 +417,14 @@ impl Cohort {
                 )
             })
             .collect();
-        crate::memory_trace::write(self.run.root(), &members)
+        let records = crate::metrics::read_members(root, members.iter().map(|(n, _)| n.as_str()))?;
+        let timeline = crate::memory_timeline::Timeline::of(root, &members, &records);
+        crate::memory_trace::write(root, &timeline)?;
+        if plots {
+            let names: Vec<String> = members.into_iter().map(|(name, _)| name).collect();
+            crate::plot::write_run_plots(root, &names, &records, &timeline)?;
+        }
+        Ok(())
     }
 
     /// The signal that asked the run to stop, if one did.
@@ -699,7 +708,7 @@ impl Cohort {
         }
         if let Some(signal) = self.interrupted() {
             self.checkpoint_all(signal)?;
-            self.write_memory_trace()?;
+            self.write_run_files(false)?;
             self.progress.finish();
             return Ok(RunOutcome {
                 run_dir: self.run.root().to_path_buf(),
@@ -712,15 +721,7 @@ impl Cohort {
         self.memory_tick()?;
         let summary = self.summary();
         summary.write(&self.run.root().join(crate::run_dir::SUMMARY_FILE))?;
-        self.write_memory_trace()?;
-        crate::plot::write_run_plots(
-            self.run.root(),
-            &self
-                .members
-                .iter()
-                .map(|m| m.cfg.name.clone())
-                .collect::<Vec<_>>(),
-        )?;
+        self.write_run_files(true)?;
         Ok(RunOutcome {
             run_dir: self.run.root().to_path_buf(),
             summary: Some(summary),

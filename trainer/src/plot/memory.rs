@@ -53,7 +53,7 @@ pub fn layout(t: &Timeline) -> Layout {
     let mut data = most(&t.device.pool_reserved);
     for m in &t.members {
         data = data.max(most(&m.live)).max(most(&m.reserved));
-        data = data.max(m.ooms.iter().map(|o| o.bytes).max().unwrap_or(0));
+        data = data.max(m.ooms().map(|o| o.bytes).max().unwrap_or(0));
     }
     let limits = t
         .members
@@ -143,7 +143,7 @@ pub fn marks(t: &Timeline, l: &Layout) -> Vec<Mark> {
                 bytes: live(b.time, b.bytes),
             });
         }
-        for o in &m.ooms {
+        for o in m.ooms() {
             let limit = m
                 .limits
                 .iter()

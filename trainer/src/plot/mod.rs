@@ -7,6 +7,8 @@
 use std::path::Path;
 
 use crate::error::Result;
+use crate::memory_timeline::Timeline;
+use crate::metrics::MetricRecord;
 
 mod canvas;
 pub mod memory;
@@ -84,24 +86,29 @@ pub fn line_plot(path: &Path, spec: &PlotSpec<'_>, series: &[Series]) -> Result<
     cv.write_png(path)
 }
 
-/// Writes `loss.png` (training loss by step) and `memory.png` ([`memory::plot`]) of a run from its members'
-/// records.
+/// Writes `loss.png` (training loss by step, from each member's `records`) and `memory.png` ([`memory::plot`] of
+/// the run's `timeline`).
 ///
 /// # Errors
-/// I/O errors reading the metrics or writing the images.
-pub fn write_run_plots(root: &Path, members: &[String]) -> Result<()> {
-    let mut loss = Vec::new();
-    for name in members {
-        let records = crate::metrics::read(&root.join(name).join("metrics.jsonl"))?;
-        loss.push(Series {
+/// I/O errors writing the images.
+pub fn write_run_plots(
+    root: &Path,
+    members: &[String],
+    records: &[Vec<MetricRecord>],
+    timeline: &Timeline,
+) -> Result<()> {
+    let loss: Vec<Series> = members
+        .iter()
+        .zip(records)
+        .map(|(name, records)| Series {
             name: name.clone(),
             points: records
                 .iter()
                 .filter(|r| r.event.is_none())
                 .map(|r| (r.step as f64, r.loss))
                 .collect(),
-        });
-    }
+        })
+        .collect();
     line_plot(
         &root.join("loss.png"),
         &PlotSpec {
@@ -111,9 +118,7 @@ pub fn write_run_plots(root: &Path, members: &[String]) -> Result<()> {
         },
         &loss,
     )?;
-    let named: Vec<(String, Option<u64>)> = members.iter().map(|n| (n.clone(), None)).collect();
-    let timeline = crate::memory_timeline::Timeline::read(root, &named)?;
-    memory::plot(&root.join(crate::run_dir::MEMORY_PLOT_FILE), &timeline)
+    memory::plot(&root.join(crate::run_dir::MEMORY_PLOT_FILE), timeline)
 }
 
 #[cfg(test)]
