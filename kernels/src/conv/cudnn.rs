@@ -601,7 +601,8 @@ impl Dnn {
         );
         match launched {
             Ok(()) => {
-                if let Some(Entry::Run(c)) = self.entries.get_mut(&key) {
+                // Once: from then on a failure is the device's, not the algorithm's.
+                if !ran && let Some(Entry::Run(c)) = self.entries.get_mut(&key) {
                     c.ran = true;
                 }
                 Ok(true)

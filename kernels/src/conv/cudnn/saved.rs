@@ -97,7 +97,8 @@ impl Dnn {
             .into_iter()
             .find(|c| c.algo == algo)?;
         let need = self.workspace_size(key.pass, &desc, algo).ok()?;
-        (need <= workspace).then(|| {
+        // Within the cap fresh choices keep to: an edited file asks for no more memory than a timed choice could.
+        (need <= workspace && workspace <= super::workspace_cap(&key.p)).then(|| {
             Entry::Run(Choice {
                 desc,
                 run: Variant {
