@@ -75,10 +75,10 @@ pub fn layout(t: &Timeline) -> Layout {
     }
     Layout {
         frame: Frame {
-            left: 80,
-            top: 40,
+            left: super::LEFT,
+            top: super::TOP,
             right: W as i64 - LEGEND,
-            bottom: H as i64 - 56,
+            bottom: H as i64 - super::BOTTOM,
             x: (x0, x1),
             y: (0.0, top as f64 / unit as f64 * 1.08),
         },
