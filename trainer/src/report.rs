@@ -1,5 +1,6 @@
 //! The end-of-run summary: a table for people and `summary.json` for programs.
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::path::Path;
 
@@ -8,11 +9,53 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::objective::Scores;
 
+/// How a member (a sweep's trial) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// It trained to its end: its epochs or steps, an early stop, or a stop through the control file.
+    #[default]
+    Completed,
+    /// A sweep's scheduler (ASHA, median stopping) ended it at a rung for its validation metric.
+    Pruned,
+    /// An error ended it: out of memory, a loss that stopped being finite, a failed step.
+    Failed,
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Status::Completed => "completed",
+            Status::Pruned => "pruned",
+            Status::Failed => "failed",
+        })
+    }
+}
+
 /// One member's line of the summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemberSummary {
     /// The member's name.
     pub name: String,
+    /// How it ended.
+    #[serde(default)]
+    pub status: Status,
+    /// Its index in the sweep (`[search]`), for a sampled trial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial: Option<usize>,
+    /// The values that set it apart from its siblings: a trial's sampled values and grid values, by the short
+    /// name of their key (`lr`, `width`, `dropout`, `batch`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hyperparameters: BTreeMap<String, serde_json::Value>,
+    /// The best value of the sweep's metric over its validations (the one it is ranked by).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_metric: Option<f64>,
+    /// The sweep's best trial.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub best: bool,
+    /// Its checkpoint of its best validation, relative to the run directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_checkpoint: Option<String>,
     /// The data set it trained on.
     #[serde(default)]
     pub data: String,
@@ -54,6 +97,37 @@ pub struct MemberSummary {
     pub stopped: Option<String>,
 }
 
+/// A search dimension as the sweep's report shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dimension {
+    /// The hyper-parameter's short name (a key of [`MemberSummary::hyperparameters`]).
+    pub name: String,
+    /// `loguniform`, `uniform`, `int`, `loguniform-int`, `choice` or `grid`: a plot's axis is logarithmic for the
+    /// log forms.
+    pub kind: String,
+}
+
+/// A sweep's part of the summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepSummary {
+    /// The validation metric trials are ranked by (`val_accuracy`, `val_loss`, …).
+    pub metric: String,
+    /// `max` or `min`.
+    pub mode: String,
+    /// `asha`, `median` or `none`.
+    pub scheduler: String,
+    /// The dimensions searched.
+    pub dimensions: Vec<Dimension>,
+    /// Trials by how they ended.
+    pub completed: usize,
+    /// Pruned trials.
+    pub pruned: usize,
+    /// Failed trials.
+    pub failed: usize,
+    /// The best trial's name.
+    pub best: Option<String>,
+}
+
 /// The whole run's summary (`runs/<run>/summary.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
@@ -73,6 +147,9 @@ pub struct Summary {
     /// The most the driver saw the process hold on the GPU while it trained (sampled once a second).
     #[serde(default)]
     pub peak_process_bytes: Option<u64>,
+    /// The sweep, for a run with a `[search]` table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepSummary>,
 }
 
 /// `1,880`.

@@ -281,6 +281,12 @@ impl Cohort {
                 .iter()
                 .map(|m| MemberSummary {
                     name: m.cfg.name.clone(),
+                    status: crate::report::Status::default(),
+                    trial: None,
+                    hyperparameters: Default::default(),
+                    best_metric: None,
+                    best: false,
+                    best_checkpoint: None,
                     data: m.cfg.data.clone(),
                     steps: m.step,
                     epochs: m.epochs_done,
@@ -305,6 +311,7 @@ impl Cohort {
                 .collect(),
             process_memory: self.last_process.clone(),
             peak_process_bytes: (self.peak_process > 0).then_some(self.peak_process),
+            sweep: None,
         }
     }
 }
