@@ -54,6 +54,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod run_dir;
+pub mod sweep;
 pub mod tensorboard;
 pub mod tuning;
 

@@ -183,16 +183,12 @@ pub fn bytes(n: u64) -> String {
 
 impl Summary {
     /// The members that ended on a failure (an error, out of memory, a loss that stopped being finite), with
-    /// the reason; a member stopped through the control file did not fail.
+    /// the reason; a member stopped through the control file, early or by a sweep's scheduler did not fail.
     pub fn failures(&self) -> Vec<(&str, &str)> {
         self.members
             .iter()
-            .filter_map(|m| {
-                m.stopped
-                    .as_deref()
-                    .filter(|s| *s != "stopped")
-                    .map(|s| (m.name.as_str(), s))
-            })
+            .filter(|m| m.status == Status::Failed)
+            .map(|m| (m.name.as_str(), m.stopped.as_deref().unwrap_or("failed")))
             .collect()
     }
 

@@ -14,7 +14,7 @@ use crate::config::{Config, MemberMemory};
 use crate::error::{Error, Result};
 use crate::graph::Graphs;
 use crate::memory::device_total_bytes;
-use crate::report::bytes;
+use crate::report::{Status, bytes};
 
 /// How often the process's memory is measured (and a process-wide limit re-applied) while a run trains.
 const MEMORY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -109,8 +109,7 @@ impl Cohort {
             }
             Recovery::Stop { why } => {
                 self.event(i, format!("{head}; {why}: the member stops"))?;
-                self.members[i].state = State::Done;
-                self.members[i].c.stopped = Some("out of memory".into());
+                self.members[i].end(Status::Failed, Some("out of memory".into()));
                 Err(Error::OutOfMemory {
                     member: self.members[i].cfg.name.clone(),
                     message: format!("{detail}\n  {why}"),
@@ -279,6 +278,7 @@ impl Cohort {
                 crate::memory_now::MemberNow {
                     name: m.cfg.name.clone(),
                     state: match m.state {
+                        State::Queued => "queued".into(),
                         State::Running => "training".into(),
                         State::Paused => "paused".into(),
                         State::Done => m.c.stopped.clone().unwrap_or_else(|| "done".into()),

@@ -88,6 +88,15 @@ pub(super) fn differences(saved: &serde_json::Value, now: &serde_json::Value) ->
     out
 }
 
+/// Which of a member's checkpoints a save writes.
+#[derive(Clone, Copy)]
+enum Kept {
+    /// One of the newest, rotated by `keep`: what a resume starts from.
+    Newest,
+    /// The one of its best validation, kept until a better one.
+    Best,
+}
+
 impl Cohort {
     pub(super) fn state_from_checkpoint(
         &self,
@@ -126,6 +135,20 @@ impl Cohort {
         }
         // Every checkpoint on disk has the product algorithms its steps ran on saved beside it.
         self.tuning.save()?;
+        self.save_states(ui, members, Kept::Newest)
+    }
+
+    /// Writes the best checkpoints (`checkpoints/best/`) of `members` of unit `ui`, whose validation just beat
+    /// their best.
+    pub(super) fn checkpoint_best(&mut self, ui: usize, members: &[MemberId]) -> Result<()> {
+        self.save_states(ui, members, Kept::Best)
+    }
+
+    /// Writes `members`' checkpoints of one kind, the unit's state read once.
+    fn save_states(&mut self, ui: usize, members: &[MemberId], kept: Kept) -> Result<()> {
+        if members.is_empty() {
+            return Ok(());
+        }
         let u = &self.units[ui];
         let js: Vec<usize> = members
             .iter()
@@ -133,17 +156,18 @@ impl Cohort {
             .collect();
         let states = Cohort::member_states(u, &js)?;
         for (&i, state) in members.iter().zip(states) {
-            self.checkpoint_member(ui, i, state)?;
+            self.checkpoint_member(ui, i, state, kept)?;
         }
         Ok(())
     }
 
-    /// Writes member `i`'s checkpoint from its state.
+    /// Writes member `i`'s checkpoint from its state, among its newest or as its best.
     fn checkpoint_member(
         &mut self,
         ui: usize,
         i: MemberId,
         (params, ostate): MemberState,
+        kept: Kept,
     ) -> Result<()> {
         let u = &self.units[ui];
         let mut tensors = BTreeMap::new();
@@ -193,8 +217,15 @@ impl Cohort {
         // The logs up to the checkpoint are as durable as it is: a resume keeps them.
         m.metrics.sync()?;
         m.events.sync()?;
-        m.ckpt.save(&mut ck)?;
-        m.last_ckpt_step = Some(m.step);
+        match kept {
+            Kept::Newest => {
+                m.ckpt.save(&mut ck)?;
+                m.last_ckpt_step = Some(m.step);
+            }
+            Kept::Best => {
+                m.best_ckpt.save(&mut ck)?;
+            }
+        }
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::metrics::{MetricRecord, MetricsWriter};
 use crate::objective::Scores;
 use crate::progress::MemberStatus;
-use crate::report::{MemberSummary, Summary};
+use crate::report::{MemberSummary, Status, Summary, SweepSummary};
 use crate::run_dir::MemberLock;
 use crate::tensorboard::EventWriter;
 use cohort_tensor::Device;
@@ -34,6 +34,8 @@ impl std::ops::IndexMut<MemberId> for Vec<MemberRun> {
 /// Where a member stands.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum State {
+    /// A sweep's trial waiting for room: it has no unit yet.
+    Queued,
     Running,
     Paused,
     Done,
@@ -59,6 +61,12 @@ pub(super) struct Counters {
     pub(super) test: Option<Scores>,
     pub(super) time: f64,
     pub(super) stopped: Option<String>,
+    /// How it ended (while it trains: completed, should it end now).
+    pub(super) status: Status,
+    /// The best value of the metric its best checkpoint is kept by (the sweep's, else its early stop's).
+    pub(super) best_metric: Option<f64>,
+    /// Its early stop's count.
+    pub(super) patience: crate::sweep::Patience,
 }
 
 #[derive(Debug)]
@@ -67,6 +75,8 @@ pub(super) struct MemberRun {
     pub(super) events: EventWriter,
     pub(super) metrics: MetricsWriter,
     pub(super) ckpt: CheckpointDir,
+    /// Its checkpoint of its best validation (`checkpoints/best/`), beside the newest ones.
+    pub(super) best_ckpt: CheckpointDir,
     pub(super) _lock: MemberLock,
     pub(super) step: u64,
     pub(super) epochs_done: u64,
@@ -88,6 +98,17 @@ pub(super) struct Due {
     pub(super) log: bool,
     pub(super) checkpoint: bool,
     pub(super) complete: bool,
+}
+
+impl MemberRun {
+    /// Ends the member: `status`, and why, where it did not simply complete.
+    pub(super) fn end(&mut self, status: Status, why: Option<String>) {
+        self.state = State::Done;
+        self.c.status = status;
+        if why.is_some() {
+            self.c.stopped = why;
+        }
+    }
 }
 
 impl Cohort {
@@ -119,6 +140,7 @@ impl Cohort {
         };
         let mut note = String::new();
         match m.state {
+            State::Queued => note.push_str("queued"),
             State::Paused => note.push_str("paused"),
             State::Done => note.push_str(m.c.stopped.as_deref().unwrap_or("done")),
             State::Running => {}
@@ -134,7 +156,11 @@ impl Cohort {
             step: m.step,
             total_steps: total.max(m.step),
             epoch: (
-                (m.epochs_done + 1).min(u64::from(m.cfg.epochs)),
+                if m.state == State::Done {
+                    m.epochs_done
+                } else {
+                    (m.epochs_done + 1).min(u64::from(m.cfg.epochs))
+                },
                 u64::from(m.cfg.epochs),
             ),
             loss: m.c.last_loss,
@@ -270,23 +296,82 @@ impl Cohort {
         (0..self.members.len()).map(MemberId)
     }
 
+    /// The metric a member's best checkpoint is kept by: the sweep's, else its early stop's.
+    pub(super) fn best_metric_of(&self, i: MemberId) -> Option<crate::config::Metric> {
+        let m = &self.members[i];
+        self.config
+            .search
+            .as_ref()
+            .map(|s| s.metric)
+            .or(m.cfg.early_stopping.map(|e| e.metric))
+    }
+
+    /// The sweep's best member by its best metric, among those that completed where any did (as Optuna and Ray
+    /// Tune pick theirs: a pruned trial's figure comes from a shorter training).
+    fn best_member(&self) -> Option<MemberId> {
+        let metric = self.config.search.as_ref()?.metric;
+        let any_completed = self.members.iter().any(|m| {
+            m.c.status == Status::Completed && m.c.best_metric.is_some()
+        });
+        self.member_ids()
+            .filter(|&i| !any_completed || self.members[i].c.status == Status::Completed)
+            .filter_map(|i| self.members[i].c.best_metric.map(|v| (i, v)))
+            .reduce(|a, b| {
+                if metric.mode.better(b.1, a.1, 0.0) {
+                    b
+                } else {
+                    a
+                }
+            })
+            .map(|(i, _)| i)
+    }
+
     pub(super) fn summary(&self) -> Summary {
+        let best = self.best_member();
+        let sweep = self.config.search.as_ref().map(|s| {
+            let count = |st: Status| self.members.iter().filter(|m| m.c.status == st).count();
+            SweepSummary {
+                metric: s.metric.name().to_string(),
+                mode: if s.metric.mode == crate::config::Mode::Max {
+                    "max"
+                } else {
+                    "min"
+                }
+                .to_string(),
+                scheduler: s.scheduler.name().to_string(),
+                dimensions: s.dimensions.clone(),
+                completed: count(Status::Completed),
+                pruned: count(Status::Pruned),
+                failed: count(Status::Failed),
+                best: best.map(|i| self.members[i].cfg.name.clone()),
+            }
+        });
+        let root = self.run.root();
         Summary {
+            sweep,
             run_dir: self.run.root().display().to_string(),
             device: self.device.to_string(),
             schedule: self.config.run.schedule.to_string(),
             wall_seconds: self.started.elapsed().as_secs_f64(),
             members: self
-                .members
-                .iter()
-                .map(|m| MemberSummary {
+                .member_ids()
+                .map(|i| (i, &self.members[i]))
+                .map(|(i, m)| MemberSummary {
                     name: m.cfg.name.clone(),
-                    status: crate::report::Status::default(),
-                    trial: None,
-                    hyperparameters: Default::default(),
-                    best_metric: None,
-                    best: false,
-                    best_checkpoint: None,
+                    status: m.c.status,
+                    trial: m.cfg.trial,
+                    hyperparameters: m.cfg.hyperparameters.clone(),
+                    best_metric: m.c.best_metric,
+                    best: best == Some(i),
+                    best_checkpoint: m
+                        .best_ckpt
+                        .steps()
+                        .ok()
+                        .and_then(|s| s.last().copied())
+                        .map(|s| {
+                            let p = m.best_ckpt.tensors_path(s);
+                            p.strip_prefix(root).unwrap_or(&p).display().to_string()
+                        }),
                     data: m.cfg.data.clone(),
                     steps: m.step,
                     epochs: m.epochs_done,
@@ -311,7 +396,6 @@ impl Cohort {
                 .collect(),
             process_memory: self.last_process.clone(),
             peak_process_bytes: (self.peak_process > 0).then_some(self.peak_process),
-            sweep: None,
         }
     }
 }

@@ -37,7 +37,7 @@ use crate::graph::Graphs;
 use crate::memory::Tenant;
 use crate::models::Models;
 use crate::progress::Progress;
-use crate::report::Summary;
+use crate::report::{Status, Summary};
 use crate::run_dir::RunDir;
 use member::{Counters, Due, MemberId, MemberRun, State};
 use schedule::{Seen, Steps, Turn};
@@ -49,6 +49,7 @@ mod oom;
 mod schedule;
 mod start;
 mod steer;
+mod trials;
 mod unit;
 
 /// A unit, unique for the run: the units a split or a move builds get new ids, so whatever holds an id never
@@ -162,6 +163,10 @@ pub struct Cohort {
     said_all_paused: bool,
     /// The GPU's choices made by timing, saved with the run ([`crate::tuning`]).
     tuning: crate::tuning::TuningFile,
+    /// A sweep's scheduler and its record (`[search]`).
+    sweep: Option<crate::sweep::Sweep>,
+    /// This round's validations, for the sweep to judge together at its end.
+    validated: Vec<trials::Validated>,
 }
 
 impl Cohort {
@@ -265,20 +270,26 @@ impl Cohort {
                 .config
                 .run
                 .eval_every
-                .is_some_and(|n| step_now % n == 0);
+                .is_some_and(|n| step_now % n == 0)
+            || members.iter().any(|&i| self.rung_due(i));
         let u = &self.units[ui];
         let scores = match &u.feed.data().val {
             Some(val) if eval_due => Some(Cohort::evaluate(u, val)?),
             _ => None,
         };
         let mut to_save = Vec::new();
+        let mut best = Vec::new();
         for (j, (&i, due)) in members.iter().zip(dues).enumerate() {
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
             let val = scores.as_ref().map(|s| s[j].clone());
-            if val.is_some() {
+            if let Some(v) = &val {
                 let m = &mut self.members[i];
-                m.c.val.clone_from(&val);
+                m.c.val = Some(v.clone());
                 m.c.val_step = Some(m.step);
+                // Its best checkpoint, its early stop, the sweep's verdict (a pruned member is finalized next).
+                if self.judge(i, v, epoch_ended)? {
+                    best.push(i);
+                }
             }
             // A member's last record is written when it is finalized, with its test scores.
             if (due.log || val.is_some()) && !due.complete {
@@ -292,6 +303,7 @@ impl Cohort {
             }
         }
         self.checkpoint(ui, &to_save)?;
+        self.checkpoint_best(ui, &best)?;
         for &i in &members {
             self.show(i);
         }
@@ -334,6 +346,7 @@ impl Cohort {
         };
         let members = u.members.clone();
         let lrs = u.opt.current_lrs();
+        let mut best = Vec::new();
         for (j, &i) in members.iter().enumerate() {
             if !done.contains(&i) {
                 continue;
@@ -344,7 +357,11 @@ impl Cohort {
             {
                 m.c.val = Some(v[j].clone());
                 m.c.val_step = Some(m.step);
+                if self.judge(i, &v[j], false)? {
+                    best.push(i);
+                }
             }
+            let m = &mut self.members[i];
             m.c.test = test.as_ref().map(|t| t[j].clone());
             let lr = lrs.get(j).or(lrs.first()).copied().unwrap_or(0.0);
             let (val, test) = (m.c.val.clone(), m.c.test.clone());
@@ -361,11 +378,12 @@ impl Cohort {
             })
             .collect();
         self.checkpoint(ui, &to_save)?;
+        self.checkpoint_best(ui, &best)?;
         for &i in &done {
             let m = &mut self.members[i];
             m.events.sync()?;
             m.metrics.sync()?;
-            m.finalized = true;
+            self.finalized(i)?;
             self.show(i);
         }
         if members
@@ -611,9 +629,7 @@ impl Cohort {
         let headline = cause.lines().next().unwrap_or("").to_string();
         for &i in &members {
             let m = &mut self.members[i];
-            m.state = State::Done;
-            m.finalized = true;
-            m.c.stopped = Some(format!("failed: {headline}"));
+            m.end(Status::Failed, Some(format!("failed: {headline}")));
             let text = format!(
                 "failed at step {}: {cause}; the other members go on",
                 m.step
@@ -621,6 +637,9 @@ impl Cohort {
             if self.event(i, text.clone()).is_err() {
                 let name = self.members[i].cfg.name.clone();
                 self.progress.message(&format!("{name}: {text}"));
+            }
+            if let Err(e) = self.finalized(i) {
+                self.progress.message(&format!("warning: {e}"));
             }
             self.show(i);
         }
@@ -656,6 +675,8 @@ impl Cohort {
                     ui += 1;
                 }
             }
+            // A sweep's waiting trials take the room that ended ones left.
+            self.admit()?;
             if self
                 .units
                 .iter()
@@ -698,6 +719,8 @@ impl Cohort {
                     }
                 }
             }
+            // Before anything else sees the round's end, an interrupt's checkpoints among them.
+            self.settle()?;
         }
         if self.halted {
             return Ok(RunOutcome {

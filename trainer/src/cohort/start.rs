@@ -60,6 +60,11 @@ impl Cohort {
         if resuming {
             check_member_set(&run, &config)?;
         }
+        let sweep = config
+            .search
+            .as_ref()
+            .map(|s| crate::sweep::Sweep::open(run.root(), s, resuming))
+            .transpose()?;
         // Lock every member directory first: two members (or runs) never share one.
         let mut members = Vec::new();
         let mut loaded: Vec<Option<Checkpoint>> = Vec::new();
@@ -69,6 +74,7 @@ impl Cohort {
             let dir = run.member_dir(&cfg.name);
             let lock = MemberLock::acquire(&dir)?;
             let ckpt = CheckpointDir::new(run.checkpoint_dir(&cfg.name), cfg.checkpoint.keep)?;
+            let best_ckpt = CheckpointDir::new(run.checkpoint_dir(&cfg.name).join("best"), 1)?;
             let latest = if resuming { ckpt.load_latest()? } else { None };
             let checkpoint = match latest {
                 Some(l) => {
@@ -110,7 +116,7 @@ impl Cohort {
                 None => None,
             };
             let d = &data[&cfg.data];
-            let (step, pos, batch, c, dev) = match &checkpoint {
+            let (step, pos, batch, mut c, dev) = match &checkpoint {
                 Some(ck) => {
                     let m = &ck.manifest;
                     let pos: Position = serde_json::from_value(m.data_position.clone())
@@ -133,21 +139,34 @@ impl Cohort {
                 ),
             };
             time_offset = time_offset.max(c.time);
+            if let Some((status, why)) = sweep.as_ref().and_then(|s| s.ended(&cfg.name)) {
+                c.status = *status;
+                c.stopped = why.clone().or_else(|| Some(status.to_string()));
+            }
             let metrics = MetricsWriter::open(&dir, resuming.then_some(step))?;
             let events = EventWriter::create(&dir, resuming.then_some(step))?;
             let epochs_done = d.epochs_done(&pos);
-            let done =
-                epochs_done >= u64::from(cfg.epochs) || cfg.max_steps.is_some_and(|s| step >= s);
+            // A member that ended early (pruned, stopped, failed) says so in its last checkpoint: it stays ended.
+            let done = epochs_done >= u64::from(cfg.epochs)
+                || cfg.max_steps.is_some_and(|s| step >= s)
+                || c.stopped.is_some();
+            // A sweep's trial that has not started waits for room (`admit`).
+            let state = match (done, &checkpoint) {
+                (true, _) => State::Done,
+                (false, None) if config.search.is_some() => State::Queued,
+                (false, _) => State::Running,
+            };
             members.push(MemberRun {
                 cfg: cfg.clone(),
                 events,
                 metrics,
                 ckpt,
+                best_ckpt,
                 _lock: lock,
                 step,
                 epochs_done,
                 batch,
-                state: if done { State::Done } else { State::Running },
+                state,
                 log_mark: (c.train_time, step),
                 c,
                 mem_now: 0,
@@ -182,6 +201,8 @@ impl Cohort {
             peak_process: 0,
             said_all_paused: false,
             tuning,
+            sweep,
+            validated: Vec::new(),
         };
         // Before the first product: a resumed run's products run on the algorithms the interrupted run chose.
         if resuming && let Some(m) = cohort.tuning.adopt() {
@@ -191,6 +212,7 @@ impl Cohort {
             cohort.progress.message(&m);
         }
         cohort.build_units(loaded)?;
+        cohort.admit()?;
         Ok(cohort)
     }
 }

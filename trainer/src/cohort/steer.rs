@@ -1,6 +1,7 @@
 //! The control file applied to a running cohort: pause, stop, batch, budgets and trim.
 
 use crate::error::Result;
+use crate::report::Status;
 
 use super::{Cohort, State};
 
@@ -42,13 +43,12 @@ impl Cohort {
                 ));
                 continue;
             };
-            if self.members[i].state == State::Done {
+            if matches!(self.members[i].state, State::Done | State::Queued) {
                 continue;
             }
             if c.stop {
                 self.isolate(i)?;
-                self.members[i].state = State::Done;
-                self.members[i].c.stopped = Some("stopped".into());
+                self.members[i].end(Status::Completed, Some("stopped".into()));
                 self.event(i, "stopped through the control file".into())?;
                 continue;
             }

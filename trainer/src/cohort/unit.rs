@@ -21,6 +21,7 @@ use crate::graph::{Graphs, StepGraph};
 use crate::memory::{Tenant, device_total_bytes};
 use crate::models::Models;
 use crate::objective::{Scores, Tally};
+use crate::report::Status;
 
 use super::{
     Cohort, LOSSES_IN_FLIGHT, MemberId, MemberState, State, StepOutcome, Unit, UnitId, oom_of,
@@ -183,7 +184,8 @@ impl Cohort {
         let mut groups: Vec<(String, Vec<MemberId>)> = Vec::new();
         for i in self.member_ids() {
             let m = &self.members[i];
-            if m.state == State::Done {
+            // Members that train and have no unit yet: all of them at the start, a sweep's admitted trials later.
+            if matches!(m.state, State::Done | State::Queued) || self.unit_of(i).is_some() {
                 continue;
             }
             // A checkpointed member fuses only with members at the same point (step, data position, batch, device).
@@ -242,15 +244,17 @@ impl Cohort {
                 Err(e) if oom_of(&e).is_some() => {
                     for &i in &g {
                         let m = &mut self.members[i];
-                        m.state = State::Done;
-                        m.finalized = true;
                         m.c.oom_events += 1;
-                        m.c.stopped = Some("out of memory".into());
+                        m.end(
+                            Status::Failed,
+                            Some("out of memory before its first step".into()),
+                        );
                         let msg = format!(
                             "error: member \"{}\" does not fit its memory budget even before its first step: {e}",
                             m.cfg.name
                         );
                         self.progress.message(&msg);
+                        self.finalized(i)?;
                     }
                 }
                 Err(e) => return Err(e),
@@ -666,9 +670,11 @@ impl Cohort {
                 // A loss that is NaN or infinite ends its member alone (the others of a fused group go on
                 // without it): it cannot recover, and its weights are not saved over the last good checkpoint.
                 if !loss.is_finite() && m.state == State::Running {
-                    m.state = State::Done;
                     m.diverged = true;
-                    m.c.stopped = Some(format!("loss became {loss} by step {}", m.step));
+                    m.end(
+                        Status::Failed,
+                        Some(format!("loss became {loss} by step {}", m.step)),
+                    );
                     diverged.push(i);
                 }
             }

@@ -1,9 +1,9 @@
-//! The TOML run configuration: `[run]`, `[memory]`, `[data.NAME]` and `[[member]]` tables.
+//! The TOML run configuration: `[run]`, `[memory]`, `[search]`, `[data.NAME]` and `[[member]]` tables.
 //!
 //! A config is parsed by hand from a [`toml::Table`] so that every error names the file, the table, the key and what
-//! is accepted. Lists of scalar values inside a `[[member]]` table are a hyper-parameter grid: the member expands
-//! into one member per combination, named by the values (`mlp` with `lr = [1e-3, 3e-3]` becomes `mlp-lr1e-3` and
-//! `mlp-lr3e-3`). See `examples/*.toml` for documented configs.
+//! is accepted. Lists of scalar values inside a `[[member]]` table are a hyper-parameter grid (`grid`); search
+//! spaces such as `{ loguniform = [1e-4, 1e-1] }` are sampled into trials (`search`). See `examples/*.toml` for
+//! documented configs.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,8 +17,12 @@ use serde::Serialize;
 use toml::{Table, Value};
 
 mod data;
+mod grid;
+mod search;
 
 pub use data::{DataConfig, DataSource, Files, NpyFiles, SyntheticData, TokenData};
+pub use grid::grid_value_name;
+pub use search::{EarlyStopping, Metric, Mode, Resource, SchedulerConfig, Score, SearchConfig};
 
 /// A config error: the file, where in it, and what is accepted.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,6 +235,12 @@ pub struct MemberConfig {
     pub table_index: usize,
     /// The grid values that distinguish it from its siblings: `(key, value)`.
     pub grid: Vec<(String, String)>,
+    /// Its index among the sweep's sampled trials.
+    pub trial: Option<usize>,
+    /// Its sampled and grid values by their short names, for reports.
+    pub hyperparameters: BTreeMap<String, serde_json::Value>,
+    /// When its validation metric stops improving, it stops.
+    pub early_stopping: Option<EarlyStopping>,
     /// Its model.
     pub model: MemberModel,
     /// Its optimizer.
@@ -337,9 +347,11 @@ pub struct Config {
     pub run: RunConfig,
     /// `[memory]`.
     pub memory: MemoryConfig,
+    /// `[search]`: the run is a sweep.
+    pub search: Option<SearchConfig>,
     /// `[data.NAME]` by name.
     pub data: BTreeMap<String, DataConfig>,
-    /// The members after grid expansion, in file order.
+    /// The members after sampling and grid expansion, in file order.
     pub members: Vec<MemberConfig>,
 }
 
@@ -391,6 +403,7 @@ impl Config {
         let run_t = top.table("run")?;
         let memory_t = top.table("memory")?;
         let data_t = top.table("data")?;
+        let search_t = top.table("search")?;
         let members_v = top.take("member");
         top.finish()?;
 
@@ -403,6 +416,9 @@ impl Config {
             false,
         ))?;
 
+        let mut search = search_t
+            .map(|t| search::parse_search(&Section::new(file, "[search]", t, false), run.seed))
+            .transpose()?;
         let mut data = BTreeMap::new();
         if let Some(dt) = data_t {
             for (name, v) in dt {
@@ -457,40 +473,77 @@ impl Config {
         }
 
         let mut members = Vec::new();
+        let mut next_trial = 0;
+        let most_trials = search
+            .as_ref()
+            .map_or(0, |s| s.trials * member_tables.len());
         for (i, t) in member_tables.iter().enumerate() {
             let section = format!("[[member]] {}", i + 1);
-            for (grid, expanded) in expand_grid(t) {
-                let s = Section::new(file, &section, &expanded, true);
-                let mut m = parse_member(&s, &run, i, grid)?;
-                if !data.contains_key(&m.data) {
-                    if data.is_empty() && m.data == "mnist" {
-                        data.insert("mnist".into(), data::default_mnist());
-                    } else {
-                        let known: Vec<String> = data.keys().map(|k| format!("\"{k}\"")).collect();
-                        return Err(err(
-                            &section,
-                            "data",
-                            format!(
-                                "no [data.{}] table; the data sets defined are {}",
-                                m.data,
-                                if known.is_empty() {
-                                    "none".to_string()
-                                } else {
-                                    known.join(", ")
-                                }
-                            ),
-                        ));
+            let trials = search::trials(file, &section, t, i, search.as_mut(), &mut next_trial)?;
+            for trial in trials {
+                for point in grid::expand_grid(&trial.table) {
+                    let mut hyperparameters: BTreeMap<String, serde_json::Value> = trial
+                        .values
+                        .iter()
+                        .map(|(k, v)| (k.clone(), search::json(v)))
+                        .collect();
+                    for (k, v) in &point.values {
+                        hyperparameters.insert(k.clone(), search::json(v));
+                        if let Some(s) = search.as_mut() {
+                            search::note_dimension(s, k, "grid");
+                        }
                     }
+                    let s = Section::new(file, &section, &point.table, true);
+                    let naming = Naming {
+                        grid: point.naming,
+                        trial: trial.index.map(|t| (t, most_trials)),
+                    };
+                    let mut m = parse_member(&s, &run, i, naming, hyperparameters)?;
+                    if !data.contains_key(&m.data) {
+                        if data.is_empty() && m.data == "mnist" {
+                            data.insert("mnist".into(), data::default_mnist());
+                        } else {
+                            let known: Vec<String> =
+                                data.keys().map(|k| format!("\"{k}\"")).collect();
+                            return Err(err(
+                                &section,
+                                "data",
+                                format!(
+                                    "no [data.{}] table; the data sets defined are {}",
+                                    m.data,
+                                    if known.is_empty() {
+                                        "none".to_string()
+                                    } else {
+                                        known.join(", ")
+                                    }
+                                ),
+                            ));
+                        }
+                    }
+                    m.table_index = i + 1;
+                    members.push(m);
                 }
-                m.table_index = i + 1;
-                members.push(m);
             }
+        }
+        if let Some(s) = &search
+            && next_trial == 0
+            && s.trials > 1
+        {
+            return Err(err(
+                "[search]",
+                "trials",
+                format!(
+                    "trials = {} but no [[member]] table has a search space to sample, such as lr = {{ loguniform                      = [1e-4, 1e-1] }}, {{ uniform = [a, b] }}, {{ int = [a, b] }} or {{ choice = [...] }}",
+                    s.trials
+                ),
+            ));
         }
         Ok(Config {
             file: file.to_string(),
             text: text.to_string(),
             run,
             memory,
+            search,
             data,
             members,
         })
@@ -756,27 +809,32 @@ fn check_name(n: &str) -> std::result::Result<(), String> {
     }
 }
 
+/// What a member's name is made of besides its table's: its trial (index, and the sweep's size) and grid values.
+struct Naming {
+    grid: Vec<(String, String)>,
+    trial: Option<(usize, usize)>,
+}
+
 fn parse_member(
     s: &Section<'_>,
     run: &RunConfig,
     index: usize,
-    grid: Vec<(String, String)>,
+    naming: Naming,
+    hyperparameters: BTreeMap<String, serde_json::Value>,
 ) -> CResult<MemberConfig> {
     let base = match s.str("name", "a member name")? {
         Some(n) => n.to_string(),
         None => format!("member{}", index + 1),
     };
-    let name = if grid.is_empty() {
-        base
-    } else {
-        let mut n = base;
-        for (k, v) in &grid {
-            n.push('-');
-            n.push_str(k);
-            n.push_str(v);
-        }
-        n
+    let mut name = match naming.trial {
+        Some((t, total)) => search::trial_name(&base, t, total),
+        None => base,
     };
+    for (k, v) in &naming.grid {
+        name.push('-');
+        name.push_str(k);
+        name.push_str(v);
+    }
     check_name(&name).map_err(|m| s.error("name", m))?;
 
     let model = s.table("model")?.ok_or_else(|| {
@@ -919,11 +977,15 @@ fn parse_member(
         .u64("seed", 0)?
         .unwrap_or(run.seed.wrapping_add(index as u64));
     let fuse = s.bool("fuse")?.unwrap_or(run.fuse);
+    let early_stopping = search::parse_early_stopping(s)?;
     s.finish()?;
     Ok(MemberConfig {
         name,
         table_index: index + 1,
-        grid,
+        grid: naming.grid,
+        trial: naming.trial.map(|(t, _)| t),
+        hyperparameters,
+        early_stopping,
         model,
         optimizer,
         lr_schedule,
@@ -954,140 +1016,6 @@ fn parse_every(v: &str) -> Option<CheckpointEvery> {
         "epoch" | "epochs" => Some(CheckpointEvery::Epochs(n as u32)),
         "step" | "steps" => Some(CheckpointEvery::Steps(n)),
         _ => None,
-    }
-}
-
-/// One grid axis: where the list is and its values.
-struct Axis {
-    path: Vec<PathSeg>,
-    values: Vec<Value>,
-}
-
-#[derive(Clone)]
-enum PathSeg {
-    Key(String),
-    Index(usize),
-}
-
-fn find_axes(t: &Table, path: &mut Vec<PathSeg>, out: &mut Vec<Axis>) {
-    for (k, v) in t {
-        path.push(PathSeg::Key(k.clone()));
-        match v {
-            Value::Table(sub) => find_axes(sub, path, out),
-            Value::Array(a)
-                if !a.is_empty()
-                    && a.iter()
-                        .all(|x| !matches!(x, Value::Table(_) | Value::Array(_))) =>
-            {
-                out.push(Axis {
-                    path: path.clone(),
-                    values: a.clone(),
-                });
-            }
-            Value::Array(a) => {
-                for (i, x) in a.iter().enumerate() {
-                    if let Value::Table(sub) = x {
-                        path.push(PathSeg::Index(i));
-                        find_axes(sub, path, out);
-                        path.pop();
-                    }
-                }
-            }
-            _ => {}
-        }
-        path.pop();
-    }
-}
-
-fn set_path(t: &mut Table, path: &[PathSeg], value: Value) {
-    let mut cur: &mut Value = match &path[0] {
-        PathSeg::Key(k) => t.get_mut(k).expect("path from find_axes"),
-        PathSeg::Index(_) => unreachable!("a path starts with a key"),
-    };
-    for seg in &path[1..] {
-        cur = match (seg, cur) {
-            (PathSeg::Key(k), Value::Table(t)) => t.get_mut(k).expect("path from find_axes"),
-            (PathSeg::Index(i), Value::Array(a)) => &mut a[*i],
-            _ => unreachable!("path from find_axes"),
-        };
-    }
-    *cur = value;
-}
-
-/// Formats a grid value for a member name: `1e-3`, `0.5`, `128`, `relu`.
-pub fn grid_value_name(v: &Value) -> String {
-    match v {
-        Value::Integer(i) => i.to_string(),
-        Value::Float(f) => {
-            if f.fract() == 0.0 && f.abs() < 1e6 {
-                format!("{}", *f as i64)
-            } else if f.abs() >= 0.01 && f.abs() < 1e6 {
-                format!("{f}")
-            } else {
-                format!("{f:e}")
-            }
-        }
-        Value::String(s) => format!("_{s}"),
-        Value::Boolean(b) => format!("_{b}"),
-        other => other.to_string(),
-    }
-}
-
-/// Expands a `[[member]]` table into one table per grid combination, with the `(key, value)` naming pairs.
-fn expand_grid(t: &Table) -> Vec<(Vec<(String, String)>, Table)> {
-    let mut axes = Vec::new();
-    find_axes(t, &mut Vec::new(), &mut axes);
-    if axes.is_empty() {
-        return vec![(Vec::new(), t.clone())];
-    }
-    let short = |p: &[PathSeg]| match p.last() {
-        Some(PathSeg::Key(k)) => k.clone(),
-        _ => String::new(),
-    };
-    let full = |p: &[PathSeg]| {
-        p.iter()
-            .filter_map(|s| match s {
-                PathSeg::Key(k) if k != "optimizer" && k != "model" => Some(k.clone()),
-                PathSeg::Index(i) => Some(i.to_string()),
-                PathSeg::Key(_) => None,
-            })
-            .collect::<Vec<_>>()
-            .join("")
-    };
-    let labels: Vec<String> = axes
-        .iter()
-        .map(|a| {
-            let s = short(&a.path);
-            if axes.iter().filter(|b| short(&b.path) == s).count() > 1 {
-                full(&a.path)
-            } else {
-                s
-            }
-        })
-        .collect();
-    let mut out = Vec::new();
-    let mut idx = vec![0usize; axes.len()];
-    loop {
-        let mut table = t.clone();
-        let mut grid = Vec::new();
-        for (a, (axis, &i)) in axes.iter().zip(&idx).enumerate() {
-            set_path(&mut table, &axis.path, axis.values[i].clone());
-            grid.push((labels[a].clone(), grid_value_name(&axis.values[i])));
-        }
-        out.push((grid, table));
-        // Odometer: the last axis varies fastest.
-        let mut d = axes.len();
-        loop {
-            if d == 0 {
-                return out;
-            }
-            d -= 1;
-            idx[d] += 1;
-            if idx[d] < axes[d].values.len() {
-                break;
-            }
-            idx[d] = 0;
-        }
     }
 }
 
@@ -1135,15 +1063,6 @@ mod tests {
             e.message.contains("\"process\"") && e.message.contains("\"card\""),
             "{e}"
         );
-    }
-
-    #[test]
-    fn grid_names() {
-        assert_eq!(grid_value_name(&Value::Float(1e-3)), "1e-3");
-        assert_eq!(grid_value_name(&Value::Float(3e-4)), "3e-4");
-        assert_eq!(grid_value_name(&Value::Float(0.5)), "0.5");
-        assert_eq!(grid_value_name(&Value::Float(2.0)), "2");
-        assert_eq!(grid_value_name(&Value::Integer(128)), "128");
     }
 
     #[test]
