@@ -43,6 +43,7 @@ pub mod error;
 pub mod feed;
 mod graph;
 mod kernel_cache;
+pub mod leaderboard;
 pub mod memory;
 pub mod memory_now;
 pub mod memory_timeline;

@@ -1,4 +1,5 @@
-//! The `cohort` binary: `cohort train [CONFIG.toml]`, `cohort resume RUN_DIR`, `cohort memory`, `cohort replay`.
+//! The `cohort` binary: `cohort train [CONFIG.toml]`, `cohort resume RUN_DIR`, `cohort report RUN_DIR`,
+//! `cohort memory`, `cohort replay`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -53,6 +54,17 @@ enum Command {
         /// No progress lines.
         #[arg(long, short)]
         quiet: bool,
+    },
+    /// A finished run's report, from its summary.json: for a sweep, its trials best first (hyper-parameters,
+    /// status, metric, epochs, the best checkpoint), the counts by how they ended, and report.png (the metric
+    /// against each hyper-parameter); for a plain run, its summary table.
+    Report {
+        /// The run directory (`runs/<run>`).
+        run_dir: PathBuf,
+        /// Print the members as JSON instead (name, status, hyper-parameters, metric, best; best first), and
+        /// write no plot.
+        #[arg(long)]
+        json: bool,
     },
     /// Given a run directory, each member's memory: while the run trains, what its process measured within the
     /// last second (live, reserved and peak bytes, limit, reserve, batch; on a GPU the pool, what lies outside it
@@ -155,6 +167,16 @@ fn resume_path(dir: &Path) -> PathBuf {
 }
 
 fn print_summary(summary: &Summary, wall: f64) {
+    if summary.sweep.is_some() {
+        // A sweep's end is its leaderboard, its best trial first, and the plot of its metric by each dimension.
+        println!("{}", cohort_trainer::leaderboard::leaderboard(summary));
+        let dir = &summary.run_dir;
+        println!(
+            "{dir}/  (report.png, summary.json, sweep.json, a folder per trial with its checkpoints and logs)  \
+             {wall:.1} s\ntensorboard --logdir {dir}  (the HPARAMS tab lists the trials)"
+        );
+        return;
+    }
     println!("{summary}");
     let mut data: Vec<&str> = summary.members.iter().map(|m| m.data.as_str()).collect();
     data.sort_unstable();
@@ -251,6 +273,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             Ok(conclude(cohort.run()?, t0))
         }
+        Command::Report { run_dir, json } => report(&run_dir, json).map(|()| ExitCode::SUCCESS),
         Command::Memory { run_dir, device } => match run_dir {
             Some(dir) => run_memory(&dir).map(|()| ExitCode::SUCCESS),
             None => memory(&device).map(|()| ExitCode::SUCCESS),
@@ -343,6 +366,62 @@ fn memory(device: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `cohort report RUN`: what a run's summary.json says. A run writes it at its end, so a run directory without one
+/// has not finished, which the error tells apart from a directory that is no run at all.
+fn report(dir: &Path, json: bool) -> anyhow::Result<()> {
+    use cohort_trainer::leaderboard::{entries, leaderboard};
+    use cohort_trainer::plot::sweep::{REPORT_PLOT_FILE, write_report_plot};
+    use cohort_trainer::run_dir::{MEMORY_PLOT_FILE, RunDir, SUMMARY_FILE};
+    let path = dir.join(SUMMARY_FILE);
+    if !path.is_file() {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "{}: no such directory (a run directory is runs/<run>)",
+                dir.display()
+            );
+        }
+        RunDir::open(dir)?;
+        anyhow::bail!(
+            "{d} has not finished: it has no {SUMMARY_FILE} yet (a run writes it at its end)\n  \
+             if it still trains, wait for its end (`cohort memory {d}` shows it); if it was interrupted, \
+             finish it with: cohort resume {d}",
+            d = dir.display()
+        );
+    }
+    let summary = Summary::read(&path)?;
+    if json {
+        return print_out(&serde_json::to_string_pretty(&entries(&summary))?);
+    }
+    print_out(&leaderboard(&summary))?;
+    let plots: Vec<PathBuf> = if summary.sweep.is_some() {
+        let png = dir.join(REPORT_PLOT_FILE);
+        write_report_plot(&png, &summary)?;
+        vec![png]
+    } else {
+        ["loss.png", MEMORY_PLOT_FILE]
+            .iter()
+            .map(|f| dir.join(f))
+            .filter(|p| p.is_file())
+            .collect()
+    };
+    if !plots.is_empty() {
+        let shown: Vec<String> = plots.iter().map(|p| p.display().to_string()).collect();
+        print_out(&format!("plots: {}", shown.join("  ")))?;
+    }
+    Ok(())
+}
+
+/// Prints `text` and a newline. A reader that went away (`cohort report RUN | head`) ends the printing, not the
+/// process with a panic, as `println!` would.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 /// Seconds as a person reads an age: `0.4 s`, `12 s`, `3:07`.

@@ -310,9 +310,10 @@ impl Cohort {
     /// Tune pick theirs: a pruned trial's figure comes from a shorter training).
     fn best_member(&self) -> Option<MemberId> {
         let metric = self.config.search.as_ref()?.metric;
-        let any_completed = self.members.iter().any(|m| {
-            m.c.status == Status::Completed && m.c.best_metric.is_some()
-        });
+        let any_completed = self
+            .members
+            .iter()
+            .any(|m| m.c.status == Status::Completed && m.c.best_metric.is_some());
         self.member_ids()
             .filter(|&i| !any_completed || self.members[i].c.status == Status::Completed)
             .filter_map(|i| self.members[i].c.best_metric.map(|v| (i, v)))

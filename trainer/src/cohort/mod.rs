@@ -207,9 +207,21 @@ impl Cohort {
             .values()
             .map(|d| format!("{} ({})", d.name, d.described))
             .collect();
+        let members = match &self.config.search {
+            None => format!("{} members", self.members.len()),
+            Some(s) => format!(
+                "a sweep of {} trials ({} on {}, {})",
+                self.members.len(),
+                s.scheduler.name(),
+                s.metric.name(),
+                s.max_concurrent
+                    .map_or("as many at once as memory admits".to_string(), |n| {
+                        format!("at most {n} at once")
+                    })
+            ),
+        };
         format!(
-            "{} members on {}, schedule: {}{}",
-            self.members.len(),
+            "{members} on {}, schedule: {}{}",
             sets.join(", "),
             self.config.run.schedule,
             if fused > 0 {
@@ -411,6 +423,17 @@ impl Cohort {
             self.handed_back(&done, device)?;
         }
         Ok(true)
+    }
+
+    /// [`Cohort::finalize_done`] for every unit.
+    fn finalize_all_done(&mut self) -> Result<()> {
+        let mut ui = 0;
+        while ui < self.units.len() {
+            if !self.finalize_done(ui)? {
+                ui += 1;
+            }
+        }
+        Ok(())
     }
 
     fn runnable(&self, ui: usize) -> bool {
@@ -669,12 +692,7 @@ impl Cohort {
             self.poll_control()?;
             self.memory_tick()?;
             // Members stopped through the control file get their final evaluation and checkpoint.
-            let mut ui = 0;
-            while ui < self.units.len() {
-                if !self.finalize_done(ui)? {
-                    ui += 1;
-                }
-            }
+            self.finalize_all_done()?;
             // A sweep's waiting trials take the room that ended ones left.
             self.admit()?;
             if self
@@ -730,6 +748,8 @@ impl Cohort {
             });
         }
         if let Some(signal) = self.interrupted() {
+            // Members that ended in the last round (pruned, stopped early) get their final record and checkpoint.
+            self.finalize_all_done()?;
             self.checkpoint_all(signal)?;
             self.write_run_files(false)?;
             self.progress.finish();
@@ -745,6 +765,10 @@ impl Cohort {
         let summary = self.summary();
         summary.write(&self.run.root().join(crate::run_dir::SUMMARY_FILE))?;
         self.write_run_files(true)?;
+        if summary.sweep.is_some() {
+            let plot = self.run.root().join(crate::plot::sweep::REPORT_PLOT_FILE);
+            crate::plot::sweep::write_report_plot(&plot, &summary)?;
+        }
         Ok(RunOutcome {
             run_dir: self.run.root().to_path_buf(),
             summary: Some(summary),

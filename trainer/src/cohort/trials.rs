@@ -181,6 +181,10 @@ impl Cohort {
             if let Verdict::Prune(why) = verdict
                 && self.members[i].state == State::Running
             {
+                // Recorded at once: a run killed before the trial's last checkpoint does not train it again.
+                if let Some(sweep) = &mut self.sweep {
+                    sweep.end(&self.members[i].cfg.name, Status::Pruned, Some(why.clone()))?;
+                }
                 self.members[i].end(Status::Pruned, Some(why.clone()));
                 self.event(i, why)?;
                 self.show(i);

@@ -12,6 +12,7 @@ use crate::metrics::MetricRecord;
 
 mod canvas;
 pub mod memory;
+pub mod sweep;
 
 use canvas::{BLACK, Canvas, H, PALETTE, W};
 pub use canvas::{Frame, PlotSpec};
