@@ -267,6 +267,32 @@ fn asha_prunes_trials_and_waiting_trials_take_their_place() {
         9,
         "every trial reached the first rung"
     );
+    // TensorBoard's HParams data: the experiment in the run's root, a session started and ended in every trial's
+    // event file (bench/tb_hparams_check.py reads them with TensorBoard's own code).
+    let holds = |dir: &Path, what: &str| {
+        std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents")
+                && std::fs::read(e.path())
+                    .unwrap()
+                    .windows(what.len())
+                    .any(|w| w == what.as_bytes())
+        })
+    };
+    assert!(holds(&run, "_hparams_/experiment"));
+    for m in &s.members {
+        assert!(
+            holds(&run.join(&m.name), "_hparams_/session_start_info"),
+            "{}",
+            m.name
+        );
+        assert!(
+            holds(&run.join(&m.name), "_hparams_/session_end_info"),
+            "{}",
+            m.name
+        );
+    }
 }
 
 #[test]
@@ -408,4 +434,55 @@ fn an_interrupted_sweep_resumes_to_the_same_result() {
         rec("cut")["rungs"],
         "the same promotions, in the same order"
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_a_budget_for_two_trials_trains_six_in_turn_and_none_runs_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64 MiB a trial of a 160 MiB pool: two at a time, each new trial on the pages the ended ones gave back.
+    let text = sweep(
+        dir.path(),
+        "cuda-budget",
+        "trials = 6",
+        "memory = { limit = \"64MiB\" }",
+    )
+    .replace("device = \"cpu\"", "device = \"cuda\"")
+    .replace(
+        "[data.mnist]",
+        "[memory]\nlimit = \"160MiB\"\n\n[data.mnist]",
+    );
+    let out = train(parse(&text), RunOptions::default()).unwrap();
+    let s = out.summary.unwrap();
+    assert_eq!(most_at_once(&out.run_dir, &s), 2);
+    let sw = s.sweep.as_ref().unwrap();
+    assert_eq!(
+        (sw.failed, sw.completed + sw.pruned),
+        (0, 6),
+        "{:?}",
+        s.failures()
+    );
+    for m in &s.members {
+        assert!(
+            m.device.starts_with("cuda"),
+            "{} trained on {}",
+            m.name,
+            m.device
+        );
+        assert!(
+            m.peak_memory_bytes > 0 && m.peak_memory_bytes <= 64 << 20,
+            "{}",
+            m.peak_memory_bytes
+        );
+    }
+    let pool = s
+        .process_memory
+        .as_ref()
+        .expect("a GPU run reports its pool");
+    assert!(
+        pool.pool_limit <= 160 << 20,
+        "the pool's limit {}",
+        pool.pool_limit
+    );
+    assert!(pool.pool_reserved <= pool.pool_limit);
 }

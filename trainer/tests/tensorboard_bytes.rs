@@ -108,5 +108,5 @@ fn a_resumed_writer_starts_a_session_at_its_step_so_tensorboard_purges_what_lies
         event,
         session_start_event(f64::from_le_bytes(event[1..9].try_into().unwrap()), 300)
     );
-    assert_eq!(&event[9..], &[0x10, 0xac, 0x02, 0x32, 2, 0x08, 1]);
+    assert_eq!(&event[9..], &[0x10, 0xac, 0x02, 0x3a, 2, 0x08, 1]); // 0x3a: field 7 (session_log), length-delimited
 }

@@ -759,6 +759,8 @@ impl Cohort {
                 interrupted: Some(signal),
             });
         }
+        // Members the last round ended (pruned at its end) get their final record and checkpoint too.
+        self.finalize_all_done()?;
         self.progress.finish();
         self.last_memory_tick = None;
         self.memory_tick()?;

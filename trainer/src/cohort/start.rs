@@ -211,6 +211,7 @@ impl Cohort {
         for m in messages {
             cohort.progress.message(&m);
         }
+        cohort.write_hparams()?;
         cohort.build_units(loaded)?;
         cohort.admit()?;
         Ok(cohort)

@@ -10,6 +10,7 @@ use crate::memory::device_total_bytes;
 use crate::objective::Scores;
 use crate::report::{Status, bytes};
 use crate::sweep::{Report, Verdict};
+use crate::tensorboard::{Domain, HParamInfo};
 
 /// A validation waiting for the sweep's verdict at the end of its round.
 #[derive(Debug)]
@@ -201,12 +202,68 @@ impl Cohort {
         })
     }
 
-    /// Member `i` has had its last record and checkpoint: a sweep notes how it ended.
+    /// Member `i` has had its last record and checkpoint: a sweep notes how it ended, and so do its HParams.
     pub(super) fn finalized(&mut self, i: MemberId) -> Result<()> {
         let m = &mut self.members[i];
         m.finalized = true;
+        if !m.cfg.hyperparameters.is_empty() {
+            m.events.hparams_session_end(m.c.status.into())?;
+        }
         if let Some(sweep) = &mut self.sweep {
             sweep.end(&m.cfg.name, m.c.status, m.c.stopped.clone())?;
+        }
+        Ok(())
+    }
+
+    /// TensorBoard's HParams data, where members have hyper-parameters (a sweep's trials, a grid's members): the
+    /// experiment in the run directory (each dimension's domain: the interval its numbers span, or its values) and
+    /// a session per member still to train, in its own event file.
+    pub(super) fn write_hparams(&mut self) -> Result<()> {
+        let mut values: std::collections::BTreeMap<&str, Vec<&serde_json::Value>> =
+            Default::default();
+        for m in &self.members {
+            for (k, v) in &m.cfg.hyperparameters {
+                values.entry(k.as_str()).or_default().push(v);
+            }
+        }
+        if values.is_empty() {
+            return Ok(());
+        }
+        let infos: Vec<HParamInfo> = values
+            .into_iter()
+            .map(|(name, vs)| {
+                let sampled = self.config.search.as_ref().is_some_and(|s| {
+                    s.dimensions.iter().any(|d| {
+                        d.name == name && d.kind.contains("uniform") && !d.kind.contains("int")
+                    })
+                });
+                let numbers: Vec<f64> = vs.iter().filter_map(|v| v.as_f64()).collect();
+                let domain = if sampled && numbers.len() == vs.len() {
+                    Domain::Interval {
+                        min: numbers.iter().copied().fold(f64::MAX, f64::min),
+                        max: numbers.iter().copied().fold(f64::MIN, f64::max),
+                    }
+                } else {
+                    let mut distinct: Vec<serde_json::Value> = Vec::new();
+                    for v in vs {
+                        if !distinct.contains(v) {
+                            distinct.push(v.clone());
+                        }
+                    }
+                    Domain::Discrete(distinct)
+                };
+                HParamInfo {
+                    name: name.to_string(),
+                    domain,
+                }
+            })
+            .collect();
+        let metrics = ["val/accuracy", "val/loss", "test/accuracy", "train/loss"];
+        crate::tensorboard::write_experiment(self.run.root(), &infos, &metrics)?;
+        for m in &mut self.members {
+            if !m.cfg.hyperparameters.is_empty() && !m.finalized {
+                m.events.hparams_session_start(&m.cfg.hyperparameters, "")?;
+            }
         }
         Ok(())
     }

@@ -10,12 +10,19 @@
 //! live run sees it at its next reload and a crash loses nothing written. A resumed run's new file begins with a
 //! `SessionLog { status: START }` at the resume step: TensorBoard then purges what the older files hold past that
 //! step (the interrupted run's records after its last checkpoint), as `tf.summary` writers do on restart.
+//!
+//! [`hparams`] adds what TensorBoard's HParams dashboard reads: the experiment in the run directory's own file and
+//! one session per member in the member's file.
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+
+pub mod hparams;
+
+pub use hparams::{Domain, HParamInfo, SessionStatus, write_experiment};
 
 /// The mask TFRecord applies to CRC32C values so that CRCs of data containing CRCs stay well distributed.
 pub fn masked_crc32c(bytes: &[u8]) -> u32 {
@@ -52,10 +59,14 @@ fn bytes_field(out: &mut Vec<u8>, field: u32, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+fn double_field(out: &mut Vec<u8>, field: u32, v: f64) {
+    key(out, field, 1);
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
 fn event_head(wall_time: f64, step: i64) -> Vec<u8> {
     let mut e = Vec::new();
-    key(&mut e, 1, 1); // wall_time: double
-    e.extend_from_slice(&wall_time.to_le_bytes());
+    double_field(&mut e, 1, wall_time); // Event.wall_time
     if step != 0 {
         key(&mut e, 2, 0); // step: int64
         varint(&mut e, step as u64);
@@ -92,7 +103,7 @@ pub fn session_start_event(wall_time: f64, step: i64) -> Vec<u8> {
     key(&mut log, 1, 0); // SessionLog.status
     varint(&mut log, 1); // START
     let mut e = event_head(wall_time, step);
-    bytes_field(&mut e, 6, &log); // Event.session_log
+    bytes_field(&mut e, 7, &log); // Event.session_log (field 6 is the deprecated log_message)
     e
 }
 
@@ -127,25 +138,30 @@ impl EventWriter {
     /// # Errors
     /// I/O errors naming the file.
     pub fn create(dir: &Path, resumed_at: Option<u64>) -> Result<EventWriter> {
+        let (mut w, t) = EventWriter::create_named(dir, "")?;
+        if let Some(step) = resumed_at {
+            w.write_event(&session_start_event(t, step as i64))?;
+        }
+        Ok(w)
+    }
+
+    /// A new `events.out.tfevents.<time>.<host>[.<n>]<suffix>` file in `dir` with its version record, and the
+    /// time it was stamped with. TensorBoard reads any file whose name holds `tfevents`, so a suffix may tell
+    /// files apart without hiding them.
+    fn create_named(dir: &Path, suffix: &str) -> Result<(EventWriter, f64)> {
         let t = now();
-        let mut path = dir.join(format!("events.out.tfevents.{}.{}", t as u64, hostname()));
+        let stem = format!("events.out.tfevents.{}.{}", t as u64, hostname());
+        let mut path = dir.join(format!("{stem}{suffix}"));
         // A resumed run may start within the same second: never append to another writer's file.
         let mut n = 1;
         while path.exists() {
-            path = dir.join(format!(
-                "events.out.tfevents.{}.{}.{n}",
-                t as u64,
-                hostname()
-            ));
+            path = dir.join(format!("{stem}.{n}{suffix}"));
             n += 1;
         }
         let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
         let mut w = EventWriter { path, out: f };
         w.write_event(&file_version_event(t))?;
-        if let Some(step) = resumed_at {
-            w.write_event(&session_start_event(t, step as i64))?;
-        }
-        Ok(w)
+        Ok((w, t))
     }
 
     /// The file's path.
