@@ -10,7 +10,7 @@
 # built binary. COHORT_DEVICE is left as it is. Extra arguments for the Optuna script: OPTUNA_ARGS (for example
 # "--sampler random"); time limits: COHORT_TIMEOUT (300 s), OPTUNA_TIMEOUT (240 s). Logs, cohort's summary, its
 # run directory without checkpoints (cohort-run.tgz), Optuna's JSON line and the table go to $OUT (or
-# /tmp/sweep-out).
+# /tmp/sweep-out). SWEEP_RUNS names the directory cohort's run goes under (default: a new temporary one).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-gpu-bundle/bin/cohort}
@@ -33,7 +33,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version 
 now() { date +%s.%N; }
 
 echo "== cohort: $BIN train bench/sweep-64.toml"
-RUNS=$(mktemp -d /tmp/sweep-runs.XXXXXX)
+RUNS=${SWEEP_RUNS:-$(mktemp -d /tmp/sweep-runs.XXXXXX)}
 t=$(now)
 timeout "${COHORT_TIMEOUT:-300}" "$BIN" train bench/sweep-64.toml --dir "$RUNS" --quiet > "$O/cohort.log" 2>&1
 rc=$?
