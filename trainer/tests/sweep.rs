@@ -486,3 +486,55 @@ fn on_cuda_a_budget_for_two_trials_trains_six_in_turn_and_none_runs_out_of_memor
     );
     assert!(pool.pool_reserved <= pool.pool_limit);
 }
+
+#[test]
+fn a_trial_that_runs_out_of_memory_fails_alone_and_the_sweep_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    // A 2 MiB budget per trial: a batch of 128 fits, one of 2,048 (6 MiB of pixels alone) does not, and with
+    // oom = "fail" such a trial fails instead of shrinking.
+    let text = sweep(
+        dir.path(),
+        "oom",
+        "trials = 8\nmax_concurrent = 4",
+        "memory = { limit = \"2MiB\" }\noom = \"fail\"",
+    )
+    .replace("{ choice = [128, 256] }", "{ choice = [128, 2048] }");
+    let out = train(parse(&text), RunOptions::default()).unwrap();
+    let s = out.summary.unwrap();
+    let big: Vec<_> = s
+        .members
+        .iter()
+        .filter(|m| m.hyperparameters["batch"] == 2048)
+        .collect();
+    let small: Vec<_> = s
+        .members
+        .iter()
+        .filter(|m| m.hyperparameters["batch"] == 128)
+        .collect();
+    assert!(
+        !big.is_empty() && !small.is_empty(),
+        "8 draws of two batches give both"
+    );
+    for m in &big {
+        assert_eq!(m.status, Status::Failed, "{}", m.name);
+        assert!(
+            m.stopped.as_deref().unwrap().contains("out of memory"),
+            "{:?}",
+            m.stopped
+        );
+        assert!(!m.best);
+    }
+    // The others trained through it: each reached the first rung or its end, none lost a step to it.
+    for m in &small {
+        assert_ne!(m.status, Status::Failed, "{}: {:?}", m.name, m.stopped);
+        assert!(m.epochs >= 1 && m.best_metric.is_some(), "{}", m.name);
+    }
+    let sw = s.sweep.as_ref().unwrap();
+    assert_eq!(sw.failed, big.len());
+    assert!(sw.best.is_some());
+    assert_eq!(
+        s.failures().len(),
+        big.len(),
+        "failed trials are the run's failures"
+    );
+}
