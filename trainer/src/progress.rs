@@ -1,6 +1,8 @@
 //! Progress display: in a terminal, one bar per member (indicatif: redrawn in place at the terminal's real width,
 //! with elapsed time and an ETA, in colour unless `NO_COLOR` is set); otherwise plain lines, one per member every
-//! few seconds, that a log file or CI keeps readable.
+//! few seconds, that a log file or CI keeps readable. For a sweep ([`Progress::only_active`]) only the trials that
+//! train have a line: a trial gets its bar when it starts, and when it ends the bar gives way to one printed line
+//! of how it ended, so that 64 trials fit a terminal.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -28,6 +30,8 @@ pub struct MemberStatus {
     pub scores: Option<String>,
     /// A note: paused, fused with …, moved to CPU, done.
     pub note: String,
+    /// It trains (or is paused) now: neither waiting to start nor ended.
+    pub active: bool,
 }
 
 impl MemberStatus {
@@ -93,6 +97,11 @@ pub struct Progress {
     lines: Vec<MemberStatus>,
     name_width: usize,
     started: Instant,
+    /// Lines only for active members ([`Progress::only_active`]).
+    only_active: bool,
+    /// Per member: its bar is on screen; its end was printed.
+    shown: Vec<bool>,
+    ended: Vec<bool>,
 }
 
 /// Seconds between one member's plain lines.
@@ -148,7 +157,17 @@ impl Progress {
                 .collect(),
             name_width,
             started: Instant::now(),
+            only_active: false,
+            shown: vec![false; names.len()],
+            ended: vec![false; names.len()],
         }
+    }
+
+    /// Shows only the members that train now (a sweep's trials): one line each while they do, and one printed line
+    /// when each ends.
+    pub fn only_active(mut self) -> Progress {
+        self.only_active = true;
+        self
     }
 
     /// One member's plain line: name, steps, the detail, elapsed time and ETA.
@@ -168,10 +187,34 @@ impl Progress {
     /// Updates member `i`'s line (a terminal redraws at most 10 times a second; a log gets a line every few
     /// seconds per member).
     pub fn update(&mut self, i: usize, status: MemberStatus) {
+        if self.only_active && !status.active {
+            // A trial that waits has no line; one that ended gets its last line printed once, its bar removed.
+            let ended = status.step > 0 || !status.note.starts_with("queued");
+            if ended && !self.ended[i] {
+                self.ended[i] = true;
+                if let Display::Bars { multi, bars, .. } = &self.display
+                    && self.shown[i]
+                {
+                    multi.remove(&bars[i]);
+                }
+                self.shown[i] = false;
+                let elapsed = self.started.elapsed().as_secs_f64();
+                let line = Self::line(&status, self.name_width, elapsed);
+                if !matches!(self.display, Display::Off) {
+                    self.message(&line);
+                }
+            }
+            self.lines[i] = status;
+            return;
+        }
         match &mut self.display {
             Display::Off => {}
-            Display::Bars { bars, .. } => {
+            Display::Bars { multi, bars, live } => {
                 let b = &bars[i];
+                if self.only_active && *live && !self.shown[i] {
+                    multi.add(b.clone());
+                    self.shown[i] = true;
+                }
                 b.set_length(status.total_steps);
                 b.set_position(status.step);
                 b.set_message(status.detail());
@@ -194,8 +237,11 @@ impl Progress {
             && !*live
         {
             *live = true;
-            for b in bars.iter() {
-                multi.add(b.clone());
+            for (i, b) in bars.iter().enumerate() {
+                if !self.only_active || self.lines[i].active {
+                    multi.add(b.clone());
+                    self.shown[i] = true;
+                }
             }
         }
     }
@@ -218,16 +264,20 @@ impl Progress {
         match &self.display {
             Display::Off => {}
             Display::Bars { bars, .. } => {
-                for (b, s) in bars.iter().zip(&self.lines) {
-                    b.set_position(s.step);
-                    b.set_message(s.detail());
-                    b.abandon();
+                for ((b, s), shown) in bars.iter().zip(&self.lines).zip(&self.shown) {
+                    if !self.only_active || *shown {
+                        b.set_position(s.step);
+                        b.set_message(s.detail());
+                        b.abandon();
+                    }
                 }
             }
             Display::Plain { .. } => {
                 let elapsed = self.started.elapsed().as_secs_f64();
-                for l in &self.lines {
-                    eprintln!("{}", Self::line(l, self.name_width, elapsed));
+                for (l, ended) in self.lines.iter().zip(&self.ended) {
+                    if !self.only_active || !ended {
+                        eprintln!("{}", Self::line(l, self.name_width, elapsed));
+                    }
                 }
             }
         }
@@ -250,6 +300,7 @@ mod tests {
             mem_bytes: 15 << 20,
             scores: Some("val acc 0.9712".into()),
             note: String::new(),
+            active: true,
         };
         let l = Progress::line(&s, 6, 125.0);
         assert_eq!(
@@ -260,5 +311,45 @@ mod tests {
         assert_eq!(clock(3723.0), "1:02:03");
         let done = MemberStatus { step: 904, ..s };
         assert!(!Progress::line(&done, 6, 130.0).contains("ETA"));
+    }
+
+    #[test]
+    fn a_sweep_shows_a_trial_while_it_trains_and_its_end_once() {
+        let names = ["t0".to_string(), "t1".to_string()];
+        let mut p = Progress::new(&names, true).only_active();
+        p.begin();
+        let queued = MemberStatus {
+            name: "t1".into(),
+            note: "queued".into(),
+            ..Default::default()
+        };
+        p.update(1, queued.clone());
+        assert!(
+            !p.shown[1] && !p.ended[1],
+            "a waiting trial has no line and has not ended"
+        );
+        let training = MemberStatus {
+            step: 10,
+            active: true,
+            ..queued.clone()
+        };
+        p.update(1, training.clone());
+        assert!(!p.ended[1]);
+        let pruned = MemberStatus {
+            active: false,
+            note: "pruned at rung 0".into(),
+            ..training
+        };
+        p.update(1, pruned);
+        assert!(p.ended[1] && !p.shown[1]);
+        // A trial that fails before its first step has ended too.
+        p.update(
+            0,
+            MemberStatus {
+                note: "out of memory before its first step".into(),
+                ..queued
+            },
+        );
+        assert!(p.ended[0]);
     }
 }

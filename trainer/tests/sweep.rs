@@ -538,3 +538,59 @@ fn a_trial_that_runs_out_of_memory_fails_alone_and_the_sweep_goes_on() {
         "failed trials are the run's failures"
     );
 }
+
+#[test]
+fn a_sweep_killed_without_warning_resumes_and_keeps_its_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = sweep(dir.path(), "crash", "trials = 6\nmax_concurrent = 4", "");
+    // Stopped as a crash would, in the second epoch of the fastest trials: after the first rung's decisions, with
+    // no final checkpoint and no summary.
+    let opts = RunOptions {
+        halt_after_steps: Some(40),
+        ..RunOptions::default()
+    };
+    let first = train(parse(&text), opts).unwrap();
+    assert!(first.summary.is_none());
+    let run = first.run_dir;
+    let read = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(run.join("sweep.json")).unwrap()).unwrap()
+    };
+    let before = read();
+    let pruned_before: Vec<String> = before["ended"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| v[0] == "pruned")
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(
+        !pruned_before.is_empty(),
+        "the first rung pruned trials before the crash"
+    );
+    let s = resume(&run, RunOptions::default())
+        .unwrap()
+        .summary
+        .unwrap();
+    for name in &pruned_before {
+        let m = s.members.iter().find(|m| &m.name == name).unwrap();
+        assert_eq!(
+            m.status,
+            Status::Pruned,
+            "{name} stays pruned, not trained again"
+        );
+        assert_eq!(m.epochs, 1, "{name}");
+    }
+    // The first rung's decisions stand: every trial that was judged there before the crash was judged the same.
+    let after = read();
+    for a in before["rungs"]["1"].as_array().unwrap() {
+        let same = after["rungs"]["1"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["trial"] == a["trial"])
+            .unwrap();
+        assert_eq!(a["promoted"], same["promoted"], "{}", a["trial"]);
+    }
+    let sw = s.sweep.unwrap();
+    assert_eq!((sw.completed + sw.pruned, sw.failed), (6, 0));
+}

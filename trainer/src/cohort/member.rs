@@ -168,10 +168,16 @@ impl Cohort {
             mem_bytes: m.mem_now,
             scores: m.c.val.as_ref().map(|v| format!("val {}", v.headline())),
             note,
+            active: matches!(m.state, State::Running | State::Paused),
         }
     }
 
     pub(super) fn event(&mut self, i: MemberId, text: String) -> Result<()> {
+        self.record_event(i, text, true)
+    }
+
+    /// Writes an event to member `i`'s records, and with `say` to the display too.
+    pub(super) fn record_event(&mut self, i: MemberId, text: String, say: bool) -> Result<()> {
         let m = &mut self.members[i];
         let r = MetricRecord {
             step: m.step,
@@ -192,7 +198,9 @@ impl Cohort {
         };
         m.metrics.write(&r)?;
         tracing::info!(member = %m.cfg.name, "{text}");
-        self.progress.message(&format!("{}: {text}", m.cfg.name));
+        if say {
+            self.progress.message(&format!("{}: {text}", m.cfg.name));
+        }
         Ok(())
     }
 

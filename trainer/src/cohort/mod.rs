@@ -209,16 +209,23 @@ impl Cohort {
             .collect();
         let members = match &self.config.search {
             None => format!("{} members", self.members.len()),
-            Some(s) => format!(
-                "a sweep of {} trials ({} on {}, {})",
-                self.members.len(),
-                s.scheduler.name(),
-                s.metric.name(),
-                s.max_concurrent
-                    .map_or("as many at once as memory admits".to_string(), |n| {
-                        format!("at most {n} at once")
-                    })
-            ),
+            Some(s) => {
+                let training = self
+                    .members
+                    .iter()
+                    .filter(|m| m.state == State::Running)
+                    .count();
+                format!(
+                    "a sweep of {} trials ({} on {}, {}: {training} start now)",
+                    self.members.len(),
+                    s.scheduler.name(),
+                    s.metric.name(),
+                    s.max_concurrent
+                        .map_or("as many at once as memory admits".to_string(), |n| {
+                            format!("at most {n} at once")
+                        })
+                )
+            }
         };
         format!(
             "{members} on {}, schedule: {}{}",

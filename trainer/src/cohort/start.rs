@@ -183,7 +183,10 @@ impl Cohort {
         let tuning = TuningFile::new(run.root(), device);
         let mut cohort = Cohort {
             control: ControlFile::new(run.control_path()),
-            progress: Progress::new(&names, opts.progress),
+            progress: match config.search {
+                Some(_) => Progress::new(&names, opts.progress).only_active(),
+                None => Progress::new(&names, opts.progress),
+            },
             config,
             run,
             device,

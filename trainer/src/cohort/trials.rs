@@ -82,6 +82,11 @@ impl Cohort {
         }
         self.build_units((0..self.members.len()).map(|_| None).collect())?;
         let running = training.len() + admitted.len();
+        // The first trials start with the run, whose description says how many; later ones each say so.
+        let first = self
+            .members
+            .iter()
+            .all(|m| m.step == 0 && m.state != State::Done);
         for &i in &admitted {
             let text = format!(
                 "started: {running} trial{} training, estimated {} of {}",
@@ -89,8 +94,10 @@ impl Cohort {
                 bytes(used),
                 bytes(budget)
             );
-            self.event(i, text)?;
-            self.show(i);
+            self.record_event(i, text, !first)?;
+            if !first {
+                self.show(i);
+            }
         }
         Ok(())
     }
@@ -187,7 +194,8 @@ impl Cohort {
                     sweep.end(&self.members[i].cfg.name, Status::Pruned, Some(why.clone()))?;
                 }
                 self.members[i].end(Status::Pruned, Some(why.clone()));
-                self.event(i, why)?;
+                // The display prints the trial's last line, which says why.
+                self.record_event(i, why, false)?;
                 self.show(i);
             }
         }
