@@ -6,7 +6,12 @@
 #
 #   bench/sweep.sh [COHORT_BINARY]        default gpu-bundle/bin/cohort (unpacked from gpu-bundle.tar.xz if absent)
 #
-# Carry `.whl` (optuna, alembic, sqlalchemy, colorlog, Mako wheels for Python 3.12) and gpu-bundle.tar.xz or the
+# Carry `.whl` (optuna 5.0.0, alembic 1.20.1, sqlalchemy 2.1.9, colorlog 6.12.0, Mako 1.4.3 wheels for Python 3.12,
+# 5.4 MiB; ignored by git through .git/info/exclude, fetched here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     optuna==5.0.0 alembic==1.20.1 sqlalchemy==2.1.9 colorlog==6.12.0 mako==1.4.3
+# ) and gpu-bundle.tar.xz or the
 # built binary. COHORT_DEVICE is left as it is. Extra arguments for the Optuna script: OPTUNA_ARGS (for example
 # "--sampler random"); time limits: COHORT_TIMEOUT (300 s), OPTUNA_TIMEOUT (240 s). Logs, cohort's summary, its
 # run directory without checkpoints (cohort-run.tgz), Optuna's JSON line and the table go to $OUT (or
