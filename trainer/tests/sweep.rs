@@ -594,3 +594,18 @@ fn a_sweep_killed_without_warning_resumes_and_keeps_its_decisions() {
     let sw = s.sweep.unwrap();
     assert_eq!((sw.completed + sw.pruned, sw.failed), (6, 0));
 }
+
+#[test]
+fn a_sweep_without_a_validation_split_is_refused_before_it_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = sweep(dir.path(), "noval", "trials = 2", "").replace("val = 0.1\n", "");
+    let e = train(parse(&text), RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("mlp-t000")
+            && e.contains("ranks trials by val_accuracy")
+            && e.contains("val = 0.1"),
+        "{e}"
+    );
+}

@@ -52,6 +52,26 @@ impl Cohort {
                 });
             }
         }
+        // A sweep ranks its trials, and an early stop watches a member, on validation: there must be one.
+        for cfg in &config.members {
+            let why = match (&config.search, cfg.early_stopping) {
+                (Some(s), _) => Some(format!("the sweep ranks trials by {}", s.metric.name())),
+                (None, Some(e)) => Some(format!("its early_stopping watches {}", e.metric.name())),
+                (None, None) => None,
+            };
+            if let Some(why) = why
+                && data[&cfg.data].val.is_none()
+            {
+                return Err(Error::Model {
+                    member: cfg.name.clone(),
+                    reason: format!(
+                        "{why}, but [data.{}] has no validation split: add val = 0.1 (a tenth of the training \
+                         examples held out) or validation files",
+                        cfg.data
+                    ),
+                });
+            }
+        }
         for d in data.values() {
             if let Some(words) = &d.vocabulary {
                 run.write_vocabulary(&d.name, words)?;
