@@ -130,6 +130,23 @@ fn trials_are_sampled_the_same_under_a_seed_and_named_by_index() {
             .collect::<Vec<_>>(),
         lrs
     );
+    // A table may sample its own number of trials; one without a search space may not ask for any.
+    let own = parse(&sweep(dir.path(), "own", "trials = 12", "trials = 3"));
+    assert_eq!(own.members.len(), 3);
+    assert_eq!(own.members[2].name, "mlp-t002");
+    let fixed = text
+        .replace("{ choice = [16, 32], name = \"width\" }", "16")
+        .replace("{ loguniform = [1e-4, 3e-2] }", "1e-3")
+        .replace("{ choice = [128, 256] }", "128");
+    let e = Config::parse(&format!("{fixed}trials = 2\n"), "sweep.toml").unwrap_err();
+    assert_eq!(e.key, "trials");
+    assert!(e.message.contains("no search space"), "{e}");
+    let e = Config::parse(
+        &sweep(dir.path(), "bad", "trials = 2", "trials = \"many\""),
+        "sweep.toml",
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "trials");
     // A grid list inside a sampled table expands within each trial.
     let grid = parse(&sweep(dir.path(), "g", "trials = 2", "seed = [1, 2]"));
     let names: Vec<&str> = grid.members.iter().map(|m| m.name.as_str()).collect();
@@ -608,4 +625,65 @@ fn a_sweep_without_a_validation_split_is_refused_before_it_trains() {
             && e.contains("val = 0.1"),
         "{e}"
     );
+}
+
+#[test]
+fn rungs_in_steps_validate_at_their_steps_and_the_median_rule_stops_trials() {
+    let dir = tempfile::tempdir().unwrap();
+    // ASHA on rungs of 20 and 60 steps (batches of 128: 57 steps an epoch): validations fall at the rungs.
+    let steps = sweep(dir.path(), "steps", "trials = 6", "")
+        .replace("rung = \"1 epoch\"", "rung = 20")
+        .replace("{ choice = [128, 256] }", "128");
+    let out = train(parse(&steps), RunOptions::default()).unwrap();
+    let s = out.summary.unwrap();
+    let sw = s.sweep.as_ref().unwrap();
+    assert!(sw.pruned >= 3, "{sw:?}");
+    for m in s.members.iter().filter(|m| m.status == Status::Pruned) {
+        let why = m.stopped.as_deref().unwrap();
+        assert!(
+            why.contains("(step 20)") || why.contains("(step 60)"),
+            "{why}"
+        );
+        assert!(
+            m.steps == 20 || m.steps == 60,
+            "{}: {} steps",
+            m.name,
+            m.steps
+        );
+        let validated: Vec<u64> = records(&out.run_dir, &m.name)
+            .into_iter()
+            .filter(|r| r.val.is_some())
+            .map(|r| r.step)
+            .collect();
+        assert!(
+            validated.contains(&20),
+            "{}: validated at {validated:?}",
+            m.name
+        );
+    }
+    // The median rule from the second epoch on, among at least two others.
+    let median = sweep(dir.path(), "median", "trials = 8", "")
+        .replace(
+            "{ asha = { rung = \"1 epoch\", reduction = 3 } }",
+            "{ median = { grace = \"2 epochs\", min_trials = 2 } }",
+        )
+        .replace("epochs = 3", "epochs = 4");
+    let s = train(parse(&median), RunOptions::default())
+        .unwrap()
+        .summary
+        .unwrap();
+    let sw = s.sweep.as_ref().unwrap();
+    assert_eq!(sw.scheduler, "median");
+    assert!(sw.pruned >= 1 && sw.completed >= 1, "{sw:?}");
+    for m in s.members.iter().filter(|m| m.status == Status::Pruned) {
+        assert!(m.epochs >= 2, "{}: stopped within the grace", m.name);
+        assert!(
+            m.stopped
+                .as_deref()
+                .unwrap()
+                .starts_with("stopped by the median rule"),
+            "{:?}",
+            m.stopped
+        );
+    }
 }

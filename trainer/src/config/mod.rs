@@ -474,9 +474,12 @@ impl Config {
 
         let mut members = Vec::new();
         let mut next_trial = 0;
-        let most_trials = search
-            .as_ref()
-            .map_or(0, |s| s.trials * member_tables.len());
+        let most_trials: usize = search.as_ref().map_or(0, |s| {
+            member_tables
+                .iter()
+                .map(|t| search::table_trials(t).unwrap_or(s.trials))
+                .sum()
+        });
         for (i, t) in member_tables.iter().enumerate() {
             let section = format!("[[member]] {}", i + 1);
             let trials = search::trials(file, &section, t, i, search.as_mut(), &mut next_trial)?;
@@ -978,6 +981,15 @@ fn parse_member(
         .unwrap_or(run.seed.wrapping_add(index as u64));
     let fuse = s.bool("fuse")?.unwrap_or(run.fuse);
     let early_stopping = search::parse_early_stopping(s)?;
+    // Read by the sampling already; here its form is checked, and that there is something to sample.
+    if s.u64("trials", 1)?.is_some() && naming.trial.is_none() {
+        return Err(s.error(
+            "trials",
+            "this table has no search space to sample trials from: write a value as { loguniform = [lo, hi] }, \
+             { choice = [...] }, ..., or remove trials"
+                .into(),
+        ));
+    }
     s.finish()?;
     Ok(MemberConfig {
         name,

@@ -211,7 +211,7 @@ impl SchedulerConfig {
 /// `[search]`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SearchConfig {
-    /// Trials sampled from each `[[member]]` table that has a search space.
+    /// Trials sampled from each `[[member]]` table that has a search space (unless it sets its own `trials`).
     pub trials: usize,
     /// The sampling seed.
     pub seed: u64,
@@ -476,7 +476,7 @@ pub(super) fn trials(
         note_dimension(search, &s.label, s.dist.kind());
     }
     let mut out = Vec::new();
-    for _ in 0..search.trials {
+    for _ in 0..table_trials(t).unwrap_or(search.trials) {
         let index = *next;
         *next += 1;
         // A stream per (table, trial): a trial's values do not depend on how many trials came before it.
@@ -495,6 +495,14 @@ pub(super) fn trials(
         });
     }
     Ok(out)
+}
+
+/// A table's own `trials = N`, where it sets one (a bad value is `parse_member`'s error to report).
+pub(super) fn table_trials(t: &Table) -> Option<usize> {
+    t.get("trials")
+        .and_then(Value::as_integer)
+        .filter(|&n| n > 0)
+        .map(|n| n as usize)
 }
 
 /// Records a dimension once, by label.
