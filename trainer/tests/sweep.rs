@@ -687,3 +687,61 @@ fn rungs_in_steps_validate_at_their_steps_and_the_median_rule_stops_trials() {
         );
     }
 }
+
+#[test]
+fn trials_that_differ_only_in_dropout_rates_train_fused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"[run]
+name = "dropout"
+dir = "{d}/runs"
+device = "cpu"
+warmup = false
+epochs = 1
+
+[data.mnist]
+source = {{ idx = "data/mnist" }}
+val = 0.1
+
+[[member]]
+name = "after"
+model = {{ layers = [{{ linear = 32, act = "relu" }}, {{ dropout = [0.0, 0.2, 0.5] }}, {{ linear = 10 }}] }}
+optimizer = {{ adam = {{ lr = 2e-3 }} }}
+batch = 128
+
+[[member]]
+name = "before"
+model = {{ layers = [{{ dropout = [0.0, 0.2] }}, {{ linear = 32, act = "relu" }}, {{ linear = 10 }}] }}
+optimizer = {{ adam = {{ lr = 2e-3 }} }}
+batch = 128
+"#,
+        d = dir.path().display()
+    );
+    let s = train(parse(&text), RunOptions::default())
+        .unwrap()
+        .summary
+        .unwrap();
+    let m = |name: &str| s.members.iter().find(|m| m.name == name).unwrap();
+    // After the first layer with parameters each member keeps its own rate in one fused model ...
+    assert_eq!(
+        m("after-dropout0").fused_with,
+        ["after-dropout0.2", "after-dropout0.5"]
+    );
+    // ... and trains at it: the higher the rate, the higher the training loss of one epoch.
+    let loss = |n: &str| m(n).final_loss;
+    assert!(
+        loss("after-dropout0") < loss("after-dropout0.5"),
+        "{} vs {}",
+        loss("after-dropout0"),
+        loss("after-dropout0.5")
+    );
+    for n in ["after-dropout0", "after-dropout0.2", "after-dropout0.5"] {
+        assert!(
+            m(n).val_accuracy.unwrap() > 0.85,
+            "{n}: {:?}",
+            m(n).val_accuracy
+        );
+    }
+    // Before it the input has no member dimension: members with other rates there train apart.
+    assert!(m("before-dropout0").fused_with.is_empty());
+}

@@ -186,6 +186,12 @@ pub trait Module: Debug + Send + Sync {
         let _ = n;
     }
 
+    /// Gives the model's top-level dropout layers, in order, a rate per member each (a fused group whose members
+    /// differ only in their dropout rates); layers that hold a sequence of others pass it on.
+    fn set_dropout_rates(&self, rates: &mut dyn Iterator<Item = Vec<f64>>) {
+        let _ = rates;
+    }
+
     /// The kind, as written in a model spec (`linear`, `conv`, ...).
     fn kind(&self) -> &'static str;
 }

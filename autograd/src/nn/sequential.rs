@@ -84,6 +84,10 @@ impl Module for Sequential {
         self.layers.iter().for_each(|l| l.set_masks_drawn(n));
     }
 
+    fn set_dropout_rates(&self, rates: &mut dyn Iterator<Item = Vec<f64>>) {
+        self.layers.iter().for_each(|l| l.set_dropout_rates(rates));
+    }
+
     fn kind(&self) -> &'static str {
         "sequential"
     }

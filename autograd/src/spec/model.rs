@@ -168,6 +168,12 @@ impl Model {
         self.net.set_masks_drawn(n);
     }
 
+    /// Gives the spec's top-level `{ dropout = P }` layers, in order, one rate per member each: the members of a
+    /// fused group may differ in them (see [`Module::set_dropout_rates`]).
+    pub fn set_dropout_rates(&self, rates: Vec<Vec<f64>>) {
+        self.net.set_dropout_rates(&mut rates.into_iter());
+    }
+
     /// Clears every parameter's accumulated gradient.
     pub fn zero_grad(&self) {
         self.params.iter().for_each(Param::zero_grad);

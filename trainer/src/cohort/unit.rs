@@ -6,7 +6,9 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use cohort_alloc::TenantLimits;
-use cohort_autograd::{BuildOptions, Model, Shape, Tape};
+use cohort_autograd::nn::DropoutSpec;
+use cohort_autograd::spec::LayerSpec;
+use cohort_autograd::{BuildOptions, Model, ModelSpec, Shape, Tape};
 use cohort_data::Position;
 use cohort_data::Task;
 use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
@@ -124,7 +126,45 @@ pub(super) fn planned_steps(cfg: &MemberConfig, data: &DataSet) -> u64 {
     cfg.max_steps.map_or(s, |m| m.min(s))
 }
 
-/// What members must share to be fused: everything but the learning rate and the seed.
+/// The top-level dropout layers of `spec` that fused members may differ in: those after its first layer with
+/// parameters (before it the value has no member dimension to hold a rate per member).
+fn member_dropouts(spec: &ModelSpec, data: &[usize]) -> Vec<usize> {
+    let input = spec.input_for(data);
+    let Ok(shapes) = spec.shapes(&input) else {
+        return Vec::new();
+    };
+    let Some(first) = spec
+        .layers
+        .iter()
+        .zip(&shapes)
+        .position(|(l, s)| l.param_count(s) > 0)
+    else {
+        return Vec::new();
+    };
+    (first + 1..spec.layers.len())
+        .filter(|&k| matches!(spec.layers[k], LayerSpec::Dropout(_)))
+        .collect()
+}
+
+/// Each top-level dropout layer's rate for each of `specs` (the members of a unit), in layer order.
+fn dropout_rates(specs: &[&ModelSpec]) -> Vec<Vec<f64>> {
+    let layers = &specs[0].layers;
+    (0..layers.len())
+        .filter(|&k| matches!(layers[k], LayerSpec::Dropout(_)))
+        .map(|k| {
+            specs
+                .iter()
+                .map(|s| match &s.layers[k] {
+                    LayerSpec::Dropout(d) => d.p,
+                    _ => 0.0,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// What members must share to be fused: everything but the learning rate, the seed and the rates of dropout
+/// layers that hold a member dimension.
 pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet, graphs: bool) -> String {
     let mut opt = cfg.optimizer.clone();
     match &mut opt {
@@ -149,8 +189,14 @@ pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet, graphs: bool) -> St
         }
         ref other => other.clone(),
     };
+    let mut model = cfg.model.clone();
+    if let MemberModel::Spec(spec) = &mut model {
+        for k in member_dropouts(spec, &data.shape) {
+            spec.layers[k] = LayerSpec::Dropout(DropoutSpec { p: 0.0 });
+        }
+    }
     serde_json::json!({
-        "model": cfg.model,
+        "model": model,
         "optimizer": opt,
         "schedule": shape,
         "planned_steps": planned_steps(cfg, data),
@@ -315,6 +361,11 @@ impl Cohort {
         let first = &self.members[members[0]].cfg;
         let data = self.data[&first.data].clone();
         let spec = first.model.spec();
+        // Every member's own spec: they may differ in dropout rates ([`fusion_key`]).
+        let member_specs: Vec<&ModelSpec> = members
+            .iter()
+            .filter_map(|&i| self.members[i].cfg.model.spec())
+            .collect();
         let seeds: Vec<u64> = members.iter().map(|&i| self.members[i].cfg.seed).collect();
         let m = members.len();
         let total = device_total_bytes(&device)?;
@@ -395,6 +446,10 @@ impl Cohort {
             }
             // Dropout layers draw their n-th mask from (seed, n): continue where the saved (or split) unit left.
             model.set_masks_drawn(forwards);
+            // Fused members may differ in the rates of dropout layers that hold the member dimension.
+            if m > 1 && !member_specs.is_empty() {
+                model.set_dropout_rates(dropout_rates(&member_specs));
+            }
             Ok((model, opt))
         })?;
         let per_member =
@@ -408,7 +463,8 @@ impl Cohort {
         let graphs = Graphs::new(
             device.is_cuda()
                 && self.config.run.replays_graphs()
-                && spec.is_some_and(|s| !s.draws_masks() && s.vocab().is_none()),
+                && spec.is_some_and(|s| s.vocab().is_none())
+                && member_specs.iter().all(|s| !s.draws_masks()),
         );
         let id = UnitId(self.next_unit.get());
         self.next_unit.set(id.0 + 1);
