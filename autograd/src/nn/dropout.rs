@@ -1,5 +1,5 @@
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use cohort_tensor::Tensor;
 use serde::Serialize;
@@ -16,6 +16,8 @@ pub struct Dropout {
     p: f64,
     /// A rate per member, where the members' rates differ.
     member_p: OnceLock<Vec<f64>>,
+    /// Their thresholds and scales as tensors (see [`Dropout::member_tensors`]).
+    member_cache: Mutex<Option<(Tensor, Tensor)>>,
     seed: u64,
     calls: AtomicU64,
 }
@@ -35,6 +37,7 @@ impl Dropout {
         Ok(Dropout {
             p,
             member_p: OnceLock::new(),
+            member_cache: Mutex::new(None),
             seed,
             calls: AtomicU64::new(0),
         })
@@ -48,6 +51,49 @@ impl Dropout {
     /// Continues the mask sequence from `calls` (when resuming).
     pub fn set_calls(&self, calls: u64) {
         self.calls.store(calls, Ordering::Relaxed);
+    }
+}
+
+impl Dropout {
+    /// Each member's threshold and scale, shaped to broadcast along its place in `v`: made once, then taken from
+    /// the cache while the value's shape, dtype and device stay (every training step of a model).
+    fn member_tensors(&self, r: &[f64], v: &Tensor, layout: Layout) -> Result<(Tensor, Tensor)> {
+        let m = r.len();
+        let (shape, per): (Vec<usize>, usize) = match layout {
+            Layout::Members => {
+                let mut s = vec![1; v.shape().len()];
+                s[0] = m;
+                (s, 1)
+            }
+            Layout::Packed => (vec![1, v.shape()[1], 1, 1], v.shape()[1] / m),
+            Layout::Shared => {
+                return Err(Error::Shape {
+                    op: "dropout",
+                    reason: "rates per member need the member dimension: the layer comes before the first layer \
+                             with parameters"
+                        .into(),
+                });
+            }
+        };
+        let mut cache = self.member_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((t, s)) = cache.as_ref()
+            && t.shape() == shape.as_slice()
+            && t.dtype() == v.dtype()
+            && t.device() == v.device()
+        {
+            return Ok((t.clone(), s.clone()));
+        }
+        let each = |f: &dyn Fn(f64) -> f64| -> Vec<f32> {
+            r.iter()
+                .flat_map(|&p| std::iter::repeat_n(f(p) as f32, per))
+                .collect()
+        };
+        let dev = v.device();
+        let threshold = Tensor::from_vec(each(&|p| p), &shape, &dev)?.to_dtype(v.dtype())?;
+        let scale =
+            Tensor::from_vec(each(&|p| 1.0 / (1.0 - p)), &shape, &dev)?.to_dtype(v.dtype())?;
+        *cache = Some((threshold.clone(), scale.clone()));
+        Ok((threshold, scale))
     }
 }
 
@@ -70,34 +116,7 @@ impl Module for Dropout {
         )?;
         let keep = match rates {
             Some(r) => {
-                // Each member's threshold and scale, shaped to broadcast along its place in the value.
-                let m = r.len();
-                let (shape, per): (Vec<usize>, usize) = match x.layout {
-                    Layout::Members => {
-                        let mut s = vec![1; v.shape().len()];
-                        s[0] = m;
-                        (s, 1)
-                    }
-                    Layout::Packed => (vec![1, v.shape()[1], 1, 1], v.shape()[1] / m),
-                    Layout::Shared => {
-                        return Err(Error::Shape {
-                            op: "dropout",
-                            reason: "rates per member need the member dimension: the layer comes before the first \
-                                     layer with parameters"
-                                .into(),
-                        });
-                    }
-                };
-                let each = |f: &dyn Fn(f64) -> f64| -> Vec<f32> {
-                    r.iter()
-                        .flat_map(|&p| std::iter::repeat_n(f(p) as f32, per))
-                        .collect()
-                };
-                let dev = v.device();
-                let threshold =
-                    Tensor::from_vec(each(&|p| p), &shape, &dev)?.to_dtype(v.dtype())?;
-                let scale = Tensor::from_vec(each(&|p| 1.0 / (1.0 - p)), &shape, &dev)?
-                    .to_dtype(v.dtype())?;
+                let (threshold, scale) = self.member_tensors(r, v, x.layout)?;
                 u.gt(&threshold)?.mul(&scale)?
             }
             None => u.gt_scalar(self.p)?.mul_scalar(1.0 / (1.0 - self.p))?,

@@ -2,7 +2,7 @@
 //! admits by their estimated footprint), judged at every validation (their best checkpoint, their early stop, the
 //! sweep's scheduler), and recorded as they end so that a resumed sweep does not train them again.
 
-use super::unit::{activation_bytes, planned_steps};
+use super::unit::{activation_bytes, persistent_bytes, planned_steps};
 use super::{Cohort, MemberId, State};
 use crate::config::{Resource, SchedulerConfig};
 use crate::error::Result;
@@ -34,11 +34,11 @@ impl Cohort {
         let params = cfg.model.spec().map_or(0, |s| {
             s.param_count(&s.input_for(&d.shape)).unwrap_or(0) as u64
         });
-        let slots = cfg.optimizer.state_slots() as u64;
         let example = d.shape.iter().product::<usize>() as u64 * 4;
         let prefetch = self.config.data[&cfg.data].prefetch as u64;
         let batch = self.members[i].batch as u64;
-        params * 4 * (2 + slots) + batch * (activation_bytes(cfg, &d.shape) + example * prefetch)
+        persistent_bytes(cfg, params)
+            + batch * (activation_bytes(cfg, &d.shape) + example * prefetch)
     }
 
     /// Starts queued trials, in order, while there is room: fewer than `max_concurrent` train, and their estimated

@@ -98,6 +98,12 @@ pub(super) fn activation_bytes(cfg: &MemberConfig, data: &[usize]) -> u64 {
     })
 }
 
+/// Bytes one member holds between steps for `params` parameters: the parameters, their gradients and the
+/// optimizer's state slots, in f32.
+pub(super) fn persistent_bytes(cfg: &MemberConfig, params: u64) -> u64 {
+    params * 4 * (2 + cfg.optimizer.state_slots() as u64)
+}
+
 /// The learning-rate schedule of a member that trains `total` steps.
 pub(super) fn lr_schedule(cfg: &MemberConfig, total: u64) -> Schedule {
     match cfg.lr_schedule {
@@ -452,8 +458,7 @@ impl Cohort {
             }
             Ok((model, opt))
         })?;
-        let per_member =
-            model.member_param_count() as u64 * 4 * (2 + first.optimizer.state_slots() as u64);
+        let per_member = persistent_bytes(first, model.member_param_count() as u64);
         tenant.charge_persistent(per_member * m as u64)?;
         let act_bytes_per_example = activation_bytes(first, &data.shape) * m as u64;
         let prefetch = self.config.data[&first.data].prefetch * batch;
