@@ -25,7 +25,6 @@ mod saved;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_void};
 use std::mem::{align_of, size_of};
 use std::path::{Path, PathBuf};
@@ -34,6 +33,7 @@ use cudarc::cudnn::{result as dnn, sys};
 
 use super::cuda::{Operands, Workspace, cudnn_mode};
 use super::{ConvParams, ConvPass, CudnnMode};
+use crate::cuda::decisions::Decisions;
 use crate::cuda::{GemmTuning, Gpu, cuda_err};
 use crate::matmul::lt::time_runs;
 use crate::{Error, Result};
@@ -475,10 +475,8 @@ enum Entry {
 pub(crate) struct Dnn {
     handle: sys::cudnnHandle_t,
     version: usize,
-    entries: HashMap<Key, Entry>,
-    /// Entries made, changed or adopted so far: what changes whenever the saved choices would.
-    decisions: u64,
-    report: Vec<GemmTuning>,
+    /// How each geometry runs, the decisions made and the timings to report.
+    table: Decisions<Key, Entry>,
 }
 
 // SAFETY: the handle and the descriptors are used by one thread at a time, under the Gpu's mutex (cuDNN allows a
@@ -487,7 +485,7 @@ unsafe impl Send for Dnn {}
 
 impl Drop for Dnn {
     fn drop(&mut self) {
-        self.entries.clear();
+        self.table.clear();
         // SAFETY: created by cudnnCreate, destroyed once, after every descriptor.
         let _ = unsafe { dnn::destroy_handle(self.handle) };
     }
@@ -526,9 +524,7 @@ impl Dnn {
         Ok(Dnn {
             handle,
             version,
-            entries: HashMap::new(),
-            decisions: 0,
-            report: Vec::new(),
+            table: Decisions::new(),
         })
     }
 
@@ -539,13 +535,7 @@ impl Dnn {
 
     /// The tunings made since the last call.
     pub(crate) fn take_report(&mut self) -> Vec<GemmTuning> {
-        std::mem::take(&mut self.report)
-    }
-
-    /// Makes `entry` the way `key` runs.
-    fn decide(&mut self, key: Key, entry: Entry) {
-        self.entries.insert(key, entry);
-        self.decisions += 1;
+        self.table.take_report()
     }
 
     /// Queues `pass` of `p` on the operands `x`, choosing its algorithm first if the geometry is new. Returns
@@ -566,7 +556,7 @@ impl Dnn {
         // Timing waits for the device, which a capture cannot, and its pick depends on the moment, which
         // deterministic mode forbids.
         let timing = cudnn_mode() == CudnnMode::Timed && !gpu.is_capturing() && !det;
-        let fresh = match self.entries.get(&key) {
+        let fresh = match self.table.get(&key) {
             None => true,
             Some(Entry::Own) => return Ok(false),
             Some(Entry::Run(c)) => {
@@ -574,7 +564,7 @@ impl Dnn {
             }
         };
         if fresh {
-            let desc = match self.entries.remove(&key) {
+            let desc = match self.table.remove(&key) {
                 Some(Entry::Run(c)) => Some(c.desc),
                 _ => Desc::new(&key),
             };
@@ -583,9 +573,9 @@ impl Dnn {
                 Some(desc) => unsafe { self.choose(gpu, &key, desc, x, workspace, timing) }?,
                 None => Entry::Own,
             };
-            self.decide(key, entry);
+            self.table.decide(key, entry);
         }
-        let Some(Entry::Run(c)) = self.entries.get(&key) else {
+        let Some(Entry::Run(c)) = self.table.get(&key) else {
             return Ok(false);
         };
         let (v, ran) = (c.run, c.ran);
@@ -602,7 +592,7 @@ impl Dnn {
         match launched {
             Ok(()) => {
                 // Once: from then on a failure is the device's, not the algorithm's.
-                if !ran && let Some(Entry::Run(c)) = self.entries.get_mut(&key) {
+                if !ran && let Some(Entry::Run(c)) = self.table.get_mut(&key) {
                     c.ran = true;
                 }
                 Ok(true)
@@ -616,7 +606,7 @@ impl Dnn {
                     label(&key),
                     v.algo
                 );
-                self.decide(key, Entry::Own);
+                self.table.decide(key, Entry::Own);
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -696,7 +686,7 @@ impl Dnn {
             },
             variants.len()
         );
-        self.report.push(GemmTuning {
+        self.table.note(GemmTuning {
             label: label(key),
             candidates: variants.len(),
             heuristic_us: times[0],

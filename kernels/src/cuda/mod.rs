@@ -14,6 +14,8 @@
 #[cfg(not(feature = "cuda"))]
 mod absent;
 #[cfg(feature = "cuda")]
+pub(crate) mod decisions;
+#[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
 mod modules;

@@ -19,13 +19,13 @@ mod tests;
 
 pub(crate) use saved::device;
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::{MaybeUninit, size_of_val};
 
 use cudarc::cublaslt::{result as lt, sys};
 
 use super::{Epilogue, Geometry, thin};
+use crate::cuda::decisions::Decisions;
 use crate::cuda::{GemmTuning, Gpu, cuda_err};
 use crate::{Error, Result};
 
@@ -100,10 +100,8 @@ fn halves(g: &Geometry, x: Operands, n0: i32) -> (Geometry, Geometry, Operands) 
 /// The cuBLASLt handle of a device and the algorithm chosen per geometry.
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
-    entries: HashMap<Key, Entry>,
-    /// Entries made, changed or adopted so far: what changes whenever the saved choices would.
-    decisions: u64,
-    report: Vec<GemmTuning>,
+    /// How each geometry runs, the decisions made and the timings to report.
+    table: Decisions<Key, Entry>,
     tune: bool,
 }
 
@@ -112,7 +110,7 @@ unsafe impl Send for Lt {}
 
 impl Drop for Lt {
     fn drop(&mut self) {
-        self.entries.clear();
+        self.table.clear();
         // SAFETY: created by cublasLtCreate, destroyed once, after every descriptor made with it.
         let _ = unsafe { lt::destroy_handle(self.handle) };
     }
@@ -447,22 +445,14 @@ impl Lt {
         let tune = std::env::var("COHORT_GEMM_TUNING").map_or(true, |v| v != "0");
         Ok(Lt {
             handle,
-            entries: HashMap::new(),
-            decisions: 0,
-            report: Vec::new(),
+            table: Decisions::new(),
             tune,
         })
     }
 
     /// The tunings made since the last call.
     pub(crate) fn take_report(&mut self) -> Vec<GemmTuning> {
-        std::mem::take(&mut self.report)
-    }
-
-    /// Makes `entry` the way `key` runs.
-    fn decide(&mut self, key: Key, entry: Entry) {
-        self.entries.insert(key, entry);
-        self.decisions += 1;
+        self.table.take_report()
     }
 
     /// Queues `D = epilogue(op(A)·op(B))` on the compute stream, tuning the geometry first if it
@@ -483,7 +473,7 @@ impl Lt {
         // Timing waits for the device, which a capture cannot, and its pick depends on the moment,
         // which deterministic mode forbids.
         let timing = self.tune && !gpu.is_capturing() && !crate::deterministic();
-        match self.entries.get(&key) {
+        match self.table.get(&key) {
             Some(Entry::Refused) => return Ok(false),
             Some(&Entry::Split(n0)) => {
                 // SAFETY: forwarded to the caller; the two halves cover D's columns.
@@ -493,19 +483,19 @@ impl Lt {
             Some(Entry::Run(c)) if !timing || !matches!(c.picked, Picked::Heuristic) => {}
             _ => match self.choose(gpu, &key, x, timing, label)? {
                 None => {
-                    self.decide(key, Entry::Refused);
+                    self.table.decide(key, Entry::Refused);
                     return Ok(false);
                 }
                 Some(c) => {
                     let tuned = c.picked.us();
-                    self.decide(key, Entry::Run(c));
+                    self.table.decide(key, Entry::Run(c));
                     let thin = match tuned {
                         // SAFETY: forwarded to the caller.
                         Some(best) => unsafe { self.thin_pays(gpu, &key, x, best) }?,
                         None => false,
                     };
                     if thin {
-                        self.decide(key, Entry::Thin);
+                        self.table.decide(key, Entry::Thin);
                     } else {
                         // SAFETY: forwarded to the caller.
                         let split = unsafe { self.split_pays(gpu, &key, x, label) }?;
@@ -517,7 +507,7 @@ impl Lt {
                 }
             },
         }
-        match self.entries.get(&key) {
+        match self.table.get(&key) {
             Some(Entry::Run(c)) => {
                 // SAFETY: forwarded to the caller.
                 gpu.timed(label, || unsafe {
@@ -572,7 +562,7 @@ impl Lt {
     ) -> Result<Option<i32>> {
         let g = key.g;
         let rest = g.n % 128;
-        let whole = match self.entries.get(key) {
+        let whole = match self.table.get(key) {
             Some(Entry::Run(c)) if key.epilogue == Epilogue::None => c.picked.us(),
             _ => None,
         };
@@ -595,12 +585,12 @@ impl Lt {
                 return Ok(None);
             };
             us += c.picked.us().unwrap_or(f64::INFINITY);
-            self.decide(k, Entry::Run(c));
+            self.table.decide(k, Entry::Run(c));
         }
         if us >= 0.97 * whole {
             return Ok(None);
         }
-        self.decide(*key, Entry::Split(n0));
+        self.table.decide(*key, Entry::Split(n0));
         Ok(Some(n0))
     }
 
@@ -644,7 +634,7 @@ impl Lt {
         let Some((best, best_us)) = best else {
             return Ok(None);
         };
-        self.report.push(GemmTuning {
+        self.table.note(GemmTuning {
             label: label(),
             candidates: cands.len(),
             heuristic_us: times[0],
@@ -673,7 +663,7 @@ impl Lt {
         if us >= 0.97 * best {
             return Ok(false);
         }
-        if let Some(r) = self.report.last_mut() {
+        if let Some(r) = self.table.last_noted() {
             r.best_index = r.candidates;
             r.candidates += 1;
             r.best_us = us;

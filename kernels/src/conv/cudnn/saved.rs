@@ -7,13 +7,13 @@ use crate::conv::{ConvChoice, ConvChoices, ConvDecision, ConvPass};
 impl Dnn {
     /// Entries made, changed or adopted so far.
     pub(crate) fn decisions(&self) -> u64 {
-        self.decisions
+        self.table.made()
     }
 
     /// Every decision, in a fixed order.
     pub(crate) fn choices(&self) -> ConvChoices {
         let mut entries: Vec<ConvChoice> = self
-            .entries
+            .table
             .iter()
             .map(|(k, e)| ConvChoice {
                 pass: k.pass,
@@ -51,28 +51,21 @@ impl Dnn {
             );
             return 0;
         }
-        let mut adopted = 0;
-        for c in &choices.entries {
-            let key = Key {
-                pass: c.pass,
-                p: c.params,
-            };
-            if self.entries.contains_key(&key) {
-                continue;
-            }
-            match self.entry(&key, &c.decision) {
-                Some(entry) => {
-                    self.decide(key, entry);
-                    adopted += 1;
-                }
-                None => tracing::warn!(
-                    "convolution choices: {} cannot run as saved ({:?}); it will be chosen afresh",
-                    super::label(&key),
-                    c.decision
-                ),
-            }
-        }
-        adopted
+        let saved: Vec<_> = choices
+            .entries
+            .iter()
+            .map(|c| {
+                let key = Key {
+                    pass: c.pass,
+                    p: c.params,
+                };
+                let entry = self
+                    .entry(&key, &c.decision)
+                    .ok_or_else(|| format!("{} ({:?})", super::label(&key), c.decision));
+                (key, entry)
+            })
+            .collect();
+        self.table.adopt("convolution", saved)
     }
 
     /// The entry `decision` makes for `key`, where it can run: an algorithm the heuristics report as supported for

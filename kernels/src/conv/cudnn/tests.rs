@@ -202,7 +202,7 @@ fn label_of(pass: ConvPass, p: &ConvParams) -> String {
 /// The algorithm `dnn` runs `pass` of `p` on.
 #[track_caller]
 fn kept(dnn: &Dnn, pass: ConvPass, p: &ConvParams) -> Variant {
-    match dnn.entries.get(&Key { pass, p: *p }) {
+    match dnn.table.get(&Key { pass, p: *p }) {
         Some(Entry::Run(c)) => c.run,
         Some(Entry::Own) => panic!("{}: on the own kernels", label_of(pass, p)),
         None => panic!("{}: never decided", label_of(pass, p)),
@@ -379,7 +379,7 @@ fn deterministic_mode_picks_the_same_deterministic_algorithms_in_every_state() {
             }
         }
         assert!(dnn.take_report().is_empty(), "deterministic mode timed");
-        for (key, entry) in &dnn.entries {
+        for (key, entry) in dnn.table.iter() {
             match entry {
                 Entry::Run(c) => assert!(
                     c.run.deterministic && c.picked == Picked::Heuristic,

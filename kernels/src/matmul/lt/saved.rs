@@ -30,13 +30,13 @@ pub(crate) fn device(gpu: &Gpu) -> GemmDevice {
 impl Lt {
     /// Entries made, changed or adopted so far.
     pub(crate) fn decisions(&self) -> u64 {
-        self.decisions
+        self.table.made()
     }
 
     /// Every decision, in a fixed order.
     pub(crate) fn choices(&self, gpu: &Gpu) -> GemmChoices {
         let mut entries: Vec<GemmChoice> = self
-            .entries
+            .table
             .iter()
             .map(|(k, e)| GemmChoice {
                 geometry: k.g,
@@ -75,30 +75,22 @@ impl Lt {
                 this: here.to_string(),
             });
         }
-        let mut adopted = 0;
-        for c in &choices.entries {
-            let key = Key {
-                g: c.geometry,
-                epilogue: c.epilogue,
-                align: c.align,
-            };
-            if self.entries.contains_key(&key) {
-                continue;
-            }
-            match self.entry(&key, &c.decision) {
-                Some(entry) => {
-                    self.decide(key, entry);
-                    adopted += 1;
-                }
-                None => tracing::warn!(
-                    "gemm choices: {:?} with {:?} cannot run as saved ({:?}); it will be chosen afresh",
-                    c.geometry,
-                    c.epilogue,
-                    c.decision
-                ),
-            }
-        }
-        Ok(adopted)
+        let saved: Vec<_> = choices
+            .entries
+            .iter()
+            .map(|c| {
+                let key = Key {
+                    g: c.geometry,
+                    epilogue: c.epilogue,
+                    align: c.align,
+                };
+                let entry = self.entry(&key, &c.decision).ok_or_else(|| {
+                    format!("{:?} with {:?} ({:?})", c.geometry, c.epilogue, c.decision)
+                });
+                (key, entry)
+            })
+            .collect();
+        Ok(self.table.adopt("gemm", saved))
     }
 
     /// The entry `decision` makes for `key`, where it can run.
