@@ -21,6 +21,7 @@ pub mod conv;
 pub mod copy;
 pub mod cuda;
 pub mod determinism;
+mod disjoint;
 mod error;
 pub mod index;
 pub mod matmul;
@@ -28,6 +29,7 @@ pub mod optim;
 pub mod pool;
 pub mod reduce;
 mod scalar;
+pub mod simd;
 pub mod softmax;
 pub mod unary;
 

@@ -162,6 +162,49 @@ fn matmul_all_layouts() {
 }
 
 #[test]
+fn linear_adds_each_products_bias_then_relu() {
+    for &(batch, m, n, k, lb) in &[
+        (1, 5, 7, 3, false),
+        (3, 9, 4, 11, false),
+        (3, 6, 5, 8, true),
+        (2, 3, 3, 0, true),
+    ] {
+        let s = MatmulShape {
+            batch,
+            lhs_batch_stride: if lb { m * k } else { 0 },
+            ..MatmulShape {
+                batch: 1,
+                ..MatmulShape::plain(m, n, k)
+            }
+        };
+        let (a, b) = (data(batch * m * k, 3), data(batch * k * n, 4));
+        let bias = data(batch * n, 5);
+        let product = matmul_ref(&a, &b, &s);
+        for (stride, relu) in [(0, false), (n, false), (n, true), (0, true)] {
+            let want: Vec<f64> = product
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (p, col) = (i / (m * n), i % n);
+                    let y = v + bias[p * stride + col];
+                    if relu { y.max(0.0) } else { y }
+                })
+                .collect();
+            let got = matmul::linear(&a, &b, &bias, stride, relu, &s);
+            close(
+                &format!("{s:?} stride {stride} relu {relu}"),
+                &got,
+                &want,
+                1e-12,
+            );
+            if relu {
+                assert!(got.iter().all(|&v| v >= 0.0), "a ReLU output below 0");
+            }
+        }
+    }
+}
+
+#[test]
 fn reductions_and_softmax() {
     let x = data(2 * 3000 * 4, 10);
     let s = ReduceShape {

@@ -342,6 +342,28 @@ pub fn matmul(lhs: &CpuStorage, rhs: &CpuStorage, shape: &MatmulShape) -> Result
     })
 }
 
+/// A Linear layer's forward: `lhs · rhs + bias`, then a ReLU when `relu` (see the kernel's `linear`).
+pub fn linear(
+    lhs: &CpuStorage,
+    rhs: &CpuStorage,
+    bias: &CpuStorage,
+    bias_stride: usize,
+    relu: bool,
+    shape: &MatmulShape,
+) -> Result<CpuStorage> {
+    Ok(match (lhs, rhs, bias) {
+        (CpuStorage::F32(a), CpuStorage::F32(b), CpuStorage::F32(c)) => {
+            CpuStorage::F32(matmul_cpu::linear(a, b, c, bias_stride, relu, shape))
+        }
+        (CpuStorage::F64(a), CpuStorage::F64(b), CpuStorage::F64(c)) => {
+            CpuStorage::F64(matmul_cpu::linear(a, b, c, bias_stride, relu, shape))
+        }
+        (a, b, _) if a.dtype() != b.dtype() => return Err(mismatch("linear", a, b)),
+        (a, _, c) if a.dtype() != c.dtype() => return Err(mismatch("linear", a, c)),
+        (a, _, _) => return Err(unsupported("linear", a.dtype())),
+    })
+}
+
 /// Forward 2-D convolution.
 pub fn conv2d(
     input: &CpuStorage,

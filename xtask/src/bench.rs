@@ -36,7 +36,11 @@ pub struct Args {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Parts to leave out: any of `replay`, `criterion`, `cohort`, `input`.
+    /// Rounds of the cohort benchmark (and of the reference script, one after each of ours): every figure is the
+    /// median over them, so that a slow spell of a shared machine does not land on one side only.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Parts to leave out: any of `replay`, `criterion`, `cohort`, `input`, `peak`.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Only criterion benchmarks whose name contains this.
@@ -74,6 +78,9 @@ pub fn run(args: &Args) -> Result<()> {
                 crate::input_reference::compare(&args.python, &root, &rows)?;
         }
     }
+    if run_part("peak") && !args.gpu {
+        report["peak"] = crate::peak::report()?;
+    }
     if run_part("cohort") {
         cohort(args, &root, &out, &mut report)?;
     }
@@ -94,29 +101,123 @@ fn device(args: &Args) -> Device {
     }
 }
 
-/// The cohort benchmark on the chosen device, beside the reference script's figures from this same call.
+/// The cohort benchmark on the chosen device, beside the reference script's figures from this same call: rounds of
+/// ours and theirs in turn, each figure the median of its rounds.
 fn cohort(args: &Args, root: &Path, out: &Path, report: &mut Value) -> Result<()> {
-    let device = if args.gpu {
-        Device::Cuda(0)
-    } else {
-        Device::Cpu
-    };
+    let device = device(args);
     let (ns, budget): (&[usize], _) = if args.quick {
         (&[1, 4, 16], Duration::from_millis(500))
     } else {
         (&[1, 2, 4, 8, 16, 32, 64, 128], Duration::from_secs(2))
     };
     println!("\ncohort benchmark on {device}: MLP 784-128-10, Adam, batch 256");
-    let ours = crate::cohort::run(device, ns, budget)?;
-    let theirs = if args.reference {
-        reference(args, root, out)?
-    } else {
-        json!({})
-    };
+    if !args.gpu {
+        println!("{}", cpu_description());
+    }
+    let rounds = args.rounds.max(1);
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        println!("round {round} of {rounds}");
+        ours.push(crate::cohort::run(device, ns, budget)?);
+        if args.reference {
+            theirs.push(reference(args, root, out)?);
+        }
+    }
+    let ours = median_rows(&ours);
+    let theirs = median_reference(&theirs);
     comparison_table(&ours, &theirs, args.gpu);
     report["cohort"] = Value::Array(ours);
     report["reference"] = theirs;
     Ok(())
+}
+
+/// The CPU's model, threads and vector extensions, and the ones the kernels use: the figures depend on all four.
+fn cpu_description() -> String {
+    let info = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let flags = field("flags").unwrap_or_default();
+    let has: Vec<&str> = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"]
+        .into_iter()
+        .filter(|f| flags.split_whitespace().any(|x| x == *f))
+        .collect();
+    format!(
+        "CPU: {} ({} threads; {}); kernels use {}",
+        field("model name").unwrap_or_else(|| "unknown".into()),
+        rayon::current_num_threads(),
+        if has.is_empty() {
+            "no AVX2".to_string()
+        } else {
+            has.join(" ")
+        },
+        cohort_kernels::simd::Isa::current(),
+    )
+}
+
+/// One row per schedule and N, its rate the median of the rounds' (the other fields from the first round).
+fn median_rows(rounds: &[Vec<Value>]) -> Vec<Value> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|row| {
+            let rates: Vec<f64> = rounds
+                .iter()
+                .flat_map(|r| {
+                    r.iter()
+                        .filter(|o| o["schedule"] == row["schedule"] && o["n"] == row["n"])
+                })
+                .filter_map(|o| o["model_steps_per_s"].as_f64())
+                .collect();
+            let mut row = row.clone();
+            if let Some(m) = median(rates.clone()) {
+                row["model_steps_per_s"] = json!(m);
+                row["rounds"] = json!(rates);
+            }
+            row
+        })
+        .collect()
+}
+
+/// The reference's rates and peaks, each key's the median of the rounds'.
+fn median_reference(rounds: &[Value]) -> Value {
+    let merge = |field: &str| {
+        let mut keys: Vec<String> = rounds
+            .iter()
+            .filter_map(|r| r[field].as_object())
+            .flat_map(|m| m.keys().cloned())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let map: serde_json::Map<String, Value> = keys
+            .into_iter()
+            .filter_map(|k| {
+                let values = rounds
+                    .iter()
+                    .filter_map(|r| r[field][&k].as_f64())
+                    .collect();
+                median(values).map(|m| (k, json!(m)))
+            })
+            .collect();
+        Value::Object(map)
+    };
+    json!({ "rates": merge("rates"), "peak_mib": merge("peak_mib") })
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 fn traces_dir(args: &Args, root: &Path) -> PathBuf {
@@ -230,6 +331,10 @@ fn criterion(args: &Args, root: &Path, out: &Path) -> Result<Value> {
             cmd.args(["bench", "--workspace", "--bench", "*"])
                 .current_dir(root)
                 .env("CRITERION_HOME", &home);
+            if !cfg!(feature = "avx512") {
+                // the criterion benches measure the same kernels as this build's cohort benchmark
+                cmd.arg("--no-default-features");
+            }
             if args.gpu {
                 cmd.args([
                     "--features",
@@ -382,10 +487,14 @@ fn reference(args: &Args, root: &Path, out: &Path) -> Result<Value> {
         "jax_cpu_mlp_cohort.py"
     });
     let json_out = out.join("reference.json");
-    let output = Command::new(&args.python)
-        .arg(&script)
-        .arg(&json_out)
-        .env("PYTHONUNBUFFERED", "1")
+    let mut cmd = Command::new(&args.python);
+    cmd.arg(&script).arg(&json_out).env("PYTHONUNBUFFERED", "1");
+    if !args.gpu && cohort_kernels::simd::Isa::current() != cohort_kernels::simd::Isa::Avx512 {
+        // The same vector width on both sides: XLA's code generator and oneDNN capped at AVX2, as ours are.
+        cmd.env("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+            .env("ONEDNN_MAX_CPU_ISA", "AVX2");
+    }
+    let output = cmd
         .output()
         .with_context(|| format!("running {} {}", args.python, script.display()))?;
     let text = String::from_utf8_lossy(&output.stdout);
@@ -439,6 +548,22 @@ fn parse_reference(text: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_merge_to_their_medians() {
+        let row = |rate: f64| json!({ "schedule": "fused", "n": 4, "model_steps_per_s": rate });
+        let merged = median_rows(&[vec![row(300.0)], vec![row(100.0)], vec![row(200.0)]]);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0]["model_steps_per_s"], json!(200.0));
+        assert_eq!(merged[0]["rounds"], json!([300.0, 100.0, 200.0]));
+        let theirs = median_reference(&[
+            json!({ "rates": { "loop-1": 10.0, "fused-4": 40.0 }, "peak_mib": {} }),
+            json!({ "rates": { "loop-1": 30.0 }, "peak_mib": {} }),
+        ]);
+        assert_eq!(theirs["rates"]["loop-1"], json!(20.0));
+        assert_eq!(theirs["rates"]["fused-4"], json!(40.0));
+        assert_eq!(median(vec![f64::NAN]), None);
+    }
 
     #[test]
     fn parses_both_reference_formats() {

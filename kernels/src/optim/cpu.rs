@@ -3,11 +3,18 @@
 use rayon::prelude::*;
 
 use super::{AdamParams, SgdParams};
+use crate::disjoint::Disjoint;
+use crate::simd::{FlushDenormals, Isa};
 use crate::{Float, PAR_CHUNK, PAR_THRESHOLD};
 
 /// Calls `f(start, len, lr)` for each chunk of a buffer of `len` elements split into
-/// `lrs.len()` members, in chunks of at most `PAR_CHUNK`, in parallel when large.
+/// `lrs.len()` members, in chunks of at most `PAR_CHUNK`, in parallel when large, with denormals flushed to zero
+/// (the state decays toward them).
 fn for_chunks(len: usize, lrs: &[f64], f: impl Fn(usize, usize, f64) + Sync) {
+    let f = |s, n, lr| {
+        let _ftz = FlushDenormals::new();
+        f(s, n, lr)
+    };
     let members = lrs.len().max(1);
     let per = len / members;
     let mut jobs = Vec::new();
@@ -24,23 +31,6 @@ fn for_chunks(len: usize, lrs: &[f64], f: impl Fn(usize, usize, f64) + Sync) {
         jobs.par_iter().for_each(|&(s, n, lr)| f(s, n, lr));
     } else {
         jobs.iter().for_each(|&(s, n, lr)| f(s, n, lr));
-    }
-}
-
-/// A raw pointer that may cross threads: chunks handed to different tasks never overlap.
-#[derive(Clone, Copy)]
-struct Shared<T>(*mut T);
-// SAFETY: used only to hand disjoint chunks of one buffer to rayon tasks (see `for_chunks`).
-unsafe impl<T: Send> Send for Shared<T> {}
-// SAFETY: as above; no two tasks touch the same element.
-unsafe impl<T: Send> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    /// # Safety
-    /// `start + len` must lie inside the buffer and no other live slice may overlap the range.
-    unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [T] {
-        // SAFETY: guaranteed by the caller.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }
 
@@ -61,16 +51,16 @@ pub fn sgd_step<T: Float>(
     let mom = T::from_f64(h.momentum);
     let damp = T::from_f64(1.0 - h.dampening);
     let nesterov = h.nesterov;
-    let p = Shared(param.as_mut_ptr());
+    let p = Disjoint(param.as_mut_ptr());
     let use_buf = h.momentum != 0.0;
     let buf = match momentum_buf {
         Some(b) => {
             assert_eq!(b.len(), len, "sgd_step: momentum buffer length");
-            Shared(b.as_mut_ptr())
+            Disjoint(b.as_mut_ptr())
         }
         None => {
             assert!(!use_buf, "sgd_step: momentum needs a buffer");
-            Shared(std::ptr::null_mut())
+            Disjoint(std::ptr::null_mut())
         }
     };
     for_chunks(len, h.lrs, |s, n, lr| {
@@ -122,12 +112,12 @@ pub fn adam_step<T: Float>(
     let eps = T::from_f64(h.eps);
     let inv_sqrt_bc2 = T::from_f64(1.0 / bc2.sqrt());
     let (pp, mp, vp) = (
-        Shared(param.as_mut_ptr()),
-        Shared(m.as_mut_ptr()),
-        Shared(v.as_mut_ptr()),
+        Disjoint(param.as_mut_ptr()),
+        Disjoint(m.as_mut_ptr()),
+        Disjoint(v.as_mut_ptr()),
     );
     let (wd, decoupled) = (h.weight_decay, h.decoupled);
-    let avx512 = has_avx512();
+    let isa = Isa::current();
     for_chunks(len, h.lrs, |s, n, lr| {
         let c = AdamChunk {
             b1,
@@ -143,14 +133,15 @@ pub fn adam_step<T: Float>(
         // SAFETY: `for_chunks` hands out disjoint in-bounds ranges; all buffers have `len` elements.
         let (p, m, v) = unsafe { (pp.slice(s, n), mp.slice(s, n), vp.slice(s, n)) };
         let g = &grad[s..s + n];
-        #[cfg(target_arch = "x86_64")]
-        if avx512 {
-            // SAFETY: the CPU supports AVX-512F (checked at run time).
-            unsafe { adam_chunk_avx512(p, g, m, v, &c) };
-            return;
+        match isa {
+            // SAFETY: the CPU supports AVX-512F (`Isa` checked it at run time).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { adam_chunk_avx512(p, g, m, v, &c) },
+            // SAFETY: the CPU supports AVX2 and FMA (as above).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { adam_chunk_avx2(p, g, m, v, &c) },
+            _ => adam_chunk(p, g, m, v, &c),
         }
-        let _ = avx512;
-        adam_chunk(p, g, m, v, &c);
     });
 }
 
@@ -198,13 +189,18 @@ unsafe fn adam_chunk_avx512<T: Float>(
     adam_chunk(p, g, m, v, c);
 }
 
-/// Whether AVX-512F code paths may run (detected once).
-pub(crate) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX512.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+/// [`adam_chunk`] compiled for AVX2 with FMA (8 f32 lanes).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn adam_chunk_avx2<T: Float>(
+    p: &mut [T],
+    g: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    c: &AdamChunk<T>,
+) {
+    adam_chunk(p, g, m, v, c);
 }
