@@ -489,6 +489,10 @@ fn reference(args: &Args, root: &Path, out: &Path) -> Result<Value> {
     let json_out = out.join("reference.json");
     let mut cmd = Command::new(&args.python);
     cmd.arg(&script).arg(&json_out).env("PYTHONUNBUFFERED", "1");
+    if !args.gpu {
+        // A JAX built with CUDA would run the CPU reference on the GPU.
+        cmd.env("JAX_PLATFORMS", "cpu");
+    }
     if !args.gpu && cohort_kernels::simd::Isa::current() != cohort_kernels::simd::Isa::Avx512 {
         // The same vector width on both sides: XLA's code generator and oneDNN capped at AVX2, as ours are.
         cmd.env("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
