@@ -10,12 +10,12 @@ use std::any::Any;
 use std::cell::Cell;
 use std::ops::Range;
 
-use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::ConvParams;
 use crate::Float;
 use crate::matmul::MatmulShape;
+use crate::matmul::cpu::matmul_on_this_thread as product;
 
 /// Bytes of column matrix one tile unfolds: a tile's columns and its product stay in a core's L2 while gemm
 /// reads them, and a batch makes several tiles for the threads to share.
@@ -343,45 +343,6 @@ fn scatter_channels<T: Float>(
                     .for_each(|(d, &v)| *d = v + bv);
             }
         }
-    }
-}
-
-/// `dst [m, n] (+)= lhs · rhs` on this thread (the tiles are the parallel work), row-major, operands transposed as
-/// `s` says; `s.batch` is ignored.
-fn product<T: Float>(dst: &mut [T], accumulate: bool, lhs: &[T], rhs: &[T], s: &MatmulShape) {
-    let (m, n, k) = (s.m, s.n, s.k);
-    assert!(
-        dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n,
-        "conv product: buffers too small for {s:?}"
-    );
-    // (row stride, column stride) of the logical [m, k] and [k, n] operands.
-    let (lhs_rs, lhs_cs) = if s.trans_lhs { (1, m) } else { (k, 1) };
-    let (rhs_rs, rhs_cs) = if s.trans_rhs { (1, k) } else { (n, 1) };
-    // SAFETY: the buffers hold at least m·n, m·k and k·n elements (asserted above) and the strides address only
-    // elements inside them; `dst` is a unique borrow, so it aliases neither operand. gemm supports f32 and f64,
-    // the only `Float` types.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
     }
 }
 

@@ -55,6 +55,38 @@ pub fn matmul_into<T: Float>(
     });
 }
 
+/// [`matmul_into`] of one product (`shape.batch` ignored) on the calling thread: for callers whose tasks are
+/// already the parallel work (a convolution's tiles).
+///
+/// # Panics
+/// When a buffer is shorter than `shape` says.
+pub fn matmul_on_this_thread<T: Float>(
+    dst: &mut [T],
+    accumulate: bool,
+    lhs: &[T],
+    rhs: &[T],
+    shape: &MatmulShape,
+) {
+    let one_product = MatmulShape { batch: 1, ..*shape };
+    assert!(
+        dst.len() >= shape.m * shape.n,
+        "matmul: output buffer too small"
+    );
+    check_inputs(lhs, rhs, &one_product);
+    // SAFETY: `dst` holds the product's `m·n` elements (asserted) and is this call's alone; the inputs were checked.
+    unsafe {
+        one(
+            dst.as_mut_ptr(),
+            accumulate,
+            lhs,
+            rhs,
+            &one_product,
+            0,
+            Parallelism::None,
+        )
+    };
+}
+
 /// A Linear layer's forward: `lhs[b] · rhs[b] + bias`, then `max(·, 0)` when `relu`. Product `b` adds the bias row
 /// at `b · bias_stride` of `bias` (0: one row for all) to each of its rows. Each product is finished by the task
 /// that computes it, with its output still in cache: the bias written first, the product accumulated onto it, the
