@@ -205,6 +205,36 @@ fn linear_adds_each_products_bias_then_relu() {
 }
 
 #[test]
+fn max_pool_takes_the_first_of_tied_maxima() {
+    use cohort_kernels::pool::{PoolParams, cpu as pool};
+    // Two 4x4 planes: all zeros (every window ties), then a plane whose windows tie between their last two cells.
+    let mut x = vec![0.0f32; 32];
+    for i in [16 + 4, 16 + 5, 16 + 6, 16 + 7] {
+        x[i] = 1.0;
+    }
+    let p = PoolParams {
+        planes: 2,
+        h: 4,
+        w: 4,
+        kernel: 2,
+        stride: 2,
+    };
+    let (y, idx) = pool::max_pool2d(&x, &p);
+    assert_eq!(&y[..4], &[0.0; 4]);
+    assert_eq!(
+        &idx[..4],
+        &[0, 2, 8, 10],
+        "ties go to the window's first element"
+    );
+    assert_eq!(&y[4..6], &[1.0, 1.0]);
+    assert_eq!(
+        &idx[4..6],
+        &[4, 6],
+        "ties go to the first of the tied elements"
+    );
+}
+
+#[test]
 fn reductions_and_softmax() {
     let x = data(2 * 3000 * 4, 10);
     let s = ReduceShape {

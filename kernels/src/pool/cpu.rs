@@ -71,7 +71,8 @@ fn pool_plane<T: Scalar>(
         for (ox, a) in at.iter_mut().enumerate() {
             *a = (tap(first) + ox * p.stride) as i32;
         }
-        for t in rest.iter().rev() {
+        // Every tap, the first among them, from the last to the first: on ties the earliest one writes last.
+        for t in taps.iter().rev() {
             let (r, at0) = (row(t), tap(t));
             for (ox, (a, &b)) in at.iter_mut().zip(best.iter()).enumerate() {
                 let i = ox * p.stride;
