@@ -1,6 +1,6 @@
 //! Differentiable operations on [`Var`]: one per tensor op of cohort-tensor, recorded with its backward.
 
-use cohort_tensor::{DType, Tensor};
+use cohort_tensor::{DType, Precision, Tensor};
 
 use crate::backward::Op;
 use crate::{Error, Result, Var};
@@ -22,6 +22,15 @@ macro_rules! unary {
             })
         }
     )*};
+}
+
+/// A product's operands as its backward keeps them: under a mixed policy on CUDA their 16-bit copies (cast once
+/// for the forward and the backward, in half the memory), otherwise themselves.
+fn kept_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok(match Precision::current().math_for(a, b) {
+        Some(m) if !m.f32_operands() => (a.as_operand(m)?, b.as_operand(m)?),
+        _ => (a.clone(), b.clone()),
+    })
 }
 
 impl Var {
@@ -463,10 +472,11 @@ impl Var {
     /// # Errors
     /// When the inner dimensions differ.
     pub fn matmul_t(&self, other: &Var, trans_lhs: bool, trans_rhs: bool) -> Result<Var> {
-        let out = self.value().matmul_t(other.value(), trans_lhs, trans_rhs)?;
+        let (lhs, rhs) = kept_operands(self.value(), other.value())?;
+        let out = lhs.matmul_t(&rhs, trans_lhs, trans_rhs)?;
         Var::record("matmul", out, &[self, other], || Op::Matmul {
-            lhs: self.value().clone(),
-            rhs: other.value().clone(),
+            lhs,
+            rhs,
             tl: trans_lhs,
             tr: trans_rhs,
         })
@@ -479,10 +489,11 @@ impl Var {
     /// # Errors
     /// When the shapes do not fit.
     pub fn linear(&self, w: &Var, bias: &Var, relu: bool) -> Result<Var> {
-        let y = self.value().linear(w.value(), bias.value(), relu)?;
+        let (x, wv) = kept_operands(self.value(), w.value())?;
+        let y = x.linear(&wv, bias.value(), relu)?;
         Var::record("linear", y.clone(), &[self, w, bias], || Op::Linear {
-            x: self.value().clone(),
-            w: w.value().clone(),
+            x,
+            w: wv,
             relu_y: relu.then_some(y),
             bias: bias.shape().to_vec(),
         })
@@ -500,16 +511,11 @@ impl Var {
         padding: usize,
         groups: usize,
     ) -> Result<Var> {
-        let out = self.value().conv2d(
-            weight.value(),
-            bias.map(Var::value),
-            stride,
-            padding,
-            groups,
-        )?;
+        let (x, w) = kept_operands(self.value(), weight.value())?;
+        let out = x.conv2d(&w, bias.map(Var::value), stride, padding, groups)?;
         let op = || Op::Conv2d {
-            x: self.value().clone(),
-            w: weight.value().clone(),
+            x,
+            w,
             stride,
             padding,
             groups,

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use cohort_tensor::Tensor;
+use cohort_tensor::{Precision, Tensor};
 
 use crate::backward::Op;
 use crate::{Error, Param, Result};
@@ -31,6 +31,8 @@ pub(crate) struct Node {
     out: usize,
     inputs: Vec<Option<usize>>,
     op: Op,
+    /// The policy the forward ran under: the backward's products run under it too.
+    precision: Precision,
 }
 
 impl fmt::Debug for Tape {
@@ -127,6 +129,7 @@ impl Var {
             out: id,
             inputs: ids,
             op: op(),
+            precision: Precision::current(),
         });
         drop(state);
         Ok(Var {
@@ -306,6 +309,7 @@ fn run_backward(
     let mut rest = nodes;
     if let Some((last, before)) = nodes.split_last().filter(|(l, _)| l.out == loss_id) {
         need.extend(last.inputs.iter().map(Option::is_some));
+        let _p = last.precision.enter();
         if let Some(ins) = last.op.backward_of_ones(&need) {
             accumulate(&mut grads, last, ins?)?;
             rest = before;
@@ -321,7 +325,10 @@ fn run_backward(
         };
         need.clear();
         need.extend(node.inputs.iter().map(Option::is_some));
-        let ins = node.op.backward(&g, &need)?;
+        let ins = {
+            let _p = node.precision.enter();
+            node.op.backward(&g, &need)?
+        };
         accumulate(&mut grads, node, ins)?;
     }
     let mut by_param = Vec::with_capacity(params.len());

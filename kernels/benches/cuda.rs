@@ -12,6 +12,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use cohort_kernels::Math;
 use cohort_kernels::binary::{BinaryOp, cuda as bin_cuda};
 use cohort_kernels::conv::{ConvParams, CudnnMode, cuda as conv_cuda};
 use cohort_kernels::cuda::{CudaType, DeviceBuffer, Gpu};
@@ -328,9 +329,9 @@ fn bench_conv(c: &mut Criterion, g: &Gpu) {
                     unsafe {
                         conv_cuda::conv2d(
                             g,
+                            Math::Fp32,
                             &p,
-                            x.ptr(),
-                            w.ptr(),
+                            (x.ptr(), w.ptr()),
                             Some(b.ptr()),
                             y.ptr(),
                             &mut |n| ws.get(n),
@@ -347,6 +348,7 @@ fn bench_conv(c: &mut Criterion, g: &Gpu) {
                     unsafe {
                         conv_cuda::conv2d_backward_input(
                             g,
+                            Math::Fp32,
                             &p,
                             y.ptr(),
                             w.ptr(),
@@ -365,6 +367,7 @@ fn bench_conv(c: &mut Criterion, g: &Gpu) {
                     unsafe {
                         conv_cuda::conv2d_backward_weight(
                             g,
+                            Math::Fp32,
                             &p,
                             x.ptr(),
                             y.ptr(),

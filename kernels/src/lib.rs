@@ -24,6 +24,7 @@ pub mod determinism;
 mod disjoint;
 mod error;
 pub mod index;
+mod math;
 pub mod matmul;
 pub mod optim;
 pub mod pool;
@@ -35,6 +36,7 @@ pub mod unary;
 
 pub use determinism::{deterministic, set_deterministic};
 pub use error::{Error, Result};
+pub use math::Math;
 pub use scalar::{Float, Scalar};
 
 /// Element counts above which CPU element-wise kernels split work across rayon threads.

@@ -8,6 +8,7 @@ mod common;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use cohort_kernels::Math;
 use cohort_kernels::conv::{
     ConvDecision, ConvParams, ConvPass, CudnnMode, cpu as conv_cpu, cuda as conv_cuda,
 };
@@ -95,7 +96,16 @@ fn check(g: &Arc<Gpu>, p: &ConvParams) -> usize {
         let b = with_bias.then(|| db.ptr());
         // SAFETY: sizes from p.
         unsafe {
-            conv_cuda::conv2d(g, p, dx.ptr(), dw.ptr(), b, out.ptr(), &mut |n| ws.get(n)).unwrap()
+            conv_cuda::conv2d(
+                g,
+                Math::Fp32,
+                p,
+                (dx.ptr(), dw.ptr()),
+                b,
+                out.ptr(),
+                &mut |n| ws.get(n),
+            )
+            .unwrap()
         };
         let want = conv_cpu::conv2d(&x, &w, with_bias.then_some(&bias[..]), p);
         assert_near(
@@ -107,8 +117,16 @@ fn check(g: &Arc<Gpu>, p: &ConvParams) -> usize {
     let gx = up(g, &vec![f32::NAN; p.input_len()]);
     // SAFETY: sizes from p.
     unsafe {
-        conv_cuda::conv2d_backward_input(g, p, ddy.ptr(), dw.ptr(), gx.ptr(), &mut |n| ws.get(n))
-            .unwrap()
+        conv_cuda::conv2d_backward_input(
+            g,
+            Math::Fp32,
+            p,
+            ddy.ptr(),
+            dw.ptr(),
+            gx.ptr(),
+            &mut |n| ws.get(n),
+        )
+        .unwrap()
     };
     assert_near(
         &format!("backward data {p:?}"),
@@ -118,8 +136,16 @@ fn check(g: &Arc<Gpu>, p: &ConvParams) -> usize {
     let gw = up(g, &vec![f32::NAN; p.weight_len()]);
     // SAFETY: sizes from p.
     unsafe {
-        conv_cuda::conv2d_backward_weight(g, p, dx.ptr(), ddy.ptr(), gw.ptr(), &mut |n| ws.get(n))
-            .unwrap()
+        conv_cuda::conv2d_backward_weight(
+            g,
+            Math::Fp32,
+            p,
+            dx.ptr(),
+            ddy.ptr(),
+            gw.ptr(),
+            &mut |n| ws.get(n),
+        )
+        .unwrap()
     };
     assert_near(
         &format!("backward filter {p:?}"),

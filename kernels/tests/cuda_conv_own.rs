@@ -8,6 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
+use cohort_kernels::Math;
 use cohort_kernels::conv::{
     COLUMN_TILE_BYTES, ConvParams, CudnnMode, cpu as conv_cpu, cuda as conv_cuda,
 };
@@ -78,9 +79,9 @@ fn own_kernels_run_in_tiles_with_a_bounded_workspace_and_match_the_cpu() {
         unsafe {
             conv_cuda::conv2d(
                 &g,
+                Math::Fp32,
                 &p,
-                dx.ptr(),
-                dw.ptr(),
+                (dx.ptr(), dw.ptr()),
                 Some(db.ptr()),
                 out.ptr(),
                 &mut workspace,
@@ -95,8 +96,16 @@ fn own_kernels_run_in_tiles_with_a_bounded_workspace_and_match_the_cpu() {
         let gx = up(&g, &vec![f32::NAN; p.input_len()]);
         // SAFETY: sizes from p.
         unsafe {
-            conv_cuda::conv2d_backward_input(&g, &p, ddy.ptr(), dw.ptr(), gx.ptr(), &mut workspace)
-                .unwrap()
+            conv_cuda::conv2d_backward_input(
+                &g,
+                Math::Fp32,
+                &p,
+                ddy.ptr(),
+                dw.ptr(),
+                gx.ptr(),
+                &mut workspace,
+            )
+            .unwrap()
         };
         assert_near(
             &format!("backward data {p:?}"),
@@ -106,8 +115,16 @@ fn own_kernels_run_in_tiles_with_a_bounded_workspace_and_match_the_cpu() {
         let gw = up(&g, &vec![f32::NAN; p.weight_len()]);
         // SAFETY: sizes from p.
         unsafe {
-            conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), ddy.ptr(), gw.ptr(), &mut workspace)
-                .unwrap()
+            conv_cuda::conv2d_backward_weight(
+                &g,
+                Math::Fp32,
+                &p,
+                dx.ptr(),
+                ddy.ptr(),
+                gw.ptr(),
+                &mut workspace,
+            )
+            .unwrap()
         };
         assert_near(
             &format!("backward filter {p:?}"),

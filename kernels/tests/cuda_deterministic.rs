@@ -7,6 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
+use cohort_kernels::Math;
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu, cuda as conv_cuda};
 use cohort_kernels::cuda::{CudaType, Gpu};
 use cohort_kernels::index::{cpu as index_cpu, cuda as index_cuda};
@@ -250,7 +251,16 @@ fn convolutions_are_the_same_bits_every_run() {
             run(p.output_len(), &|out, ws| {
                 // SAFETY: sizes from p.
                 unsafe {
-                    conv_cuda::conv2d(&g, &p, dx.ptr(), dw.ptr(), Some(db.ptr()), out, ws).unwrap()
+                    conv_cuda::conv2d(
+                        &g,
+                        Math::Fp32,
+                        &p,
+                        (dx.ptr(), dw.ptr()),
+                        Some(db.ptr()),
+                        out,
+                        ws,
+                    )
+                    .unwrap()
                 }
             })
         });
@@ -263,7 +273,16 @@ fn convolutions_are_the_same_bits_every_run() {
             run(p.input_len(), &|out, ws| {
                 // SAFETY: sizes from p.
                 unsafe {
-                    conv_cuda::conv2d_backward_input(&g, &p, ddy.ptr(), dw.ptr(), out, ws).unwrap()
+                    conv_cuda::conv2d_backward_input(
+                        &g,
+                        Math::Fp32,
+                        &p,
+                        ddy.ptr(),
+                        dw.ptr(),
+                        out,
+                        ws,
+                    )
+                    .unwrap()
                 }
             })
         });
@@ -276,7 +295,16 @@ fn convolutions_are_the_same_bits_every_run() {
             run(p.weight_len(), &|out, ws| {
                 // SAFETY: sizes from p.
                 unsafe {
-                    conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), ddy.ptr(), out, ws).unwrap()
+                    conv_cuda::conv2d_backward_weight(
+                        &g,
+                        Math::Fp32,
+                        &p,
+                        dx.ptr(),
+                        ddy.ptr(),
+                        out,
+                        ws,
+                    )
+                    .unwrap()
                 }
             })
         });

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use cohort_kernels::Error;
 use cohort_kernels::binary::{BinaryOp, cpu as bin_cpu, cuda as bin_cuda};
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu, cuda as conv_cuda};
 use cohort_kernels::copy::{Copy2d, cpu as copy_cpu, cuda as copy_cuda};
@@ -16,6 +15,7 @@ use cohort_kernels::pool::{PoolParams, cpu as pool_cpu, cuda as pool_cuda};
 use cohort_kernels::reduce::{ReduceOp, ReduceShape, cpu as red_cpu, cuda as red_cuda};
 use cohort_kernels::softmax::{cpu as sm_cpu, cuda as sm_cuda};
 use cohort_kernels::unary::{UnaryOp, cpu as un_cpu, cuda as un_cuda};
+use cohort_kernels::{Error, Math};
 
 fn gpu() -> Arc<Gpu> {
     Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"))
@@ -742,9 +742,9 @@ fn conv_forward_and_backward_match_the_cpu() {
         unsafe {
             conv_cuda::conv2d(
                 &g,
+                Math::Fp32,
                 &p,
-                dx.ptr(),
-                dw.ptr(),
+                (dx.ptr(), dw.ptr()),
                 Some(db.ptr()),
                 out.ptr(),
                 &mut ws,
@@ -762,8 +762,16 @@ fn conv_forward_and_backward_match_the_cpu() {
         let gi = zeros(&g, p.input_len() * 4);
         // SAFETY: as above.
         unsafe {
-            conv_cuda::conv2d_backward_input(&g, &p, dgo.ptr(), dw.ptr(), gi.ptr(), &mut ws)
-                .unwrap()
+            conv_cuda::conv2d_backward_input(
+                &g,
+                Math::Fp32,
+                &p,
+                dgo.ptr(),
+                dw.ptr(),
+                gi.ptr(),
+                &mut ws,
+            )
+            .unwrap()
         };
         let want = conv_cpu::conv2d_backward_input(&go, &w, &p);
         assert_close(
@@ -776,8 +784,16 @@ fn conv_forward_and_backward_match_the_cpu() {
         let gw = zeros(&g, p.weight_len() * 4);
         // SAFETY: as above.
         unsafe {
-            conv_cuda::conv2d_backward_weight(&g, &p, dx.ptr(), dgo.ptr(), gw.ptr(), &mut ws)
-                .unwrap()
+            conv_cuda::conv2d_backward_weight(
+                &g,
+                Math::Fp32,
+                &p,
+                dx.ptr(),
+                dgo.ptr(),
+                gw.ptr(),
+                &mut ws,
+            )
+            .unwrap()
         };
         let want = conv_cpu::conv2d_backward_weight(&x, &go, &p);
         assert_close(

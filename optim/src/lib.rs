@@ -24,9 +24,11 @@
 //! # Ok::<(), cohort_optim::Error>(())
 //! ```
 
+mod loss_scale;
 mod optimizer;
 mod schedule;
 
+pub use loss_scale::LossScaler;
 pub use optimizer::{OptimConfig, Optimizer, OptimizerState};
 pub use schedule::Schedule;
 

@@ -450,6 +450,12 @@ impl Optimizer {
             .then(|| self.schedule.factor(self.step))
     }
 
+    /// The accumulated gradients, one per parameter that has one (sharing its storage: an in-place op
+    /// on one changes the gradient the next [`Optimizer::step`] reads).
+    pub fn grads(&self) -> Vec<Tensor> {
+        self.slots.iter().filter_map(|s| s.param.grad()).collect()
+    }
+
     /// Clears the gradients of all parameters.
     pub fn zero_grad(&self) {
         self.slots.iter().for_each(|s| s.param.zero_grad());

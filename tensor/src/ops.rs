@@ -3,7 +3,7 @@
 //! CUDA backend.
 
 use cohort_kernels::binary::BinaryOp;
-use cohort_kernels::conv::ConvParams;
+use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::matmul::MatmulShape;
 use cohort_kernels::optim::{AdamParams, SgdParams};
 use cohort_kernels::pool::PoolParams;
@@ -12,7 +12,7 @@ use cohort_kernels::unary::UnaryOp;
 
 use crate::storage::Storage;
 use crate::tensor::elem_count;
-use crate::{DType, Error, Result, Tensor, cpu, cuda};
+use crate::{DType, Error, Precision, Result, Tensor, cpu, cuda};
 
 /// The numpy broadcast of two shapes.
 ///
@@ -426,12 +426,17 @@ impl Tensor {
     }
 
     /// [`Tensor::matmul`] with the last two dims of either operand taken transposed (no copy is
-    /// made: the kernel reads them strided).
+    /// made: the kernel reads them strided). Under a precision policy on CUDA the product runs in
+    /// its math (see [`Precision`]): on TF32 tensor cores, or with operands cast to the low type
+    /// (either may be of it already) and an f32 result.
     ///
     /// # Errors
     /// Shape, dtype or device mismatches; non-float dtypes.
     pub fn matmul_t(&self, rhs: &Tensor, trans_lhs: bool, trans_rhs: bool) -> Result<Tensor> {
         const OP: &str = "matmul";
+        if let Some(math) = Precision::current().math_for(self, rhs) {
+            return self.matmul_under(rhs, (trans_lhs, trans_rhs), math);
+        }
         let (shape, out) = self.matmul_shape(rhs, trans_lhs, trans_rhs)?;
         self.map2(
             OP,
@@ -451,6 +456,11 @@ impl Tensor {
     /// # Errors
     /// Another bias shape, or as [`matmul`](Tensor::matmul).
     pub fn linear(&self, w: &Tensor, bias: &Tensor, relu: bool) -> Result<Tensor> {
+        if Precision::current().math_for(self, w).is_some() {
+            // The product in the policy's math (cuBLAS GemmEx), then the bias and ReLU in f32.
+            let y = self.matmul(w)?;
+            return if relu { y.bias_relu(bias) } else { y.add(bias) };
+        }
         let (shape, out) = self.matmul_shape(w, false, false)?;
         let n = out.last().copied().unwrap_or(0);
         let groups = match bias_groups(&out, &bias.shape) {
@@ -519,6 +529,11 @@ impl Tensor {
             }
             .into());
         }
+        if Precision::current().math_for(self, g).is_some() {
+            let t = main();
+            let grads = (self.matmul_t(g, true, false)?, g.sum(1, true)?);
+            return Ok((grads, t?));
+        }
         let (shape, out) = self.matmul_shape(g, true, false)?;
         let sums_shape = vec![g.shape[0], 1, g.shape[2]];
         let side = if self.device().is_cuda() {
@@ -545,7 +560,7 @@ impl Tensor {
     }
 
     /// The product's geometry and output shape (see [`matmul_t`](Tensor::matmul_t)).
-    fn matmul_shape(
+    pub(crate) fn matmul_shape(
         &self,
         rhs: &Tensor,
         trans_lhs: bool,
@@ -668,17 +683,30 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d";
-        self.same_dtype(OP, weight)?;
+        let math = Precision::current().math_for(self, weight);
         self.same_device(OP, weight)?;
-        self.require_float(OP)?;
         let p = Tensor::conv_params(OP, &self.shape, &weight.shape, stride, padding, groups)?;
         if let Some(b) = bias {
-            self.same_dtype(OP, b)?;
             self.same_device(OP, b)?;
             if b.shape != [p.c_out] {
                 return Err(weight.shape_mismatch(OP, b));
             }
         }
+        if let Some(m) = math.filter(|m| !m.f32_operands()) {
+            return Tensor::conv_16bit(
+                (ConvPass::Forward { bias: false }, m),
+                self,
+                weight,
+                bias,
+                &p,
+            );
+        }
+        self.same_dtype(OP, weight)?;
+        self.require_float(OP)?;
+        if let Some(b) = bias {
+            self.same_dtype(OP, b)?;
+        }
+        let math = math.unwrap_or_default();
         let out = vec![p.batch, p.c_out, p.out_h(), p.out_w()];
         // Distinct storages only: a second read lock on one storage could deadlock behind a writer.
         let weight = &if weight.same_storage(self) {
@@ -699,10 +727,10 @@ impl Tensor {
                 Storage::Cpu(cpu::conv2d(x, w, Some(b), &p)?)
             }
             (Storage::Cuda(x), Storage::Cuda(w), None) => {
-                Storage::Cuda(cuda::conv2d(x, w, None, &p)?)
+                Storage::Cuda(cuda::conv2d(x, w, None, &p, math)?)
             }
             (Storage::Cuda(x), Storage::Cuda(w), Some(Storage::Cuda(b))) => {
-                Storage::Cuda(cuda::conv2d(x, w, Some(b), &p)?)
+                Storage::Cuda(cuda::conv2d(x, w, Some(b), &p, math)?)
             }
             _ => return Err(self.device_mismatch(OP, weight)),
         };
@@ -722,8 +750,7 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_input";
-        grad_out.same_dtype(OP, weight)?;
-        grad_out.require_float(OP)?;
+        let math = Precision::current().math_for(grad_out, weight);
         let p = Tensor::conv_params(OP, input_shape, &weight.shape, stride, padding, groups)?;
         if grad_out.shape != [p.batch, p.c_out, p.out_h(), p.out_w()] {
             return Err(Error::ShapeMismatch {
@@ -732,12 +759,18 @@ impl Tensor {
                 rhs: vec![p.batch, p.c_out, p.out_h(), p.out_w()],
             });
         }
+        if let Some(m) = math.filter(|m| !m.f32_operands()) {
+            return Tensor::conv_16bit((ConvPass::BackwardData, m), grad_out, weight, None, &p);
+        }
+        grad_out.same_dtype(OP, weight)?;
+        grad_out.require_float(OP)?;
+        let math = math.unwrap_or_default();
         grad_out.map2(
             OP,
             weight,
             input_shape.to_vec(),
             |g, w| cpu::conv2d_backward_input(g, w, &p),
-            |g, w| cuda::conv2d_backward_input(g, w, &p),
+            |g, w| cuda::conv2d_backward_input(g, w, &p, math),
         )
     }
 
@@ -754,8 +787,7 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_weight";
-        input.same_dtype(OP, grad_out)?;
-        input.require_float(OP)?;
+        let math = Precision::current().math_for(input, grad_out);
         let p = Tensor::conv_params(OP, &input.shape, weight_shape, stride, padding, groups)?;
         if grad_out.shape != [p.batch, p.c_out, p.out_h(), p.out_w()] {
             return Err(Error::ShapeMismatch {
@@ -764,12 +796,18 @@ impl Tensor {
                 rhs: vec![p.batch, p.c_out, p.out_h(), p.out_w()],
             });
         }
+        if let Some(m) = math.filter(|m| !m.f32_operands()) {
+            return Tensor::conv_16bit((ConvPass::BackwardFilter, m), input, grad_out, None, &p);
+        }
+        input.same_dtype(OP, grad_out)?;
+        input.require_float(OP)?;
+        let math = math.unwrap_or_default();
         input.map2(
             OP,
             grad_out,
             weight_shape.to_vec(),
             |x, g| cpu::conv2d_backward_weight(x, g, &p),
-            |x, g| cuda::conv2d_backward_weight(x, g, &p),
+            |x, g| cuda::conv2d_backward_weight(x, g, &p, math),
         )
     }
 

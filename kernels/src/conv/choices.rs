@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ConvParams;
+use crate::Math;
 
 /// One of the three passes of a convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -49,6 +50,9 @@ pub struct ConvChoice {
     pub pass: ConvPass,
     /// The geometry.
     pub params: ConvParams,
+    /// Its arithmetic (absent in choices saved before precision policies: fp32).
+    #[serde(default)]
+    pub math: Math,
     /// How it runs.
     pub decision: ConvDecision,
 }
@@ -95,6 +99,11 @@ mod tests {
         let choice = |pass, decision| ConvChoice {
             pass,
             params,
+            math: if pass == ConvPass::BackwardData {
+                Math::Bf16
+            } else {
+                Math::Fp32
+            },
             decision,
         };
         let choices = GemmChoices {
@@ -128,6 +137,11 @@ mod tests {
         assert_eq!(back, choices, "{json}");
         assert!(json.contains("\"forward\":{\"bias\":true}"), "{json}");
         assert!(json.contains("\"backward_filter\""), "{json}");
+        assert!(json.contains("\"math\":\"bf16\""), "{json}");
+        // A choice saved before precision policies has no math: it was made in fp32.
+        let old = json.replace("\"math\":\"bf16\",", "");
+        let back: GemmChoices = serde_json::from_str(&old).unwrap();
+        assert_eq!(back.convolutions.entries[1].math, Math::Fp32, "{old}");
     }
 
     #[test]

@@ -12,9 +12,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::{ConvParams, ConvPass, CudnnMode};
-use crate::Result;
 use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args};
-use crate::matmul::{MatmulShape, cuda::matmul};
+use crate::matmul::{MatmulShape, cuda::matmul_as};
+use crate::{Error, Math, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "im2col",
@@ -79,7 +79,7 @@ pub(crate) struct Operands {
 /// As [`conv2d`].
 unsafe fn through_cudnn(
     gpu: &Gpu,
-    pass: ConvPass,
+    pass: (ConvPass, Math),
     p: &ConvParams,
     x: Operands,
     workspace: &mut Workspace<'_>,
@@ -90,6 +90,44 @@ unsafe fn through_cudnn(
     // SAFETY: forwarded to the caller.
     let ran = gpu.with_cudnn(|dnn| unsafe { dnn.run(gpu, pass, p, x, workspace) })?;
     Ok(ran.unwrap_or(false))
+}
+
+/// `pass` of `p` with 16-bit operands (`math` `Bf16` or `F16`) through cuDNN: `x` the input (or its gradient),
+/// `w` the weight (or its gradient), `y` the output (or its gradient), all of that type, no bias. Returns `false`,
+/// queuing nothing, where cuDNN is not in use or has no algorithm for it: the own kernels are f32 only, and the
+/// caller runs the pass in f32 instead.
+///
+/// # Safety
+/// As [`conv2d`], with the operands in the type `math` names.
+///
+/// # Errors
+/// `math` of f32 operands, or as [`conv2d`].
+pub unsafe fn conv_pass_16bit(
+    gpu: &Gpu,
+    (pass, math): (ConvPass, Math),
+    p: &ConvParams,
+    (x, w, y): (u64, u64, u64),
+    workspace: &mut Workspace<'_>,
+) -> Result<bool> {
+    if math.f32_operands() || pass == (ConvPass::Forward { bias: true }) {
+        return Err(Error::Cuda(format!(
+            "conv_pass_16bit: {pass:?} under {math:?}: takes bf16 or f16 operands and no bias"
+        )));
+    }
+    let x = Operands { x, w, y, bias: 0 };
+    // SAFETY: forwarded to the caller.
+    unsafe { through_cudnn(gpu, (pass, math), p, x, workspace) }
+}
+
+/// `math` for a pass of f32 operands; an error for another.
+fn f32_math(op: &str, math: Math) -> Result<Math> {
+    if math.f32_operands() {
+        Ok(math)
+    } else {
+        Err(Error::Cuda(format!(
+            "{op}: f32 operands under {math:?} (16-bit operands go through conv_pass_16bit)"
+        )))
+    }
 }
 
 /// Bytes from an f32 element offset.
@@ -167,9 +205,9 @@ unsafe fn grad_cnhw(gpu: &Gpu, t: &ConvParams, g: u64, out: u64) -> Result<()> {
 /// A launch, cuDNN or cuBLAS failure, or no workspace (the workspace's own error, such as out of memory).
 pub unsafe fn conv2d(
     gpu: &Gpu,
+    math: Math,
     p: &ConvParams,
-    input: u64,
-    weight: u64,
+    (input, weight): (u64, u64),
     bias: Option<u64>,
     out: u64,
     workspace: &mut Workspace<'_>,
@@ -186,8 +224,9 @@ pub unsafe fn conv2d(
     let pass = ConvPass::Forward {
         bias: bias.is_some(),
     };
+    let math = f32_math("conv2d", math)?;
     // SAFETY: forwarded to the caller.
-    if unsafe { through_cudnn(gpu, pass, p, x, workspace) }? {
+    if unsafe { through_cudnn(gpu, (pass, math), p, x, workspace) }? {
         return Ok(());
     }
     let ws = workspace(p.own_workspace_len() * 4)?;
@@ -210,7 +249,7 @@ pub unsafe fn conv2d(
                 trans_lhs: false,
                 trans_rhs: false,
             };
-            matmul(gpu, CudaType::F32, weight, col, tmp, &s)?;
+            matmul_as(gpu, math, CudaType::F32, (weight, col, tmp), &s)?;
             let (ni, co, hww) = (t.batch as u64, p.c_out as u64, hw as u64);
             let b = bias.unwrap_or(0);
             let y = out + at(b0 * p.c_out * hw);
@@ -236,6 +275,7 @@ pub unsafe fn conv2d(
 /// As [`conv2d`].
 pub unsafe fn conv2d_backward_input(
     gpu: &Gpu,
+    math: Math,
     p: &ConvParams,
     grad_out: u64,
     weight: u64,
@@ -251,8 +291,9 @@ pub unsafe fn conv2d_backward_input(
         y: grad_out,
         bias: 0,
     };
+    let math = f32_math("conv2d_backward_input", math)?;
     // SAFETY: forwarded to the caller.
-    if unsafe { through_cudnn(gpu, ConvPass::BackwardData, p, x, workspace) }? {
+    if unsafe { through_cudnn(gpu, (ConvPass::BackwardData, math), p, x, workspace) }? {
         return Ok(());
     }
     let ws = workspace(p.own_workspace_len() * 4)?;
@@ -275,7 +316,7 @@ pub unsafe fn conv2d_backward_input(
                 trans_lhs: true,
                 trans_rhs: false,
             };
-            matmul(gpu, CudaType::F32, weight, g, dcol, &s)?;
+            matmul_as(gpu, math, CudaType::F32, (weight, g, dcol), &s)?;
             let (ni, c, h, w, kh, kw, st, pad, oh, ow) = geometry(&t);
             let dx = grad_in + at(b0 * p.c_in * p.h * p.w);
             let mut args = kernel_args![ni, c, h, w, kh, kw, st, pad, oh, ow, dcol, dx];
@@ -295,6 +336,7 @@ pub unsafe fn conv2d_backward_input(
 /// As [`conv2d`].
 pub unsafe fn conv2d_backward_weight(
     gpu: &Gpu,
+    math: Math,
     p: &ConvParams,
     input: u64,
     grad_out: u64,
@@ -310,8 +352,9 @@ pub unsafe fn conv2d_backward_weight(
         y: grad_out,
         bias: 0,
     };
+    let math = f32_math("conv2d_backward_weight", math)?;
     // SAFETY: forwarded to the caller.
-    if unsafe { through_cudnn(gpu, ConvPass::BackwardFilter, p, x, workspace) }? {
+    if unsafe { through_cudnn(gpu, (ConvPass::BackwardFilter, math), p, x, workspace) }? {
         return Ok(());
     }
     if p.batch == 0 {
@@ -344,7 +387,7 @@ pub unsafe fn conv2d_backward_weight(
                 trans_lhs: false,
                 trans_rhs: true,
             };
-            matmul(gpu, CudaType::F32, g, col, dst, &s)?;
+            matmul_as(gpu, math, CudaType::F32, (g, col, dst), &s)?;
             if i > 0 {
                 let n = p.weight_len() as u64;
                 let mut args = kernel_args![n, partial, grad_w];

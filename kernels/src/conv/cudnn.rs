@@ -10,9 +10,11 @@
 //! heuristics' first of them, the same in every process. The decisions can be saved and adopted by a later
 //! process ([`saved`]), which then times nothing it adopted.
 //!
-//! Precision: every convolution descriptor asks for `CUDNN_FMA_MATH`, plain fp32 multiply-adds. cuDNN's
-//! `CUDNN_DEFAULT_MATH` lets fp32 convolutions run on TF32 tensor cores on Ampere and later; cohort computes in
-//! fp32 with no TF32 until a precision policy exists to choose otherwise (the products keep to the same rule).
+//! Precision ([`Math`], part of every key): under `Fp32` a descriptor asks for `CUDNN_FMA_MATH`, plain fp32
+//! multiply-adds, and no candidate with tensor-core math or `WINOGRAD_NONFUSED` is taken; under `Tf32`
+//! `CUDNN_DEFAULT_MATH`, which lets f32 convolutions run on TF32 tensor cores; under `Bf16` and `F16` the operands
+//! are of that type and `CUDNN_TENSOR_OP_MATH` runs them on tensor cores, with fp32 sums in every case (the
+//! choices PyTorch makes for `allow_tf32` and autocast).
 //!
 //! Workspaces: an algorithm runs with the workspace `cudnnGet*WorkspaceSize` names for it, from the caller
 //! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself.
@@ -36,7 +38,7 @@ use super::{ConvParams, ConvPass, CudnnMode};
 use crate::cuda::decisions::Decisions;
 use crate::cuda::{GemmTuning, Gpu, cuda_err};
 use crate::matmul::lt::time_runs;
-use crate::{Error, Result};
+use crate::{Error, Math, Result};
 
 /// Algorithms asked of the heuristics: more than any pass has (cuDNN 9: 8 forward, 6 data, 7 filter).
 const CANDIDATES: usize = 8;
@@ -243,6 +245,7 @@ pub(crate) fn version_string(v: usize) -> String {
 struct Key {
     pass: ConvPass,
     p: ConvParams,
+    math: Math,
 }
 
 /// `cudnn fwd+bias 7x64x13x11 -> 128 k3x3 s2 p1`: a pass's label in profiles and tuning reports.
@@ -259,8 +262,14 @@ fn label(key: &Key) -> String {
     } else {
         String::new()
     };
+    let math = match key.math {
+        Math::Fp32 => "",
+        Math::Tf32 => " tf32",
+        Math::Bf16 => " bf16",
+        Math::F16 => " f16",
+    };
     format!(
-        "cudnn {pass} {}x{}x{}x{} -> {} k{}x{} s{} p{}{groups}",
+        "cudnn {pass} {}x{}x{}x{} -> {} k{}x{} s{} p{}{groups}{math}",
         p.batch, p.c_in, p.h, p.w, p.c_out, p.kh, p.kw, p.stride, p.padding
     )
 }
@@ -275,6 +284,8 @@ struct Desc {
     bias: sys::cudnnTensorDescriptor_t,
     /// The identity, for a forward with a fused bias (else null).
     act: sys::cudnnActivationDescriptor_t,
+    /// The arithmetic the descriptors ask for.
+    math: Math,
 }
 
 impl Drop for Desc {
@@ -328,20 +339,27 @@ fn dims(p: &ConvParams) -> Option<[i32; 13]> {
     Some(out)
 }
 
-/// A 4-D NCHW f32 tensor descriptor.
-fn tensor4d(dims: [i32; 4]) -> std::result::Result<sys::cudnnTensorDescriptor_t, dnn::CudnnError> {
+/// The operands' element type under `math`.
+fn data_type(math: Math) -> sys::cudnnDataType_t {
+    match math {
+        Math::Fp32 | Math::Tf32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        Math::Bf16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        Math::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
+    }
+}
+
+/// A 4-D NCHW tensor descriptor of elements `dt`.
+fn tensor4d(
+    dims: [i32; 4],
+    dt: sys::cudnnDataType_t,
+) -> std::result::Result<sys::cudnnTensorDescriptor_t, dnn::CudnnError> {
     let t = dnn::create_tensor_descriptor()?;
     // SAFETY: `t` was just created; on failure it is destroyed here and not used after.
     unsafe {
-        dnn::set_tensor4d_descriptor(
-            t,
-            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-            sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            dims,
-        )
-        .inspect_err(|_| {
-            let _ = dnn::destroy_tensor_descriptor(t);
-        })?
+        dnn::set_tensor4d_descriptor(t, sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, dt, dims)
+            .inspect_err(|_| {
+                let _ = dnn::destroy_tensor_descriptor(t);
+            })?
     };
     Ok(t)
 }
@@ -357,6 +375,7 @@ impl Desc {
             y: std::ptr::null_mut(),
             bias: std::ptr::null_mut(),
             act: std::ptr::null_mut(),
+            math: key.math,
         };
         // `d` owns what `describe` creates, and destroys it when dropped.
         match d.describe(key.pass, dims) {
@@ -380,14 +399,15 @@ impl Desc {
         [n, c, h, w, o, cg, kh, kw, s, pad, g, oh, ow]: [i32; 13],
     ) -> std::result::Result<bool, dnn::CudnnError> {
         use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
-        self.x = tensor4d([n, c, h, w])?;
+        let dt = data_type(self.math);
+        self.x = tensor4d([n, c, h, w], dt)?;
         self.w = dnn::create_filter_descriptor()?;
         self.conv = dnn::create_convolution_descriptor()?;
         // SAFETY: the descriptors were created above and are live.
         unsafe {
             dnn::set_filter4d_descriptor(
                 self.w,
-                F32,
+                dt,
                 sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
                 [o, cg, kh, kw],
             )?;
@@ -402,8 +422,13 @@ impl Desc {
                 sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
                 F32,
             )?;
-            // Plain fp32 multiply-adds, never TF32 (see the module docs).
-            dnn::set_convolution_math_type(self.conv, sys::cudnnMathType_t::CUDNN_FMA_MATH)?;
+            // Sums in fp32 (F32 above) whatever the operands; tensor cores as the policy allows (module docs).
+            let math = match self.math {
+                Math::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+                Math::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+                Math::Bf16 | Math::F16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            };
+            dnn::set_convolution_math_type(self.conv, math)?;
             dnn::set_convolution_group_count(self.conv, g)?;
             let (mut n2, mut c2, mut h2, mut w2) = (0, 0, 0, 0);
             sys::cudnnGetConvolution2dForwardOutputDim(
@@ -414,9 +439,9 @@ impl Desc {
                 return Ok(false);
             }
         }
-        self.y = tensor4d([n, o, oh, ow])?;
+        self.y = tensor4d([n, o, oh, ow], dt)?;
         if pass == (ConvPass::Forward { bias: true }) {
-            self.bias = tensor4d([1, o, 1, 1])?;
+            self.bias = tensor4d([1, o, 1, 1], dt)?;
             self.act = dnn::create_activation_descriptor()?;
             // SAFETY: created above.
             unsafe {
@@ -542,16 +567,17 @@ impl Dnn {
     /// `false`, queuing nothing, where cuDNN has no algorithm for it.
     ///
     /// # Safety
-    /// The operands hold what `p` describes for the pass, in f32, on `gpu`; `workspace` gives memory of `gpu`.
+    /// The operands hold what `p` describes for the pass, in the type `math` names, on `gpu`; `workspace` gives
+    /// memory of `gpu`.
     pub(crate) unsafe fn run(
         &mut self,
         gpu: &Gpu,
-        pass: ConvPass,
+        (pass, math): (ConvPass, Math),
         p: &ConvParams,
         x: Operands,
         workspace: &mut Workspace<'_>,
     ) -> Result<bool> {
-        let key = Key { pass, p: *p };
+        let key = Key { pass, p: *p, math };
         let det = crate::deterministic();
         // Timing waits for the device, which a capture cannot, and its pick depends on the moment, which
         // deterministic mode forbids.
@@ -701,8 +727,8 @@ impl Dnn {
         }))
     }
 
-    /// The candidates for `key`, the heuristics' order kept: every algorithm cuDNN reports as supported, without
-    /// tensor-core math, within [`workspace_cap`], in deterministic mode only those it reports as deterministic,
+    /// The candidates for `key`, the heuristics' order kept: every algorithm cuDNN reports as supported (under
+    /// `Fp32` without tensor-core math), within [`workspace_cap`], in deterministic mode only those it reports as deterministic,
     /// each once; a forward with a bias also as one call where cuDNN allows it, tried before the same algorithm
     /// unfused.
     fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
@@ -789,9 +815,10 @@ impl Dnn {
             .iter()
             .filter(|c| {
                 c.status == SUCCESS
-                    && !TENSOR_OP_MATH.contains(&c.math_type)
                     && known(c.algo)
-                    && !winograd_nonfused(pass, c.algo)
+                    && (d.math != Math::Fp32
+                        || !(TENSOR_OP_MATH.contains(&c.math_type)
+                            || winograd_nonfused(pass, c.algo)))
             })
             .copied()
             .collect()

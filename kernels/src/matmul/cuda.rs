@@ -13,7 +13,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use super::lt::Operands;
 use super::{Epilogue, Geometry, MatmulShape};
 use crate::cuda::{CudaType, Gpu, aligned16, cuda_err, unsupported};
-use crate::{Error, Result};
+use crate::{Error, Math, Result};
 
 fn int(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| {
@@ -95,20 +95,94 @@ pub unsafe fn matmul(
             return Ok(());
         }
     }
+    // SAFETY: forwarded to the caller.
+    unsafe { gemm_ex(gpu, (ty, ty), Math::Fp32, (lhs, rhs, out), s, &p) }
+}
+
+/// `out[b] = op(lhs[b])·op(rhs[b])` with operands of the type `math` names and an output of `out_ty` (the
+/// operands' type, or f32): a product under a precision policy. `Fp32` on f32 is [`matmul`]; `Tf32` runs f32
+/// operands on TF32 tensor cores; `Bf16` and `F16` run 16-bit operands on tensor cores. Sums are fp32 in every
+/// case; the non-fp32 forms run on cuBLAS's own algorithm choice (GemmEx), untuned.
+///
+/// # Safety
+/// As [`matmul`], with the operands in the type `math` names and `out` in `out_ty`.
+///
+/// # Errors
+/// An output type other than the operands' or f32, a dimension beyond 2³¹, or a cuBLAS failure.
+pub unsafe fn matmul_as(
+    gpu: &Gpu,
+    math: Math,
+    out_ty: CudaType,
+    (lhs, rhs, out): (u64, u64, u64),
+    s: &MatmulShape,
+) -> Result<()> {
+    let ty = match math {
+        Math::Fp32 | Math::Tf32 => CudaType::F32,
+        Math::Bf16 => CudaType::BF16,
+        Math::F16 => CudaType::F16,
+    };
+    if out_ty != ty && out_ty != CudaType::F32 {
+        return Err(unsupported("matmul output", out_ty));
+    }
+    if math == Math::Fp32 {
+        // SAFETY: forwarded to the caller.
+        return unsafe { matmul(gpu, ty, lhs, rhs, out, s) };
+    }
+    if s.batch == 0 || s.m == 0 || s.n == 0 {
+        return Ok(());
+    }
+    if s.k == 0 {
+        // SAFETY: out holds batch·m·n elements of out_ty.
+        return unsafe { gpu.zero(out, s.batch * s.m * s.n * out_ty.size()) };
+    }
+    let p = plan(s)?;
+    // SAFETY: forwarded to the caller.
+    unsafe { gemm_ex(gpu, (ty, out_ty), math, (lhs, rhs, out), s, &p) }
+}
+
+/// cuBLAS's name for one of the types products take.
+fn data_type(ty: CudaType) -> Result<cudaDataType> {
+    Ok(match ty {
+        CudaType::F32 => cudaDataType::CUDA_R_32F,
+        CudaType::F16 => cudaDataType::CUDA_R_16F,
+        CudaType::BF16 => cudaDataType::CUDA_R_16BF,
+        other => return Err(unsupported("matmul", other)),
+    })
+}
+
+/// The plan `p` of `s` as one strided-batched GemmEx call: operands of `ty`, output of `out_ty`, fp32 sums (on
+/// TF32 tensor cores under `Math::Tf32`).
+///
+/// # Safety
+/// As [`matmul_as`].
+unsafe fn gemm_ex(
+    gpu: &Gpu,
+    (ty, out_ty): (CudaType, CudaType),
+    math: Math,
+    (lhs, rhs, out): (u64, u64, u64),
+    s: &MatmulShape,
+    p: &Geometry,
+) -> Result<()> {
+    let (dt, ct) = (data_type(ty)?, data_type(out_ty)?);
+    let compute = if math == Math::Tf32 {
+        cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        cublasComputeType_t::CUBLAS_COMPUTE_32F
+    };
+    let tag = match math {
+        Math::Fp32 => "",
+        Math::Tf32 => " tf32",
+        Math::Bf16 => " bf16",
+        Math::F16 => " f16",
+    };
     let alpha = 1.0f32;
     let beta = 0.0f32;
     gpu.timed(
-        || label(s, ""),
+        || label(s, tag),
         || {
             gpu.with_blas(|h| {
-                let dt = match ty {
-                    CudaType::F32 => cudaDataType::CUDA_R_32F,
-                    CudaType::F16 => cudaDataType::CUDA_R_16F,
-                    CudaType::BF16 => cudaDataType::CUDA_R_16BF,
-                    other => return Err(unsupported("matmul", other)),
-                };
                 // SAFETY: pointers and geometry per the caller; alpha / beta live on the stack for
-                // the call (host pointer mode). fp32 accumulation, no TF32.
+                // the call (host pointer mode).
                 unsafe {
                     cudarc::cublas::result::gemm_strided_batched_ex(
                         h,
@@ -128,11 +202,11 @@ pub unsafe fn matmul(
                         p.stride_b,
                         (&beta) as *const f32 as *const c_void,
                         out as *mut c_void,
-                        dt,
+                        ct,
                         p.ldc,
                         p.stride_c,
                         p.batch,
-                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        compute,
                         cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                     )
                 }

@@ -1,8 +1,9 @@
 //! The CUDA backend of a build without the `cuda` feature: the same functions as `imp.rs`, each
 //! returning [`Error::NotCompiledWithCuda`]. No [`CudaStorage`] can be created.
 
+use cohort_kernels::Math;
 use cohort_kernels::binary::BinaryOp;
-use cohort_kernels::conv::ConvParams;
+use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::copy::Copy2d;
 use cohort_kernels::matmul::{GemmChoices, MatmulShape};
 use cohort_kernels::optim::{AdamParams, SgdParams};
@@ -209,14 +210,37 @@ pub fn matmul(lhs: &CudaStorage, rhs: &CudaStorage, shape: &MatmulShape) -> Resu
     Err(unavailable("matmul", lhs.ordinal))
 }
 
+/// A product under a precision policy (see the CUDA build's `matmul_as`).
+pub fn matmul_as(
+    lhs: &CudaStorage,
+    rhs: &CudaStorage,
+    shape: &MatmulShape,
+    math: Math,
+) -> Result<CudaStorage> {
+    let _ = (rhs, shape, math);
+    Err(unavailable("matmul", lhs.ordinal))
+}
+
+/// A convolution pass with 16-bit operands (see the CUDA build's `conv_pass_16bit`).
+pub fn conv_pass_16bit(
+    pass: (ConvPass, Math),
+    a: &CudaStorage,
+    b: &CudaStorage,
+    p: &ConvParams,
+) -> Result<Option<CudaStorage>> {
+    let _ = (pass, b, p);
+    Err(unavailable("conv2d", a.ordinal))
+}
+
 /// See [`crate::cpu::conv2d`].
 pub fn conv2d(
     input: &CudaStorage,
     weight: &CudaStorage,
     bias: Option<&CudaStorage>,
     p: &ConvParams,
+    math: Math,
 ) -> Result<CudaStorage> {
-    let _ = (weight, bias, p);
+    let _ = (weight, bias, p, math);
     Err(unavailable("conv2d", input.ordinal))
 }
 
@@ -225,8 +249,9 @@ pub fn conv2d_backward_input(
     grad_out: &CudaStorage,
     weight: &CudaStorage,
     p: &ConvParams,
+    math: Math,
 ) -> Result<CudaStorage> {
-    let _ = (weight, p);
+    let _ = (weight, p, math);
     Err(unavailable("conv2d_backward_input", grad_out.ordinal))
 }
 
@@ -235,8 +260,9 @@ pub fn conv2d_backward_weight(
     input: &CudaStorage,
     grad_out: &CudaStorage,
     p: &ConvParams,
+    math: Math,
 ) -> Result<CudaStorage> {
-    let _ = (grad_out, p);
+    let _ = (grad_out, p, math);
     Err(unavailable("conv2d_backward_weight", input.ordinal))
 }
 
@@ -630,4 +656,12 @@ pub fn adopt_gemm_choices(ordinal: usize, _choices: &GemmChoices) -> Result<usiz
 /// [`Error::NotCompiledWithCuda`].
 pub fn gemm_choice_count(ordinal: usize) -> Result<u64> {
     Err(unavailable("gemm_choice_count", ordinal))
+}
+
+/// The cuDNN in use (none without CUDA support).
+///
+/// # Errors
+/// [`Error::NotCompiledWithCuda`].
+pub fn cudnn_version(ordinal: usize) -> Result<Option<usize>> {
+    Err(unavailable("cudnn_version", ordinal))
 }

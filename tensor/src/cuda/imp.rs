@@ -15,8 +15,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use cohort_alloc::{Block, MemoryReport, TenantId};
+use cohort_kernels::Math;
 use cohort_kernels::binary::{BinaryOp, cuda as binary_cuda};
-use cohort_kernels::conv::{ConvParams, cuda as conv_cuda};
+use cohort_kernels::conv::{ConvParams, ConvPass, cuda as conv_cuda};
 use cohort_kernels::copy::{Copy2d, cuda as copy_cuda};
 use cohort_kernels::cuda::{CudaType, Gpu};
 use cohort_kernels::index::cuda as index_cuda;
@@ -298,6 +299,15 @@ pub fn adopt_gemm_choices(ordinal: usize, choices: &GemmChoices) -> Result<usize
 /// No such device.
 pub fn gemm_choice_count(ordinal: usize) -> Result<u64> {
     Ok(gpu(ordinal)?.gemm_choice_count())
+}
+
+/// The cuDNN device `ordinal`'s convolutions run through (`cudnnGetVersion()`, 91400 for 9.14.0); `None` where
+/// it is switched off or absent, and the own kernels run them (16-bit convolutions then run in f32).
+///
+/// # Errors
+/// No such device.
+pub fn cudnn_version(ordinal: usize) -> Result<Option<usize>> {
+    Ok(gpu(ordinal)?.cudnn_version())
 }
 
 /// `len` elements of `value` on device `ordinal`.
@@ -826,6 +836,37 @@ pub fn matmul(lhs: &CudaStorage, rhs: &CudaStorage, shape: &MatmulShape) -> Resu
     Ok(out)
 }
 
+/// The operands' type under `math`.
+fn operand_type(math: Math) -> DType {
+    match math {
+        Math::Fp32 | Math::Tf32 => DType::F32,
+        Math::Bf16 => DType::BF16,
+        Math::F16 => DType::F16,
+    }
+}
+
+/// `lhs · rhs` under `math` (operands of its type), into f32: a product under a precision policy.
+///
+/// # Errors
+/// Operands of another type or on different devices, out of memory, or a cuBLAS failure.
+pub fn matmul_as(
+    lhs: &CudaStorage,
+    rhs: &CudaStorage,
+    shape: &MatmulShape,
+    math: Math,
+) -> Result<CudaStorage> {
+    let t = operand_type(math);
+    if lhs.dtype != t || rhs.dtype != t {
+        return Err(mismatch("matmul", lhs.dtype, rhs.dtype));
+    }
+    same_device("matmul", lhs, rhs)?;
+    let out = lhs.sibling(shape.batch * shape.m * shape.n, DType::F32)?;
+    let ptrs = (lhs.device_ptr(), rhs.device_ptr(), out.device_ptr());
+    // SAFETY: the tensor validated that lhs and rhs hold what `shape` describes, in `t`.
+    unsafe { matmul_cuda::matmul_as(&lhs.gpu, math, CudaType::F32, ptrs, shape)? };
+    Ok(out)
+}
+
 /// `x · w + bias` (then a ReLU) in one cuBLASLt call, the bias and ReLU in its epilogue;
 /// `None` where the epilogue cannot run (see [`matmul_cuda::matmul_bias`]).
 ///
@@ -1005,6 +1046,7 @@ pub fn conv2d(
     weight: &CudaStorage,
     bias: Option<&CudaStorage>,
     p: &ConvParams,
+    math: Math,
 ) -> Result<CudaStorage> {
     conv_check("conv2d", input, weight)?;
     if let Some(b) = bias {
@@ -1019,9 +1061,9 @@ pub fn conv2d(
     unsafe {
         conv_cuda::conv2d(
             &input.gpu,
+            math,
             p,
-            input.device_ptr(),
-            weight.device_ptr(),
+            (input.device_ptr(), weight.device_ptr()),
             bias.map(CudaStorage::device_ptr),
             out.device_ptr(),
             &mut |bytes| ws.get(bytes),
@@ -1038,6 +1080,7 @@ pub fn conv2d_backward_input(
     grad_out: &CudaStorage,
     weight: &CudaStorage,
     p: &ConvParams,
+    math: Math,
 ) -> Result<CudaStorage> {
     conv_check("conv2d_backward_input", grad_out, weight)?;
     let out = grad_out.sibling(p.input_len(), DType::F32)?;
@@ -1046,6 +1089,7 @@ pub fn conv2d_backward_input(
     unsafe {
         conv_cuda::conv2d_backward_input(
             &grad_out.gpu,
+            math,
             p,
             grad_out.device_ptr(),
             weight.device_ptr(),
@@ -1064,6 +1108,7 @@ pub fn conv2d_backward_weight(
     input: &CudaStorage,
     grad_out: &CudaStorage,
     p: &ConvParams,
+    math: Math,
 ) -> Result<CudaStorage> {
     conv_check("conv2d_backward_weight", input, grad_out)?;
     let out = input.sibling(p.weight_len(), DType::F32)?;
@@ -1072,6 +1117,7 @@ pub fn conv2d_backward_weight(
     unsafe {
         conv_cuda::conv2d_backward_weight(
             &input.gpu,
+            math,
             p,
             input.device_ptr(),
             grad_out.device_ptr(),
@@ -1080,6 +1126,46 @@ pub fn conv2d_backward_weight(
         )?
     };
     Ok(out)
+}
+
+/// One pass of a convolution with 16-bit operands through cuDNN (`math` `Bf16` or `F16`): the forward from the
+/// input and the weight, the input's gradient from the output's and the weight, or the weight's gradient from the
+/// input and the output's, as `a` and `b`, both of the math's type; the result is of that type too. `None` where
+/// cuDNN is not in use or has no algorithm for it (the caller runs the pass in f32).
+///
+/// # Errors
+/// Operands of another type or on different devices, out of memory (result or workspace), or a failure.
+pub fn conv_pass_16bit(
+    (pass, math): (ConvPass, Math),
+    a: &CudaStorage,
+    b: &CudaStorage,
+    p: &ConvParams,
+) -> Result<Option<CudaStorage>> {
+    let t = operand_type(math);
+    if a.dtype != t || b.dtype != t {
+        return Err(mismatch("conv2d", a.dtype, b.dtype));
+    }
+    same_device("conv2d", a, b)?;
+    let len = match pass {
+        ConvPass::Forward { .. } => p.output_len(),
+        ConvPass::BackwardData => p.input_len(),
+        ConvPass::BackwardFilter => p.weight_len(),
+    };
+    let out = a.sibling(len, t)?;
+    let (a, b, o) = (a.device_ptr(), b.device_ptr(), out.device_ptr());
+    // cuDNN's operands by role: input (or its gradient), weight (or its gradient), output (or its gradient).
+    let roles = match pass {
+        ConvPass::Forward { .. } => (a, b, o),
+        ConvPass::BackwardData => (o, b, a),
+        ConvPass::BackwardFilter => (a, o, b),
+    };
+    let mut ws = ConvWorkspace::new(&out);
+    // SAFETY: sizes from p (validated by the tensor), operands of `t`; the workspace is this device's.
+    let ran = unsafe {
+        conv_cuda::conv_pass_16bit(&out.gpu, (pass, math), p, roles, &mut |bytes| ws.get(bytes))?
+    };
+    drop(ws);
+    Ok(ran.then_some(out))
 }
 
 /// See [`crate::cpu::max_pool2d`].

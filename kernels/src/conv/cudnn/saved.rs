@@ -18,6 +18,7 @@ impl Dnn {
             .map(|(k, e)| ConvChoice {
                 pass: k.pass,
                 params: k.p,
+                math: k.math,
                 decision: match e {
                     Entry::Own => ConvDecision::Own,
                     Entry::Run(c) => ConvDecision::Cudnn {
@@ -28,7 +29,7 @@ impl Dnn {
                 },
             })
             .collect();
-        entries.sort_by_key(|e| (e.pass, e.params));
+        entries.sort_by_key(|e| (e.pass, e.params, e.math));
         ConvChoices {
             cudnn_version: self.version as u64,
             entries,
@@ -58,6 +59,7 @@ impl Dnn {
                 let key = Key {
                     pass: c.pass,
                     p: c.params,
+                    math: c.math,
                 };
                 let entry = self
                     .entry(&key, &c.decision)

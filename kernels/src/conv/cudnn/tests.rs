@@ -185,7 +185,7 @@ impl Case {
             Ok(ptr)
         };
         // SAFETY: the operands hold what `p` describes for the pass.
-        let ran = unsafe { dnn.run(gpu, pass, &self.p, x, &mut workspace) }.unwrap();
+        let ran = unsafe { dnn.run(gpu, (pass, Math::Fp32), &self.p, x, &mut workspace) }.unwrap();
         assert!(
             ran,
             "{}: cuDNN has no algorithm for it",
@@ -196,13 +196,21 @@ impl Case {
 }
 
 fn label_of(pass: ConvPass, p: &ConvParams) -> String {
-    label(&Key { pass, p: *p })
+    label(&Key {
+        pass,
+        p: *p,
+        math: Math::Fp32,
+    })
 }
 
 /// The algorithm `dnn` runs `pass` of `p` on.
 #[track_caller]
 fn kept(dnn: &Dnn, pass: ConvPass, p: &ConvParams) -> Variant {
-    match dnn.table.get(&Key { pass, p: *p }) {
+    match dnn.table.get(&Key {
+        pass,
+        p: *p,
+        math: Math::Fp32,
+    }) {
         Some(Entry::Run(c)) => c.run,
         Some(Entry::Own) => panic!("{}: on the own kernels", label_of(pass, p)),
         None => panic!("{}: never decided", label_of(pass, p)),
@@ -220,7 +228,11 @@ fn every_algorithm_cudnn_offers_matches_the_cpu() {
     for p in geometries() {
         let case = Case::new(&gpu, p);
         for pass in PASSES {
-            let key = Key { pass, p };
+            let key = Key {
+                pass,
+                p,
+                math: Math::Fp32,
+            };
             let what = label(&key);
             let desc = Desc::new(&key).unwrap_or_else(|| panic!("{what}: no descriptors"));
             let variants = dnn.variants(&key, &desc);

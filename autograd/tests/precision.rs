@@ -1,0 +1,73 @@
+//! A conv net's training step under every precision policy on CUDA against the CPU's fp32: the loss and every
+//! parameter's gradient within the policy's tolerance and in f32 (the master weights' type), the backward pass
+//! in the forward's policy even where the tape runs outside its scope.
+//! Run on a GPU: `cargo test -p cohort-autograd -- --include-ignored`.
+
+use cohort_autograd::{BuildOptions, ModelSpec, Tape, loss};
+use cohort_tensor::{DType, Device, Precision, Tensor};
+
+const SPEC: &str = r#"layers = [{ conv = 32, kernel = 3, padding = 1, act = "relu" }, { maxpool = 2 },
+    { conv = 64, kernel = 3, padding = 1, act = "relu" }, { maxpool = 2 }, { flatten = true },
+    { linear = 128, act = "relu" }, { linear = 10 }]"#;
+
+/// The loss and the gradients, by parameter, of one step on `dev` under `p`, the backward pass run after the
+/// policy's scope has ended.
+fn step(dev: &Device, p: Precision) -> (f32, Vec<(String, Tensor)>) {
+    let spec = ModelSpec::from_toml(SPEC).unwrap();
+    let model = spec
+        .build(&[3, 16, 16], &BuildOptions::new(1, 7, *dev))
+        .unwrap();
+    let x = Tensor::rand_uniform(&[32, 3, 16, 16], -1.0, 1.0, DType::F32, 3, dev).unwrap();
+    let y = Tensor::from_vec((0..32).map(|i| i % 10).collect::<Vec<i32>>(), &[32], dev).unwrap();
+    let tape = Tape::new();
+    let l = {
+        let _p = p.enter();
+        loss::cross_entropy(&model.forward(&tape, &x).unwrap(), &y).unwrap()
+    };
+    tape.backward(&l).unwrap();
+    let lv = l
+        .value()
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()[0];
+    let grads = model
+        .params()
+        .iter()
+        .map(|q| (q.name(), q.grad().expect("every parameter has a gradient")))
+        .collect();
+    (lv, grads)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_conv_nets_step_keeps_to_each_policys_tolerance() {
+    let (want_loss, want) = step(&Device::Cpu, Precision::Fp32);
+    for p in Precision::ALL {
+        let tol = match p {
+            Precision::Fp32 => 1e-4,
+            Precision::Tf32 | Precision::F16 => 1e-2,
+            Precision::Bf16 => 5e-2,
+        };
+        let (got_loss, got) = step(&Device::Cuda(0), p);
+        assert!(
+            (got_loss - want_loss).abs() <= tol * want_loss.abs(),
+            "{p}: loss {got_loss} vs {want_loss}"
+        );
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_eq!(g.dtype(), DType::F32, "{p}: {name}'s gradient");
+            let g = g.to_device(&Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+            let w = w.to_vec::<f32>().unwrap();
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = g
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                err <= tol * scale,
+                "{p}: {name}: error {err:.3e} of scale {scale:.3e}"
+            );
+        }
+    }
+}

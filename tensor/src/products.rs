@@ -1,0 +1,120 @@
+//! Matrix products and convolutions under a precision policy other than fp32 (see [`Precision`]): which
+//! [`Math`] a product runs in, its operands cast to that math's type, and the 16-bit convolutions with their
+//! f32 fallback. The ops in `ops.rs` route here when [`Precision::math_for`] names a math.
+
+use cohort_kernels::Math;
+use cohort_kernels::conv::{ConvParams, ConvPass};
+use cohort_kernels::matmul::MatmulShape;
+
+use crate::storage::Storage;
+use crate::{DType, Precision, Result, Tensor, cuda};
+
+impl Precision {
+    /// The math a product of `a` and `b` runs in under this policy, where that is not the plain one: on CUDA,
+    /// `Tf32` for f32 operands under `tf32`, and under a mixed policy its 16-bit math for operands each f32 or of
+    /// its low type (autograd keeps the low copies for the backward pass). `None`: the op runs as without a
+    /// policy (fp32, the CPU, other dtypes).
+    pub fn math_for(self, a: &Tensor, b: &Tensor) -> Option<Math> {
+        if !a.device().is_cuda() {
+            return None;
+        }
+        let (x, y) = (a.dtype(), b.dtype());
+        match (self, self.low()) {
+            (Precision::Tf32, _) if x == DType::F32 && y == DType::F32 => Some(Math::Tf32),
+            (_, Some(low)) if [x, y].iter().all(|&t| t == DType::F32 || t == low) => {
+                Some(if low == DType::BF16 {
+                    Math::Bf16
+                } else {
+                    Math::F16
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The type a product's operands take under `math`.
+fn operand_type(math: Math) -> DType {
+    match math {
+        Math::Fp32 | Math::Tf32 => DType::F32,
+        Math::Bf16 => DType::BF16,
+        Math::F16 => DType::F16,
+    }
+}
+
+impl Tensor {
+    /// `self` as an operand of a product under `math`: itself where it has the math's type, else a cast copy.
+    ///
+    /// # Errors
+    /// When the cast fails (out of memory).
+    pub fn as_operand(&self, math: Math) -> Result<Tensor> {
+        let t = operand_type(math);
+        if self.dtype() == t {
+            Ok(self.clone())
+        } else {
+            self.to_dtype(t)
+        }
+    }
+
+    /// [`Tensor::matmul_t`] under `math`, into f32.
+    pub(crate) fn matmul_under(
+        &self,
+        rhs: &Tensor,
+        (trans_lhs, trans_rhs): (bool, bool),
+        math: Math,
+    ) -> Result<Tensor> {
+        let (a, b) = (self.as_operand(math)?, rhs.as_operand(math)?);
+        let (shape, out): (MatmulShape, _) = a.matmul_shape(&b, trans_lhs, trans_rhs)?;
+        let y = Tensor::read_all(&[&a, &b], |st| match (st[0], st[1]) {
+            (Storage::Cuda(x), Storage::Cuda(w)) => cuda::matmul_as(x, w, &shape, math),
+            _ => Err(a.device_mismatch("matmul", &b)),
+        })?;
+        Ok(Tensor::from_storage(Storage::Cuda(y), out))
+    }
+
+    /// One pass of a convolution under a 16-bit `math`, into f32: the forward from the input `a` and the weight
+    /// `b` (then `bias`), the input's gradient from the output's (`a`) and the weight, or the weight's gradient
+    /// from the input and the output's (`b`). Where cuDNN does not run it (absent, or no algorithm), the pass
+    /// runs in f32 on the own kernels, as it would under fp32.
+    pub(crate) fn conv_16bit(
+        (pass, math): (ConvPass, Math),
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        p: &ConvParams,
+    ) -> Result<Tensor> {
+        let (a16, b16) = (a.as_operand(math)?, b.as_operand(math)?);
+        let ran = Tensor::read_all(&[&a16, &b16], |st| match (st[0], st[1]) {
+            (Storage::Cuda(x), Storage::Cuda(y)) => cuda::conv_pass_16bit((pass, math), x, y, p),
+            _ => Err(a.device_mismatch("conv2d", b)),
+        })?;
+        let input = [p.batch, p.c_in, p.h, p.w];
+        let weight = [p.c_out, p.c_in_g(), p.kh, p.kw];
+        let shape = match pass {
+            ConvPass::Forward { .. } => vec![p.batch, p.c_out, p.out_h(), p.out_w()],
+            ConvPass::BackwardData => input.to_vec(),
+            ConvPass::BackwardFilter => weight.to_vec(),
+        };
+        let y = match ran {
+            Some(s) => Tensor::from_storage(Storage::Cuda(s), shape).to_dtype(DType::F32)?,
+            None => {
+                let _fp32 = Precision::Fp32.enter();
+                let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+                let (s, pad, g) = (p.stride, p.padding, p.groups);
+                match pass {
+                    ConvPass::Forward { .. } => a.conv2d(&b, None, s, pad, g)?,
+                    ConvPass::BackwardData => {
+                        Tensor::conv2d_backward_input(&a, &b, &input, s, pad, g)?
+                    }
+                    ConvPass::BackwardFilter => {
+                        Tensor::conv2d_backward_weight(&a, &b, &weight, s, pad, g)?
+                    }
+                }
+            }
+        };
+        match bias {
+            Some(bias) => y.add(&bias.reshape(&[1, p.c_out, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+}
