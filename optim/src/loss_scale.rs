@@ -124,9 +124,7 @@ mod tests {
     fn setup() -> (cohort_autograd::Model, Optimizer, Tensor, Tensor) {
         let dev = Device::Cpu;
         let spec = ModelSpec::from_toml(r#"layers = [{ linear = 3 }]"#).unwrap();
-        let model = spec
-            .build(&[4], &BuildOptions::new(1, 0, dev.clone()))
-            .unwrap();
+        let model = spec.build(&[4], &BuildOptions::new(1, 0, dev)).unwrap();
         let opt = Optimizer::new(OptimConfig::sgd(0.1), model.params())
             .unwrap()
             .with_schedule(Schedule::Constant);
