@@ -118,6 +118,10 @@ pub struct Manifest {
     /// manifest is refused like a corrupt checkpoint. Empty in manifests of earlier versions.
     #[serde(default)]
     pub manifest_checksum: String,
+    /// Under `precision = "f16"`: the loss scaler's scale and counts, so that a resumed member goes on with the
+    /// scale it had reached. Absent for other policies and in manifests of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<cohort_optim::LossScaler>,
 }
 
 /// The manifest's checksum over its file's bytes, with the checksum field's own value taken out. Over the bytes as
@@ -475,6 +479,7 @@ mod tests {
                 wall_time: 0.0,
                 data_settings: serde_json::Value::Null,
                 manifest_checksum: String::new(),
+                loss_scaler: None,
             },
             tensors,
         }

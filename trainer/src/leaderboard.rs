@@ -316,6 +316,8 @@ pub(crate) mod tests {
             peak_memory_bytes: 1 << 20,
             model_steps_per_s: 1000.0,
             oom_events: 0,
+            precision: "fp32".into(),
+            skipped_steps: None,
             batch: 128,
             device: "cpu".into(),
             fused_with: Vec::new(),

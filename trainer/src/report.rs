@@ -85,6 +85,12 @@ pub struct MemberSummary {
     pub model_steps_per_s: f64,
     /// Out-of-memory events the member recovered from (or died of).
     pub oom_events: u64,
+    /// Its precision policy (`fp32`, `tf32`, `bf16`, `f16`); `fp32` in summaries of earlier versions.
+    #[serde(default = "fp32")]
+    pub precision: String,
+    /// Under `f16`: the steps whose update the loss scaler skipped (gradients not finite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<u64>,
     /// Batch size at the end (smaller than configured after OOM shrinking).
     pub batch: usize,
     /// The device it ended on.
@@ -95,6 +101,10 @@ pub struct MemberSummary {
     /// Why it stopped early, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+}
+
+fn fp32() -> String {
+    "fp32".into()
 }
 
 /// A search dimension as the sweep's report shows it.
@@ -224,7 +234,8 @@ impl Summary {
 }
 
 impl fmt::Display for Summary {
-    /// The table: member, steps, final loss, test accuracy, peak memory, model-steps/s, OOM events.
+    /// The table: member, steps, final loss, test accuracy, peak memory, model-steps/s, OOM events, and the device
+    /// with the precision policy where it is not fp32.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let w = self
             .members
@@ -242,6 +253,13 @@ impl fmt::Display for Summary {
         for m in &self.members {
             let score = |s: &Option<Scores>| s.as_ref().map_or("-".to_string(), Scores::headline);
             let mut device = m.device.clone();
+            // The policy where it is not the default, as compact as the column is.
+            if m.precision != "fp32" {
+                let _ = write!(device, " {}", m.precision);
+            }
+            if let Some(n) = m.skipped_steps.filter(|&n| n > 0) {
+                let _ = write!(device, " ({n} skipped)");
+            }
             if let Some(s) = &m.stopped {
                 let _ = write!(device, " ({s})");
             }

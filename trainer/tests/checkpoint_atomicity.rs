@@ -40,6 +40,7 @@ fn checkpoint(step: u64, elems: usize) -> Checkpoint {
             wall_time: 0.0,
             data_settings: serde_json::Value::Null,
             manifest_checksum: String::new(),
+            loss_scaler: None,
         },
         tensors,
     }

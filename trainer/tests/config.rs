@@ -247,3 +247,87 @@ model = { layers = [
         72 + 16 + 600 + 1312 + 204 + 24 + 120
     );
 }
+
+#[test]
+fn precision_defaults_to_fp32_is_set_run_wide_and_overridden_per_member() {
+    use cohort_tensor::Precision;
+    let plain = parse(MEMBER).unwrap();
+    assert_eq!(plain.run.precision, Precision::Fp32);
+    assert_eq!(plain.members[0].precision, Precision::Fp32);
+    assert!(
+        !plain.members[0].hyperparameters.contains_key("precision"),
+        "an all-fp32 run records no precision"
+    );
+    for p in Precision::ALL {
+        let c = parse(&format!("{MEMBER}precision = \"{p}\"\n")).unwrap();
+        assert_eq!(c.members[0].precision, p, "{p}");
+    }
+    let c = parse(&format!(
+        "[run]\nprecision = \"bf16\"\n{MEMBER}\n[[member]]\nname = \"half\"\n\
+         model = {{ layers = [{{ linear = 10 }}] }}\nprecision = \"f16\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.run.precision, Precision::Bf16);
+    let got: Vec<(&str, Precision)> = c
+        .members
+        .iter()
+        .map(|m| (m.name.as_str(), m.precision))
+        .collect();
+    assert_eq!(got, [("mlp", Precision::Bf16), ("half", Precision::F16)]);
+    // Reports group by it: every member of a run with a policy other than fp32 records its own.
+    assert_eq!(c.members[0].hyperparameters["precision"], "bf16");
+    assert_eq!(c.members[1].hyperparameters["precision"], "f16");
+}
+
+#[test]
+fn a_bad_precision_names_the_key_the_member_and_what_is_accepted() {
+    let e = Config::parse(&format!("{MEMBER}precision = \"fp16\"\n"), "grid.toml").unwrap_err();
+    assert_eq!(
+        (e.section.as_str(), e.key.as_str()),
+        ("[[member]] 1", "precision")
+    );
+    assert!(e.message.starts_with("member \"mlp\": "), "{e}");
+    // The tensor crate's message: the value, and every accepted one.
+    for s in ["\"fp16\"", "\"fp32\"", "\"tf32\"", "\"bf16\"", "\"f16\""] {
+        assert!(e.message.contains(s), "{s} in {e}");
+    }
+    let e = Config::parse(
+        &format!("[run]\nprecision = \"half\"\n{MEMBER}"),
+        "grid.toml",
+    )
+    .unwrap_err();
+    assert_eq!((e.section.as_str(), e.key.as_str()), ("[run]", "precision"));
+    assert!(
+        e.message.contains("\"half\"") && e.message.contains("\"bf16\""),
+        "{e}"
+    );
+    let e = Config::parse(&format!("[run]\nprecision = 16\n{MEMBER}"), "grid.toml").unwrap_err();
+    assert_eq!(e.key, "precision");
+    assert!(e.message.contains("\"tf32\""), "{e}");
+}
+
+#[test]
+fn a_grid_over_precisions_gives_a_member_per_policy_named_as_grids_name_strings() {
+    use cohort_tensor::Precision;
+    let c = parse(&format!("{MEMBER}precision = [\"fp32\", \"bf16\"]\n")).unwrap();
+    let got: Vec<(&str, Precision)> = c
+        .members
+        .iter()
+        .map(|m| (m.name.as_str(), m.precision))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("mlp-precision_fp32", Precision::Fp32),
+            ("mlp-precision_bf16", Precision::Bf16)
+        ]
+    );
+    assert_eq!(c.members[1].hyperparameters["precision"], "bf16");
+    assert_eq!(c.members[0].hyperparameters["precision"], "fp32");
+    // A bad value inside a grid is refused like a single one.
+    let e = parse(&format!("{MEMBER}precision = [\"fp32\", \"int8\"]\n")).unwrap_err();
+    assert!(
+        e.contains("key \"precision\"") && e.contains("\"int8\""),
+        "{e}"
+    );
+}

@@ -50,6 +50,8 @@ fn trial(
         peak_memory_bytes: 1 << 20,
         model_steps_per_s: 900.0,
         oom_events: u64::from(status == Status::Failed),
+        precision: "fp32".into(),
+        skipped_steps: None,
         batch: 128,
         device: "cpu".into(),
         fused_with: Vec::new(),

@@ -3,8 +3,9 @@
 //! Three parts: the allocator's trace replays (against PyTorch's published overheads on the same traces), the
 //! criterion benchmarks of every crate (medians and throughputs read back from criterion's JSON), and, with
 //! `--reference`, the PyTorch (GPU) or JAX (CPU) cohort script run in the same call, and on the CPU the data
-//! sources' benchmarks beside PyTorch's DataLoader and pandas (`input_reference`). Results go to
-//! `target/bench/bench.json` and one table on stdout.
+//! sources' benchmarks beside PyTorch's DataLoader and pandas (`input_reference`). On a GPU also an image CNN in
+//! each precision policy beside PyTorch's in the same one (`cnn`). Results go to `target/bench/bench.json` and one
+//! table on stdout.
 
 use crate::bundle::workspace_root;
 use anyhow::{Context, Result, bail};
@@ -40,7 +41,8 @@ pub struct Args {
     /// median over them, so that a slow spell of a shared machine does not land on one side only.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Parts to leave out: any of `replay`, `criterion`, `cohort`, `input`, `peak`.
+    /// Parts to leave out: any of `replay`, `criterion`, `cohort`, `cnn` (an image CNN per precision beside
+    /// PyTorch's; GPU-only, so it runs only with `--gpu`), `input`, `peak`.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Only criterion benchmarks whose name contains this.
@@ -83,6 +85,14 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if run_part("cohort") {
         cohort(args, &root, &out, &mut report)?;
+    }
+    if run_part("cnn") {
+        let script = args.reference.then(|| match &args.bundle {
+            Some(b) => b.join("reference/torch_cnn.py"),
+            None => root.join("bench/torch_cnn.py"),
+        });
+        let script = script.as_deref().map(|s| (args.python.as_str(), s));
+        report["cnn"] = crate::cnn::run(device(args), args.quick, script)?;
     }
     if run_part("input") {
         report["input_bound"] = crate::input_bound::run(device(args), args.quick)?;
@@ -209,7 +219,7 @@ fn median_reference(rounds: &[Value]) -> Value {
     json!({ "rates": merge("rates"), "peak_mib": merge("peak_mib") })
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     values.retain(|v| v.is_finite());
     values.sort_by(f64::total_cmp);
     let n = values.len();

@@ -1,8 +1,9 @@
 //! `cargo xtask gpu-bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
 //! Layout: `bin/` (cohort, replay, xtask), `tests/` and `benches/` (one executable per test or bench target),
-//! `reference/` (the PyTorch and JAX scripts), `traces/`, and `MANIFEST.json`, which names each executable with the
-//! package folder it must run in (cargo runs tests and benches in their package's root, so relative paths hold).
+//! `reference/` (the PyTorch and JAX scripts of ../shared/bench, and `bench/torch_cnn.py`), `traces/`, and
+//! `MANIFEST.json`, which names each executable with the package folder it must run in (cargo runs tests and
+//! benches in their package's root, so relative paths hold).
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -52,6 +53,9 @@ fn cuda_features(root: &Path) -> Result<String> {
         .collect();
     Ok(features.join(","))
 }
+
+/// Scripts of `bench/` that `xtask bench --bundle` runs from the bundle's `reference/`.
+const REPO_REFERENCE_SCRIPTS: [&str; 1] = ["torch_cnn.py"];
 
 /// One executable cargo built, with the package folder it runs in.
 struct Artifact {
@@ -199,6 +203,14 @@ pub fn run(args: &Args) -> Result<()> {
                 fs::copy(&path, out.join(to).join(name))?;
             }
         }
+    }
+    // The reference scripts kept in this repository rather than in ../shared.
+    for name in REPO_REFERENCE_SCRIPTS {
+        fs::copy(
+            root.join("bench").join(name),
+            out.join("reference").join(name),
+        )
+        .with_context(|| format!("copying bench/{name}"))?;
     }
     fs::write(
         out.join("MANIFEST.json"),

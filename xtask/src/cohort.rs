@@ -29,15 +29,34 @@ pub(crate) struct Trainee {
 }
 
 impl Trainee {
+    /// The benchmark's MLP.
     pub(crate) fn new(
         members: usize,
         seed: u64,
         device: Device,
         tenant: cohort_alloc::TenantId,
     ) -> Result<Trainee> {
-        let spec = ModelSpec::from_toml(MLP)?;
+        Trainee::from_spec(
+            &ModelSpec::from_toml(MLP)?,
+            &[784],
+            members,
+            seed,
+            device,
+            tenant,
+        )
+    }
+
+    /// Any model of a spec, for examples of shape `input`, with Adam 1e-3, its memory charged to `tenant`.
+    pub(crate) fn from_spec(
+        spec: &ModelSpec,
+        input: &[usize],
+        members: usize,
+        seed: u64,
+        device: Device,
+        tenant: cohort_alloc::TenantId,
+    ) -> Result<Trainee> {
         memory::with_tenant(tenant, || {
-            let model = spec.build(&[784], &BuildOptions::new(members, seed, device))?;
+            let model = spec.build(input, &BuildOptions::new(members, seed, device))?;
             let opt = Optimizer::new(OptimConfig::adam(1e-3), model.params())?;
             Ok(Trainee { model, opt, tenant })
         })
@@ -67,7 +86,8 @@ pub fn batches(device: Device) -> Result<Vec<(Tensor, Tensor)>> {
         .collect()
 }
 
-fn tenant(device: Device, name: &str) -> Result<cohort_alloc::TenantId> {
+/// A tenant of its own on a GPU (so that its peak is the model's); the default one on the CPU.
+pub(crate) fn tenant(device: Device, name: &str) -> Result<cohort_alloc::TenantId> {
     Ok(match device {
         Device::Cpu => cohort_alloc::TenantId::DEFAULT,
         Device::Cuda(_) => memory::allocator(&device)?.add_tenant(name, TenantLimits::default())?,
@@ -89,7 +109,7 @@ fn peak_per_member(
 }
 
 /// Times `step` for at least `budget` after `warmup` untimed calls; returns calls per second.
-fn rate(
+pub(crate) fn rate(
     device: Device,
     warmup: usize,
     budget: Duration,

@@ -6,13 +6,15 @@
 //!   throughput benchmark on the best device, with the reference framework run in the same call; one table of ratios
 //!   and JSON under `target/bench/`. On a GPU machine without cargo, run the carried tool as
 //!   `gpu-bundle/xtask bench --bundle gpu-bundle` and it uses the carried binaries instead of cargo.
-//!   On the CPU it also times the machine's FMA peak beside our matrix products. `cargo run --release -p xtask
-//!   --no-default-features -- bench` measures the AVX2 paths (and JAX capped at AVX2) on a CPU with AVX-512.
+//!   On a GPU it also trains an image CNN in fp32, tf32 and bf16 beside PyTorch's eager and CUDA-graph steps
+//!   (`cnn`). On the CPU it also times the machine's FMA peak beside our matrix products. `cargo run --release -p
+//!   xtask --no-default-features -- bench` measures the AVX2 paths (and JAX capped at AVX2) on a CPU with AVX-512.
 //! - `cargo xtask profile [--n 1,128]`: one fused training step's time per phase, and per kernel on a GPU
 //!   (`COHORT_CUDA_PROFILE=1`).
 
 mod bench;
 mod bundle;
+mod cnn;
 mod cohort;
 mod input_bound;
 mod input_reference;

@@ -105,6 +105,7 @@ impl Cohort {
                 )?;
                 self.members[i].device = Device::Cpu;
                 self.split_unit(ui, &[i], Device::Cpu)?;
+                self.note_cpu_precision(i)?;
                 self.handed_back(&[i], device)
             }
             Recovery::Stop { why } => {

@@ -179,6 +179,7 @@ impl Cohort {
         }
         let pos = u.feed.position();
         let forwards = u.forwards;
+        let loss_scaler = u.scaler;
         let time = self.elapsed();
         let m = &mut self.members[i];
         m.c.time = time;
@@ -211,6 +212,7 @@ impl Cohort {
                 wall_time: crate::tensorboard::now(),
                 data_settings: self.config.data[&m.cfg.data].identity(),
                 manifest_checksum: String::new(),
+                loss_scaler,
             },
             tensors,
         };

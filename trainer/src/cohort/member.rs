@@ -10,7 +10,7 @@ use crate::progress::MemberStatus;
 use crate::report::{MemberSummary, Status, Summary, SweepSummary};
 use crate::run_dir::MemberLock;
 use crate::tensorboard::EventWriter;
-use cohort_tensor::Device;
+use cohort_tensor::{Device, Precision};
 
 use super::Cohort;
 
@@ -51,6 +51,8 @@ pub(super) struct Counters {
     pub(super) train_time: f64,
     pub(super) steps_timed: u64,
     pub(super) oom_events: u64,
+    /// Steps whose update the f16 loss scaler skipped (gradients not finite); steps taken all the same.
+    pub(super) skipped_steps: u64,
     pub(super) peak_mem: u64,
     /// The tenant's high-water mark since the member's last record (its share): a record's `mem_peak_bytes`.
     #[serde(skip)]
@@ -214,6 +216,7 @@ impl Cohort {
     ) -> Result<()> {
         let time = self.elapsed();
         let mem = self.member_memory(i);
+        let loss_scale = self.unit_of(i).and_then(|u| u.scaler).map(|s| s.scale());
         let m = &mut self.members[i];
         let loss = if m.c.loss_n > 0 {
             m.c.loss_sum / m.c.loss_n as f64
@@ -252,6 +255,9 @@ impl Cohort {
             ("memory/bytes", m.mem_now as f32),
             ("memory/reserved", mem.reserved() as f32),
         ];
+        if let Some(scale) = loss_scale {
+            scalars.push(("train/loss_scale", scale as f32));
+        }
         let mut scored = Vec::new();
         for (split, s) in [("val", &r.val), ("test", &r.test)] {
             let Some(s) = s else { continue };
@@ -397,6 +403,8 @@ impl Cohort {
                         0.0
                     },
                     oom_events: m.c.oom_events,
+                    precision: m.cfg.precision.name().to_string(),
+                    skipped_steps: (m.cfg.precision == Precision::F16).then_some(m.c.skipped_steps),
                     batch: m.batch,
                     device: m.device.to_string(),
                     fused_with: m.fused_with.clone(),

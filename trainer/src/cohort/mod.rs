@@ -25,8 +25,8 @@ use rayon::prelude::*;
 
 use cohort_autograd::Model;
 use cohort_data::Position;
-use cohort_optim::{Optimizer, OptimizerState};
-use cohort_tensor::{Device, HostRead, Tensor};
+use cohort_optim::{LossScaler, Optimizer, OptimizerState};
+use cohort_tensor::{Device, HostRead, Precision, Tensor};
 
 use crate::config::{CheckpointEvery, Config};
 use crate::control::ControlFile;
@@ -99,6 +99,11 @@ struct Unit {
     forwards: u64,
     /// Whether its steps replay a CUDA graph.
     graphs: Graphs,
+    /// The precision policy its products run under (its members', which fuse only under one policy).
+    precision: Precision,
+    /// Under `f16`, the dynamic loss scale of its steps (one for the unit: a fused step's update runs for every
+    /// member or for none); saved in each member's checkpoint.
+    scaler: Option<LossScaler>,
     /// Per-member losses of steps queued on the device, oldest first, not yet read back.
     losses: VecDeque<HostRead>,
 }
@@ -115,6 +120,8 @@ struct StepOutcome {
     in_step: u64,
     /// Something worth an event (a capture, or why none).
     note: Option<String>,
+    /// The loss scaler skipped the update: the gradients were not finite (f16 only).
+    skipped: bool,
 }
 
 /// One member's parameters and optimizer state, without the member dimension.
@@ -199,7 +206,7 @@ impl Cohort {
         self.device
     }
 
-    /// A one-line description: members, data, schedule.
+    /// A one-line description: members, data, schedule, and precision policies other than fp32.
     pub fn describe(&self) -> String {
         let fused: usize = self.units.iter().filter(|u| u.members.len() > 1).count();
         let sets: Vec<String> = self
@@ -228,15 +235,47 @@ impl Cohort {
             }
         };
         format!(
-            "{members} on {}, schedule: {}{}",
+            "{members} on {}, schedule: {}{}{}",
             sets.join(", "),
             self.config.run.schedule,
             if fused > 0 {
                 format!(" ({fused} fused group{})", if fused > 1 { "s" } else { "" })
             } else {
                 String::new()
-            }
+            },
+            self.describe_precision()
         )
+    }
+
+    /// `, precision bf16` where every member has one policy other than fp32; `, precision bf16: cnn · f16: mlp-a,
+    /// mlp-b (the others fp32)` where they differ (a count for more than three members); nothing when all are fp32.
+    fn describe_precision(&self) -> String {
+        let mut by: BTreeMap<Precision, Vec<&str>> = BTreeMap::new();
+        for m in &self.members {
+            by.entry(m.cfg.precision)
+                .or_default()
+                .push(m.cfg.name.as_str());
+        }
+        match by.keys().copied().collect::<Vec<_>>().as_slice() {
+            [Precision::Fp32] | [] => String::new(),
+            [only] => format!(", precision {only}"),
+            _ => {
+                let parts: Vec<String> = by
+                    .iter()
+                    .filter(|(p, _)| **p != Precision::Fp32)
+                    .map(|(p, names)| match names.len() {
+                        1..=3 => format!("{p}: {}", names.join(", ")),
+                        n => format!("{p}: {n} members"),
+                    })
+                    .collect();
+                let others = if by.contains_key(&Precision::Fp32) {
+                    " (the others fp32)"
+                } else {
+                    ""
+                };
+                format!(", precision {}{others}", parts.join(" · "))
+            }
+        }
     }
 
     fn elapsed(&self) -> f64 {
@@ -252,10 +291,28 @@ impl Cohort {
         let epoch_ended = members
             .iter()
             .any(|&i| epochs_now > self.members[i].epochs_done);
+        let mut first_skip = Vec::new();
         for &i in &members {
             let m = &mut self.members[i];
             m.step += 1;
             m.epochs_done = m.epochs_done.max(epochs_now);
+            if step.skipped {
+                m.c.skipped_steps += 1;
+                if m.c.skipped_steps == 1 {
+                    first_skip.push(i);
+                }
+            }
+        }
+        // The first skip is worth a line; later ones are counted (the summary and the final record say how many),
+        // as a scale settling down skips a few in a row.
+        if let Some(scale) = self.units[ui].scaler.map(|s| s.scale()) {
+            for i in first_skip {
+                let text = format!(
+                    "step {}: the f16 gradients overflowed, so the update was skipped and the loss scale halved to                      {scale} (skipped steps count as steps taken; later skips are counted, not logged)",
+                    self.members[i].step
+                );
+                self.event(i, text)?;
+            }
         }
         let dues: Vec<Due> = members.iter().map(|&i| self.due(i, epoch_ended)).collect();
         // A step that logs or checkpoints a member needs every loss so far.
@@ -365,6 +422,17 @@ impl Cohort {
         };
         let members = u.members.clone();
         let lrs = u.opt.current_lrs();
+        // An f16 member's record of its loss scaling, before its last record.
+        if let Some(scale) = u.scaler.map(|s| s.scale()) {
+            for &i in &done {
+                let m = &self.members[i];
+                let text = format!(
+                    "f16 loss scaling: {} of {} steps skipped (gradients not finite); loss scale {scale} at the end",
+                    m.c.skipped_steps, m.step
+                );
+                self.record_event(i, text, false)?;
+            }
+        }
         let mut best = Vec::new();
         for (j, &i) in members.iter().enumerate() {
             if !done.contains(&i) {

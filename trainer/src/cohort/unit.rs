@@ -11,8 +11,8 @@ use cohort_autograd::spec::LayerSpec;
 use cohort_autograd::{BuildOptions, Model, ModelSpec, Shape, Tape};
 use cohort_data::Position;
 use cohort_data::Task;
-use cohort_optim::{OptimConfig, Optimizer, OptimizerState, Schedule};
-use cohort_tensor::{DType, Device, HostRead, Tensor};
+use cohort_optim::{LossScaler, OptimConfig, Optimizer, OptimizerState, Schedule};
+use cohort_tensor::{DType, Device, HostRead, Precision, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{LrScheduleConfig, MemberConfig, MemberModel, ScheduleKind};
@@ -170,7 +170,7 @@ fn dropout_rates(specs: &[&ModelSpec]) -> Vec<Vec<f64>> {
 }
 
 /// What members must share to be fused: everything but the learning rate, the seed and the rates of dropout
-/// layers that hold a member dimension.
+/// layers that hold a member dimension. The precision policy is the unit's, one for all of its products.
 pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet, graphs: bool) -> String {
     let mut opt = cfg.optimizer.clone();
     match &mut opt {
@@ -212,6 +212,7 @@ pub(super) fn fusion_key(cfg: &MemberConfig, data: &DataSet, graphs: bool) -> St
         "epochs": cfg.epochs,
         "max_steps": cfg.max_steps,
         "oom": cfg.oom,
+        "precision": cfg.precision.name(),
     })
     .to_string()
 }
@@ -227,6 +228,19 @@ pub(super) fn eval_tensors(
         x.reshape(&[n, per])?.to_tensor(device)?,
         y.to_tensor(device)?,
     ))
+}
+
+impl Unit {
+    /// This unit, its loss scaler (under f16) going on from `saved` where there is one: a checkpoint's, or that of
+    /// the unit it was split from. A unit under another policy has none, and takes none up.
+    pub(super) fn with_scaler(mut self, saved: Option<LossScaler>) -> Unit {
+        if self.scaler.is_some()
+            && let Some(s) = saved
+        {
+            self.scaler = Some(s);
+        }
+        self
+    }
 }
 
 impl Cohort {
@@ -267,9 +281,17 @@ impl Cohort {
             let mut states = Vec::new();
             let mut pos = Position::default();
             let mut forwards = 0;
+            let mut scaler: Option<LossScaler> = None;
             for &i in &g {
                 match loaded[i.0].take() {
                     Some(ck) => {
+                        // Members saved from one unit saved its one scaler; should they differ, the smallest
+                        // scale is the one that overflows least.
+                        if let Some(s) = ck.manifest.loss_scaler
+                            && scaler.is_none_or(|t| s.scale() < t.scale())
+                        {
+                            scaler = Some(s);
+                        }
                         pos = serde_json::from_value(ck.manifest.data_position.clone())
                             .map_err(|e| Error::json("checkpoint data position", e))?;
                         forwards = ck
@@ -290,8 +312,16 @@ impl Cohort {
             };
             let dev = self.members[g[0]].device;
             let batch = self.members[g[0]].batch;
-            match self.build_unit(g.clone(), dev, &pos, batch, states, forwards) {
-                Ok(unit) => self.units.push(unit),
+            let unit = self
+                .build_unit(g.clone(), dev, &pos, batch, states, forwards)
+                .map(|u| u.with_scaler(scaler));
+            match unit {
+                Ok(unit) => {
+                    self.units.push(unit);
+                    for &i in &g {
+                        self.note_cpu_precision(i)?;
+                    }
+                }
                 // Not even the parameters fit the budget: that member cannot train, the others can.
                 Err(e) if oom_of(&e).is_some() => {
                     for &i in &g {
@@ -354,7 +384,23 @@ impl Cohort {
         }
     }
 
-    /// Builds a unit of `members` on `device`, its feed at `pos`, from saved states when given.
+    /// Says once, where member `i` trains on the CPU under a policy other than fp32, that the policy changes
+    /// nothing there (it applies on CUDA; the CPU's products are fp32 whatever it says).
+    pub(super) fn note_cpu_precision(&mut self, i: MemberId) -> Result<()> {
+        let m = &self.members[i];
+        let p = m.cfg.precision;
+        if m.device != Device::Cpu || p == Precision::Fp32 || m.state == State::Done {
+            return Ok(());
+        }
+        let mut text = format!("precision {p} has no effect on the CPU: its products run in fp32");
+        if p == Precision::F16 {
+            text.push_str(" (its loss is still scaled, which changes nothing there either)");
+        }
+        self.event(i, text)
+    }
+
+    /// Builds a unit of `members` on `device`, its feed at `pos`, from saved states when given (an f16 unit's loss
+    /// scaler starts afresh: [`Unit::with_scaler`] continues a saved one).
     pub(super) fn build_unit(
         &self,
         members: Vec<MemberId>,
@@ -463,13 +509,19 @@ impl Cohort {
         let act_bytes_per_example = activation_bytes(first, &data.shape) * m as u64;
         let prefetch = self.config.data[&first.data].prefetch * batch;
         let feed = Feed::open(data, pos, prefetch)?.with_device_prefetch(&device)?;
+        // All members of a unit share one policy (it is part of the fusion key).
+        let precision = first.precision;
+        let scaler = (precision == Precision::F16).then(LossScaler::new);
         // A replay would draw a dropout layer's captured mask again.
         // An embedding reads its ids back to check them, which a graph cannot replay.
+        // The loss scaler reads back whether the gradients are finite before it steps or skips, every step: a
+        // branch on a value read from the device that a graph cannot replay, so f16 units step eagerly.
         let graphs = Graphs::new(
             device.is_cuda()
                 && self.config.run.replays_graphs()
                 && spec.is_some_and(|s| s.vocab().is_none())
-                && member_specs.iter().all(|s| !s.draws_masks()),
+                && member_specs.iter().all(|s| !s.draws_masks())
+                && scaler.is_none(),
         );
         let id = UnitId(self.next_unit.get());
         self.next_unit.set(id.0 + 1);
@@ -485,6 +537,8 @@ impl Cohort {
             batch,
             forwards,
             graphs,
+            precision,
+            scaler,
             losses: VecDeque::new(),
         })
     }
@@ -559,12 +613,17 @@ impl Cohort {
         }
         let old_device = u.device;
         let forwards = u.forwards;
+        let scaler = u.scaler;
         // Drop the old unit (and its memory) before building the new ones.
         self.units.remove(ui);
-        let ua = self.build_unit(a.0, device, &pos, batch, Some(a.1), forwards)?;
+        let ua = self
+            .build_unit(a.0, device, &pos, batch, Some(a.1), forwards)?
+            .with_scaler(scaler);
         self.units.insert(ui, ua);
         if !b.0.is_empty() {
-            let ub = self.build_unit(b.0, old_device, &pos, batch, Some(b.1), forwards)?;
+            let ub = self
+                .build_unit(b.0, old_device, &pos, batch, Some(b.1), forwards)?
+                .with_scaler(scaler);
             self.units.push(ub);
         }
         self.note_fusion();
@@ -596,6 +655,8 @@ impl Cohort {
                     return Ok(());
                 };
                 let (x, y) = eval_tensors(batch?, &u.device)?;
+                // Under the unit's policy, so that the products it warms are those its steps run.
+                let _p = u.precision.enter();
                 let tape = Tape::new();
                 // Inference mode: dropout draws no mask, so its sequence (part of exact resume) is untouched.
                 tape.set_training(false);
@@ -627,6 +688,7 @@ impl Cohort {
         // In batches no larger than the training step's, which fits the member's budget (after an OOM its batch
         // has shrunk) and holds more than an inference pass.
         let chunk = u.batch.clamp(1, 500);
+        let _p = u.precision.enter();
         u.tenant.scope(|| -> Result<()> {
             for batch in split.batches(chunk).iter() {
                 let (x, y) = eval_tensors(batch?, &u.device)?;
@@ -641,8 +703,10 @@ impl Cohort {
     }
 
     /// One optimizer step of every member of unit `u`: replayed from its CUDA graph where it has one
-    /// for this batch size (captured here once a full batch has run eagerly), eager otherwise.
+    /// for this batch size (captured here once a full batch has run eagerly), eager otherwise. Under the unit's
+    /// precision policy, for this thread (units step on threads of their own on the CPU).
     pub(super) fn unit_step(u: &mut Unit) -> Result<StepOutcome> {
+        let _p = u.precision.enter();
         let device = u.device;
         let (feed, batch) = (&mut u.feed, u.batch);
         let (x, y) = u.tenant.scope(|| feed.next_tensors(batch, &device))?;
@@ -680,30 +744,51 @@ impl Cohort {
                 losses,
                 in_step: u.tenant.usage().0,
                 note,
+                skipped: false,
             });
         }
         let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
         let (model, opt, tenant, forwards) = (&u.model, &mut u.opt, &u.tenant, &mut u.forwards);
+        let scaler = &mut u.scaler;
         let objective = &u.feed.data().objective;
-        let (losses, in_step) = tenant.scope(|| -> Result<(HostRead, u64)> {
+        let (losses, in_step, stepped) = tenant.scope(|| -> Result<(HostRead, u64, bool)> {
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
             *forwards += 1;
             let l = objective.loss(&logits, &y)?;
-            let result = tape
-                .backward(&l)
-                .map_err(Error::from)
-                .and_then(|_| opt.step().map_err(Error::from));
+            let result = match scaler {
+                // f16: back-propagate from the scaled loss; the scaler unscales the gradients and steps, or skips
+                // the update where they overflowed.
+                Some(s) => s
+                    .scaled(&l)
+                    .map_err(Error::from)
+                    .and_then(|scaled| tape.backward(&scaled).map_err(Error::from))
+                    .and_then(|_| s.step(opt).map_err(Error::from)),
+                None => tape
+                    .backward(&l)
+                    .map_err(Error::from)
+                    .and_then(|_| opt.step().map_err(Error::from))
+                    .map(|()| true),
+            };
             let in_step = tenant.usage().0;
             opt.zero_grad();
-            result?;
-            Ok((l.value().read_later()?, in_step))
+            let stepped = result?;
+            // The loss reported is the unscaled one.
+            Ok((l.value().read_later()?, in_step, stepped))
         })?;
+        if !stepped {
+            // A skipped update still counts as a step taken, as PyTorch's schedulers step past one: the learning
+            // rate schedule goes on with the member's steps, and the optimizer's count stays the member's (which
+            // checkpoints and splits rely on). The count is also Adam's bias correction, which so counts the
+            // skipped step (PyTorch's Adam does not): a small difference, where skips are few.
+            u.opt.set_steps(u.opt.steps() + 1);
+        }
         u.graphs.ran_eagerly(n, u.batch);
         Ok(StepOutcome {
             losses,
             in_step,
             note,
+            skipped: !stepped,
         })
     }
 
@@ -748,5 +833,44 @@ impl Cohort {
             )?;
         }
         Ok(t0.elapsed().as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn members_under_different_precisions_never_share_a_fusion_key() {
+        let member = |name: &str, lr: f64, extra: &str| {
+            format!(
+                "[[member]]\nname = \"{name}\"\nmodel = {{ layers = [{{ linear = 8, act = \"relu\" }}, {{ linear = 4 }}] }}\n\
+                 data = \"blobs\"\noptimizer = {{ adam = {{ lr = {lr} }} }}\n{extra}\n"
+            )
+        };
+        let text = format!(
+            "[data.blobs]\nsource = {{ synthetic = {{ train = 64, test = 16, classes = 4, shape = [6] }} }}\n{}{}{}{}",
+            member("a", 1e-3, ""),
+            member("b", 3e-3, ""),
+            member("c", 1e-3, "precision = \"bf16\""),
+            member("d", 1e-3, "precision = \"f16\""),
+        );
+        let c = Config::parse(&text, "fuse.toml").unwrap();
+        let data = DataSet::load(&c.data["blobs"], None).unwrap();
+        for graphs in [false, true] {
+            let keys: Vec<String> = c
+                .members
+                .iter()
+                .map(|m| fusion_key(m, &data, graphs))
+                .collect();
+            assert_eq!(
+                keys[0], keys[1],
+                "a learning rate alone does not keep members apart"
+            );
+            assert_ne!(keys[0], keys[2], "fp32 and bf16");
+            assert_ne!(keys[0], keys[3], "fp32 and f16");
+            assert_ne!(keys[2], keys[3], "bf16 and f16");
+        }
     }
 }

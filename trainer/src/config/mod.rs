@@ -13,6 +13,7 @@ use cohort_alloc::{Limit, Scope};
 use cohort_autograd::ModelSpec;
 use cohort_autograd::spec::{Fields, SpecError, describe};
 use cohort_optim::OptimConfig;
+use cohort_tensor::Precision;
 use serde::Serialize;
 use toml::{Table, Value};
 
@@ -113,6 +114,9 @@ pub struct RunConfig {
     /// `use_deterministic_algorithms(True)` with `cudnn.benchmark = False`), and every step eager (see
     /// [`RunConfig::replays_graphs`]). On the CPU every kernel already is.
     pub deterministic: bool,
+    /// Every member's precision policy unless it sets its own ([`MemberConfig::precision`]).
+    #[serde(serialize_with = "precision_name")]
+    pub precision: Precision,
 }
 
 impl RunConfig {
@@ -267,6 +271,34 @@ pub struct MemberConfig {
     pub seed: u64,
     /// May be fused with same-spec members.
     pub fuse: bool,
+    /// In what arithmetic its products run on CUDA: `fp32`, `tf32`, or mixed `bf16` / `f16` (fp32 master weights;
+    /// `f16` with dynamic loss scaling). Members of different precisions never fuse. It is no part of
+    /// [`MemberConfig::identity`]: parameters and optimizer state are fp32 under every policy, so a run may resume
+    /// under another one.
+    #[serde(serialize_with = "precision_name")]
+    pub precision: Precision,
+}
+
+/// A precision policy as configs write it (`"bf16"`).
+fn precision_name<S: serde::Serializer>(
+    p: &Precision,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+/// The values `precision` takes, for messages about a value of the wrong type.
+const PRECISION_ACCEPTED: &str = "\"fp32\", \"tf32\", \"bf16\" or \"f16\"";
+
+/// The `precision` key of table `s`, if there: a name `Precision`'s `FromStr` knows, or an error naming the key with
+/// its message (which lists the accepted values); `whose` (e.g. `member "cnn": `) starts the message.
+fn read_precision(s: &Section<'_>, whose: &str) -> CResult<Option<Precision>> {
+    s.str("precision", PRECISION_ACCEPTED)?
+        .map(|v| {
+            v.parse::<Precision>()
+                .map_err(|m| s.error("precision", format!("{whose}{m}")))
+        })
+        .transpose()
 }
 
 impl MemberConfig {
@@ -528,6 +560,15 @@ impl Config {
                 }
             }
         }
+        // Reports group members by their hyper-parameters: where any member runs under another policy than fp32,
+        // every member records its own (a grid or a sampled choice over `precision` recorded it already).
+        if members.iter().any(|m| m.precision != Precision::Fp32) {
+            for m in &mut members {
+                m.hyperparameters
+                    .entry("precision".to_string())
+                    .or_insert_with(|| serde_json::json!(m.precision.name()));
+            }
+        }
         if let Some(s) = &search
             && next_trial == 0
             && s.trials > 1
@@ -740,6 +781,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     let warmup = s.bool("warmup")?.unwrap_or(true);
     let cuda_graphs = s.bool("cuda_graphs")?.unwrap_or(true);
     let deterministic = s.bool("deterministic")?.unwrap_or(false);
+    let precision = read_precision(s, "")?.unwrap_or_default();
     s.finish()?;
     Ok(RunConfig {
         name,
@@ -755,6 +797,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
         warmup,
         cuda_graphs,
         deterministic,
+        precision,
     })
 }
 
@@ -980,6 +1023,7 @@ fn parse_member(
         .u64("seed", 0)?
         .unwrap_or(run.seed.wrapping_add(index as u64));
     let fuse = s.bool("fuse")?.unwrap_or(run.fuse);
+    let precision = read_precision(s, &format!("member \"{name}\": "))?.unwrap_or(run.precision);
     let early_stopping = search::parse_early_stopping(s)?;
     // Read by the sampling already; here its form is checked, and that there is something to sample.
     if s.u64("trials", 1)?.is_some() && naming.trial.is_none() {
@@ -1011,6 +1055,7 @@ fn parse_member(
         max_steps,
         seed,
         fuse,
+        precision,
     })
 }
 
