@@ -55,16 +55,16 @@ fn a_conv_nets_step_keeps_to_each_policys_tolerance() {
         // A gradient's error against fp32, by norm. The first layer's weight gradient is the loosest: it comes at the
         // end of the whole backward pass, a sum over 8,192 positions with much cancellation, so a product's rounding
         // (2⁻¹¹ for TF32 and f16, 2⁻⁸ for bf16) shows some twenty times larger there (measured on the H200: 1.7e-2
-        // under TF32 on the own kernels, 8.7e-2 under bf16 through cuDNN). A wrong layout or sign is an error of 1 or
-        // more.
+        // under TF32 on the own kernels, 4.2e-2 under f16 and 8.7e-2 under bf16 through cuDNN, whose timed algorithm
+        // choice varies from run to run). A wrong layout or sign is an error of 1 or more.
         let tol = match p {
             Precision::Fp32 => 1e-4,
-            Precision::Tf32 | Precision::F16 => 4e-2,
+            Precision::Tf32 | Precision::F16 => 8e-2,
             Precision::Bf16 => 0.15,
         };
         let (got_loss, got) = step(&Device::Cuda(0), p);
         assert!(
-            (got_loss - want_loss).abs() <= tol / 4.0 * want_loss.abs(),
+            (got_loss - want_loss).abs() <= tol / 8.0 * want_loss.abs(),
             "{p}: loss {got_loss} vs {want_loss}"
         );
         for ((name, g), (_, w)) in got.iter().zip(&want) {
