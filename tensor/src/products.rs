@@ -10,31 +10,31 @@ use crate::storage::Storage;
 use crate::{DType, Precision, Result, Tensor, cuda};
 
 impl Precision {
+    /// The kernels' name for this policy's arithmetic.
+    fn math(self) -> Math {
+        match self {
+            Precision::Fp32 => Math::Fp32,
+            Precision::Tf32 => Math::Tf32,
+            Precision::Bf16 => Math::Bf16,
+            Precision::F16 => Math::F16,
+        }
+    }
+
     /// The math a product of `a` and `b` runs in under this policy, where that is not the plain one: on CUDA,
     /// `Tf32` for f32 operands under `tf32`, and under a mixed policy its 16-bit math for operands each f32 or of
     /// its low type (autograd keeps the low copies for the backward pass). `None`: the op runs as without a
     /// policy (fp32, the CPU, other dtypes).
     pub fn math_for(self, a: &Tensor, b: &Tensor) -> Option<Math> {
-        if !a.device().is_cuda() {
-            return None;
-        }
-        let (x, y) = (a.dtype(), b.dtype());
-        match (self, self.low()) {
-            (Precision::Tf32, _) if x == DType::F32 && y == DType::F32 => Some(Math::Tf32),
-            (_, Some(low)) if [x, y].iter().all(|&t| t == DType::F32 || t == low) => {
-                Some(if low == DType::BF16 {
-                    Math::Bf16
-                } else {
-                    Math::F16
-                })
-            }
-            _ => None,
-        }
+        let math = self.math();
+        let operand = operand_type(math);
+        let fits = |t: DType| t == DType::F32 || t == operand;
+        (a.device().is_cuda() && math != Math::Fp32 && fits(a.dtype()) && fits(b.dtype()))
+            .then_some(math)
     }
 }
 
 /// The type a product's operands take under `math`.
-fn operand_type(math: Math) -> DType {
+pub(crate) fn operand_type(math: Math) -> DType {
     match math {
         Math::Fp32 | Math::Tf32 => DType::F32,
         Math::Bf16 => DType::BF16,

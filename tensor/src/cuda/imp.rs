@@ -29,6 +29,7 @@ use cohort_kernels::softmax::cuda as softmax_cuda;
 use cohort_kernels::unary::{UnaryOp, cuda as unary_cuda};
 
 use crate::memory::{self, DeviceAllocator};
+use crate::products::operand_type;
 use crate::storage::CpuStorage;
 use crate::{DType, Device, Error, Result};
 
@@ -834,15 +835,6 @@ pub fn matmul(lhs: &CudaStorage, rhs: &CudaStorage, shape: &MatmulShape) -> Resu
         )?
     };
     Ok(out)
-}
-
-/// The operands' type under `math`.
-fn operand_type(math: Math) -> DType {
-    match math {
-        Math::Fp32 | Math::Tf32 => DType::F32,
-        Math::Bf16 => DType::BF16,
-        Math::F16 => DType::F16,
-    }
 }
 
 /// `lhs · rhs` under `math` (operands of its type), into f32: a product under a precision policy.

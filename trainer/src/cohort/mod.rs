@@ -308,7 +308,8 @@ impl Cohort {
         if let Some(scale) = self.units[ui].scaler.map(|s| s.scale()) {
             for i in first_skip {
                 let text = format!(
-                    "step {}: the f16 gradients overflowed, so the update was skipped and the loss scale halved to                      {scale} (skipped steps count as steps taken; later skips are counted, not logged)",
+                    "step {}: the f16 gradients overflowed, so the update was skipped and the loss scale halved to \
+                     {scale} (skipped steps count as steps taken; later skips are counted, not logged)",
                     self.members[i].step
                 );
                 self.event(i, text)?;
