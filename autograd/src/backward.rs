@@ -1,6 +1,6 @@
 //! The recorded operations and their derivatives.
 
-use cohort_tensor::Tensor;
+use cohort_tensor::{AttentionMask, Tensor};
 
 use crate::Result;
 
@@ -157,6 +157,15 @@ pub(crate) enum Op {
     MaxPool2d {
         indices: Tensor,
         shape: Vec<usize>,
+    },
+    /// Fused self-attention: its input, output and log-sum-exps, and the mask it ran under.
+    Attention {
+        qkv: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        heads: usize,
+        causal: bool,
+        keys: Option<Tensor>,
     },
     WhereCond {
         mask: Tensor,
@@ -491,6 +500,20 @@ impl Op {
             Op::MaxPool2d { indices, shape } => {
                 one(need, || Ok(Tensor::max_pool2d_backward(g, indices, shape)?))
             }
+            Op::Attention {
+                qkv,
+                out,
+                lse,
+                heads,
+                causal,
+                keys,
+            } => one(need, || {
+                let mask = AttentionMask {
+                    causal: *causal,
+                    keys: keys.as_ref(),
+                };
+                Ok(qkv.attention_backward(*heads, mask, (out, lse), g)?)
+            }),
             Op::WhereCond {
                 mask,
                 on_true,

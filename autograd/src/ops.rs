@@ -1,6 +1,6 @@
 //! Differentiable operations on [`Var`]: one per tensor op of cohort-tensor, recorded with its backward.
 
-use cohort_tensor::{DType, Precision, Tensor};
+use cohort_tensor::{AttentionMask, DType, Precision, Tensor};
 
 use crate::backward::Op;
 use crate::{Error, Result, Var};
@@ -524,6 +524,26 @@ impl Var {
             Some(b) => Var::record("conv2d", out, &[self, weight, b], op),
             None => Var::record("conv2d", out, &[self, weight], op),
         }
+    }
+
+    /// Fused self-attention of a packed projection `[n, L, 3·D]` into `[n, L, D]` ([`Tensor::attention`]): `heads`
+    /// heads, with queries seeing earlier keys only when `causal`, and no padded key of `keys` (`[R, L]`, 1 a key).
+    ///
+    /// # Errors
+    /// When the shapes do not fit (see [`Tensor::attention`]).
+    pub fn attention(&self, heads: usize, causal: bool, keys: Option<&Tensor>) -> Result<Var> {
+        let (out, lse) = self
+            .value()
+            .attention(heads, AttentionMask { causal, keys })?;
+        let op = || Op::Attention {
+            qkv: self.value().clone(),
+            out: out.clone(),
+            lse,
+            heads,
+            causal,
+            keys: keys.cloned(),
+        };
+        Var::record("attention", out.clone(), &[self], op)
     }
 
     /// Max pooling over `kernel x kernel` windows, NCHW.

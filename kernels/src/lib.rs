@@ -16,6 +16,7 @@
 //! assert_eq!(c, vec![1.0, 2.0, 3.0, 4.0]);
 //! ```
 
+pub mod attention;
 pub mod binary;
 pub mod conv;
 pub mod copy;

@@ -3,6 +3,8 @@
 //! Shapes are validated by [`crate::Tensor`] before these run; here only dtypes are checked.
 //! `tensor/src/cuda/mod.rs` mirrors each function for [`crate::cuda::CudaStorage`].
 
+use cohort_kernels::Float;
+use cohort_kernels::attention::{AttentionShape, cpu as attention_cpu};
 use cohort_kernels::binary::{BinaryOp, cpu as binary_cpu};
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu};
 use cohort_kernels::copy::{Copy2d, cpu as copy_cpu};
@@ -16,7 +18,7 @@ use cohort_kernels::unary::{UnaryOp, cpu as unary_cpu};
 use half::{bf16, f16};
 
 use crate::storage::CpuStorage;
-use crate::{DType, Error, Result};
+use crate::{DType, Element, Error, Result};
 
 const HALF_HINT: &str = " (f16/bf16 are storage types: cast to f32 with to_dtype to compute)";
 
@@ -558,6 +560,70 @@ pub fn cross_entropy(
         }
         other => return Err(unsupported("cross_entropy", other.dtype())),
     })
+}
+
+/// Fused self-attention of a packed `qkv` with an optional key-padding mask of its dtype: the output and each
+/// query's log-sum-exp (see [`cohort_kernels::attention`]).
+pub fn attention(
+    qkv: &CpuStorage,
+    mask: Option<&CpuStorage>,
+    shape: &AttentionShape,
+) -> Result<(CpuStorage, CpuStorage)> {
+    fn on<T: Element + Float>(
+        qkv: &CpuStorage,
+        mask: Option<&CpuStorage>,
+        shape: &AttentionShape,
+    ) -> Result<(CpuStorage, CpuStorage)> {
+        let m = mask.map_or(Ok(&[][..]), |m| like::<T>("attention", qkv, m))?;
+        let (out, lse) = attention_cpu::forward(like::<T>("attention", qkv, qkv)?, m, shape);
+        Ok((T::into_storage(out), T::into_storage(lse)))
+    }
+    match qkv.dtype() {
+        DType::F32 => on::<f32>(qkv, mask, shape),
+        DType::F64 => on::<f64>(qkv, mask, shape),
+        other => Err(unsupported("attention", other)),
+    }
+}
+
+/// The gradient of [`attention`]'s `qkv`, given its output `out`, log-sum-exps `lse` and the output's gradient
+/// `dout` (all of `qkv`'s dtype).
+pub fn attention_backward(
+    qkv: &CpuStorage,
+    mask: Option<&CpuStorage>,
+    (out, lse, dout): (&CpuStorage, &CpuStorage, &CpuStorage),
+    shape: &AttentionShape,
+) -> Result<CpuStorage> {
+    const OP: &str = "attention_backward";
+    fn on<T: Element + Float>(
+        qkv: &CpuStorage,
+        mask: Option<&CpuStorage>,
+        [out, lse, dout]: [&CpuStorage; 3],
+        shape: &AttentionShape,
+    ) -> Result<CpuStorage> {
+        let m = mask.map_or(Ok(&[][..]), |m| like::<T>(OP, qkv, m))?;
+        let [x, o, l, g] = [qkv, out, lse, dout].map(|s| like::<T>(OP, qkv, s));
+        Ok(T::into_storage(attention_cpu::backward(
+            x?,
+            m,
+            (o?, l?),
+            g?,
+            shape,
+        )))
+    }
+    match qkv.dtype() {
+        DType::F32 => on::<f32>(qkv, mask, [out, lse, dout], shape),
+        DType::F64 => on::<f64>(qkv, mask, [out, lse, dout], shape),
+        other => Err(unsupported(OP, other)),
+    }
+}
+
+/// The elements of `s`, which must have `first`'s type `T`.
+fn like<'a, T: Element>(
+    op: &'static str,
+    first: &CpuStorage,
+    s: &'a CpuStorage,
+) -> Result<&'a [T]> {
+    T::slice(s).ok_or_else(|| mismatch(op, first, s))
 }
 
 /// Sets every element to `value`.

@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod attention;
 pub mod cpu;
 pub mod cuda;
 mod device;
@@ -45,6 +46,7 @@ mod random;
 pub mod storage;
 mod tensor;
 
+pub use attention::AttentionMask;
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -3,7 +3,7 @@ use serde::Serialize;
 
 use super::{Features, Layout, Linear, Module};
 use crate::spec::{Fields, Shape, SpecResult};
-use crate::{Error, Param, Result, Tape, Var};
+use crate::{Error, Param, Result, Tape};
 
 /// Salts of the two projections' initial weights (distinct from a lone Linear's 0).
 const SALT_QKV: u64 = 0x6174_7471; // "attq"
@@ -15,7 +15,8 @@ const SALT_OUT: u64 = 0x6174_746f; // "atto"
 ///
 /// Takes a sequence `[M, B, L, D]` (or shared `[B, L, D]`) and gives `[M, B, L, D]`, keeping its padding mask.
 /// Padded keys ([`Features::mask`]) get no attention; with `causal`, position `t` attends to positions `<= t`
-/// only. The members, examples and heads fold into the batch of one batched matrix product.
+/// only; a position that may attend to no key gives zeros. The attention itself is one fused kernel
+/// ([`Var::attention`](crate::Var::attention)) over every member, example and head, with memory linear in the sequence length.
 #[derive(Debug)]
 pub struct MultiHeadAttention {
     qkv: Linear,
@@ -57,35 +58,21 @@ impl MultiHeadAttention {
         Ok(attn)
     }
 
-    /// Which keys each query may see, `[.., L, L]` broadcasting against the scores `[M, B, h, L, L]`
-    /// (1 allowed, 0 not); `None` when all are.
-    fn allowed(&self, x: &Features, l: usize, b: usize, dtype: DType) -> Result<Option<Tensor>> {
-        let dev = x.var.value().device();
-        let causal = if self.causal {
-            let pos = Tensor::arange(l, dtype, &dev)?;
-            // key j <= query i
-            Some(pos.reshape(&[1, l])?.le(&pos.reshape(&[l, 1])?)?)
-        } else {
-            None
+    /// The key-padding mask as the fused kernel takes it, `[R, L]` in `dtype` with `R` the batch (a mask shared
+    /// by the members) or members × batch; `None` when every key is one.
+    fn keys(&self, x: &Features, l: usize, b: usize, dtype: DType) -> Result<Option<Tensor>> {
+        let Some(k) = x.member_mask(dtype)? else {
+            return Ok(None);
         };
-        let keys = match x.member_mask(dtype)? {
-            Some(k) => {
-                let ks = k.shape().to_vec();
-                let m = self.qkv.weight().shape()[0];
-                if ks[1..] != [b, l] || (ks[0] != 1 && ks[0] != m) {
-                    return Err(Error::Shape {
-                        op: "attention",
-                        reason: format!("padding mask {ks:?} for a sequence {:?}", x.var.shape()),
-                    });
-                }
-                Some(k.reshape(&[ks[0], b, 1, 1, l])?)
-            }
-            None => None,
-        };
-        Ok(match (causal, keys) {
-            (Some(c), Some(k)) => Some(k.mul(&c)?),
-            (c, k) => c.or(k),
-        })
+        let ks = k.shape().to_vec();
+        let m = self.qkv.weight().shape()[0];
+        if ks[1..] != [b, l] || (ks[0] != 1 && ks[0] != m) {
+            return Err(Error::Shape {
+                op: "attention",
+                reason: format!("padding mask {ks:?} for a sequence {:?}", x.var.shape()),
+            });
+        }
+        Ok(Some(k.reshape(&[ks[0] * b, l])?))
     }
 }
 
@@ -106,44 +93,21 @@ pub(crate) fn sequence_dims(x: &Features, m: usize, d: usize) -> Result<(usize, 
     }
 }
 
-/// A score low enough that its softmax weight is 0, yet finite in `dtype` (a row of padding only then attends
-/// uniformly instead of giving NaN).
-fn masked_score(dtype: DType) -> f64 {
-    if dtype == DType::F16 { -6.0e4 } else { -1.0e9 }
-}
-
 impl Module for MultiHeadAttention {
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
         let ws = self.qkv.weight().shape();
         let (m, d) = (ws[0], ws[1]);
         let (b, l) = sequence_dims(&x, m, d)?;
-        let (h, dt) = (self.heads, x.var.dtype());
-        let dh = d / h;
-        let allowed = self.allowed(&x, l, b, dt)?;
+        let dt = x.var.dtype();
+        // The fused kernel computes in f32 (or f64); 16-bit models pass through it in f32.
+        let compute = if dt == DType::F64 { dt } else { DType::F32 };
+        let keys = self.keys(&x, l, b, compute)?;
         let mask = x.mask.clone();
-        let qkv = self.qkv.forward(tape, x)?.var; // [M, B, L, 3D]
-        // [MB, L, 3h, dh] -> [MB, 3h, L, dh]: q, k, v each [MB*h, L, dh]
-        let qkv = qkv
-            .reshape(&[m * b, l, 3 * h, dh])?
-            .swap_adjacent(1)?
-            .reshape(&[m * b, 3, h * l * dh])?;
-        let part = |i| qkv.narrow(1, i, 1)?.reshape(&[m * b * h, l, dh]);
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = q
-            .matmul_t(&k, false, true)?
-            .mul_scalar(1.0 / (dh as f64).sqrt())?;
-        let scores = match allowed {
-            Some(a) => {
-                let low = Tensor::full(&[1], masked_score(dt), dt, &a.device())?;
-                Var::where_cond(&a, &scores.reshape(&[m, b, h, l, l])?, &Var::constant(low))?
-            }
-            None => scores,
-        };
-        let att = scores.softmax_last()?.reshape(&[m * b * h, l, l])?;
-        let ctx = att
-            .matmul(&v)?
-            .reshape(&[m * b, h, l, dh])?
-            .swap_adjacent(1)?
+        let qkv = self.qkv.forward(tape, x)?.var.reshape(&[m * b, l, 3 * d])?;
+        let ctx = qkv
+            .to_dtype(compute)?
+            .attention(self.heads, self.causal, keys.as_ref())?
+            .to_dtype(dt)?
             .reshape(&[m, b, l, d])?;
         let y = self.out.forward(tape, Features::members(ctx))?.var;
         Ok(Features::members(y).with_mask(mask))

@@ -68,8 +68,9 @@ pub struct GemmTuning {
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 11] {
+fn all_sources() -> [&'static KernelSource; 12] {
     [
+        &crate::attention::cuda::SRC,
         &crate::binary::cuda::SRC,
         &crate::unary::cuda::SRC,
         &crate::reduce::cuda::SRC,

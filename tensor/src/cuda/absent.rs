@@ -2,6 +2,7 @@
 //! returning [`Error::NotCompiledWithCuda`]. No [`CudaStorage`] can be created.
 
 use cohort_kernels::Math;
+use cohort_kernels::attention::AttentionShape;
 use cohort_kernels::binary::BinaryOp;
 use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::copy::Copy2d;
@@ -202,6 +203,27 @@ pub fn argmax(s: &CudaStorage, shape: ReduceShape) -> Result<CudaStorage> {
 pub fn softmax_last(s: &CudaStorage, cols: usize, log: bool) -> Result<CudaStorage> {
     let _ = (cols, log);
     Err(unavailable("softmax_last", s.ordinal))
+}
+
+/// See [`crate::cpu::attention`].
+pub fn attention(
+    qkv: &CudaStorage,
+    mask: Option<&CudaStorage>,
+    shape: &AttentionShape,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let _ = (mask, shape);
+    Err(unavailable("attention", qkv.ordinal))
+}
+
+/// See [`crate::cpu::attention_backward`].
+pub fn attention_backward(
+    qkv: &CudaStorage,
+    mask: Option<&CudaStorage>,
+    saved: (&CudaStorage, &CudaStorage, &CudaStorage),
+    shape: &AttentionShape,
+) -> Result<CudaStorage> {
+    let _ = (mask, saved, shape);
+    Err(unavailable("attention_backward", qkv.ordinal))
 }
 
 /// See [`crate::cpu::matmul`].

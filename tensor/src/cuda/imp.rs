@@ -34,10 +34,12 @@ use crate::storage::CpuStorage;
 use crate::{DType, Device, Error, Result};
 
 mod allocator;
+mod attention;
 mod capture;
 mod staging;
 
 pub use allocator::create_allocator;
+pub use attention::{attention, attention_backward};
 pub use capture::{CudaGraph, capture, replay_concurrently};
 pub use staging::{CopyReady, Uploader};
 
