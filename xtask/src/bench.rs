@@ -3,9 +3,11 @@
 //! Three parts: the allocator's trace replays (against PyTorch's published overheads on the same traces), the
 //! criterion benchmarks of every crate (medians and throughputs read back from criterion's JSON), and, with
 //! `--reference`, the PyTorch (GPU) or JAX (CPU) cohort script run in the same call, and on the CPU the data
-//! sources' benchmarks beside PyTorch's DataLoader and pandas (`input_reference`). On a GPU also an image CNN in
-//! each precision policy beside PyTorch's in the same one (`cnn`). Results go to `target/bench/bench.json` and one
-//! table on stdout.
+//! sources' benchmarks beside PyTorch's DataLoader and pandas (`input_reference`). On a GPU also realistic
+//! workloads in each precision policy beside PyTorch's in the same one: an image CNN (`cnn`), the CNN co-trained
+//! with a text classifier (`cotrain`), a small ResNet of N members, loop and fused, beside PyTorch's loop and
+//! `torch.func` vmap (`resnet`), and a grid of Transformer language models (`transformer`). Results go to
+//! `target/bench/bench.json` and one table on stdout.
 
 use crate::bundle::workspace_root;
 use anyhow::{Context, Result, bail};
@@ -42,7 +44,11 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Parts to leave out: any of `replay`, `criterion`, `cohort`, `cnn` (an image CNN per precision beside
-    /// PyTorch's; GPU-only, so it runs only with `--gpu`), `input`, `peak`.
+    /// PyTorch's), `resnet` (a small ResNet, N = 1, 4, 16 members, loop and fused, beside PyTorch's loop and
+    /// `torch.func` vmap), `transformer` (a grid of Transformer language models, heads x width, beside PyTorch's
+    /// loop), `cotrain` (the CNN co-trained with an embedding-bag text classifier, beside PyTorch's alternating
+    /// loop), `input`, `peak`. `cnn`, `cotrain`, `resnet` and `transformer` are GPU-only: they run only with
+    /// `--gpu`.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Only criterion benchmarks whose name contains this.
@@ -86,13 +92,33 @@ pub fn run(args: &Args) -> Result<()> {
     if run_part("cohort") {
         cohort(args, &root, &out, &mut report)?;
     }
-    if run_part("cnn") {
+    // The workloads beside PyTorch in the same precision, each with its script from `bench/` (GPU-only).
+    type Part = fn(Device, bool, Option<(&str, &Path)>) -> Result<Value>;
+    let workloads: [(&str, &str, Part); 4] = [
+        ("cnn", "torch_cnn.py", crate::cnn::run),
+        ("resnet", "torch_resnet.py", crate::resnet::run),
+        (
+            "transformer",
+            "torch_transformer.py",
+            crate::transformer::run,
+        ),
+        ("cotrain", "torch_cotrain.py", crate::cotrain::run),
+    ];
+    for (part, script, run) in workloads {
+        if !run_part(part) {
+            continue;
+        }
         let script = args.reference.then(|| match &args.bundle {
-            Some(b) => b.join("reference/torch_cnn.py"),
-            None => root.join("bench/torch_cnn.py"),
+            Some(b) => b.join("reference").join(script),
+            None => root.join("bench").join(script),
         });
         let script = script.as_deref().map(|s| (args.python.as_str(), s));
-        report["cnn"] = crate::cnn::run(device(args), args.quick, script)?;
+        report[part] = run(device(args), args.quick, script)?;
+        // each part's figures on disk as soon as they exist: a run cut short by a time limit keeps them
+        fs::write(
+            out.join("bench.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
     }
     if run_part("input") {
         report["input_bound"] = crate::input_bound::run(device(args), args.quick)?;

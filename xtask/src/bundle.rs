@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
 //! Layout: `bin/` (cohort, replay, xtask), `tests/` and `benches/` (one executable per test or bench target),
-//! `reference/` (the PyTorch and JAX scripts of ../shared/bench, and `bench/torch_cnn.py`), `traces/`, and
+//! `reference/` (the PyTorch and JAX scripts of ../shared/bench, and the workloads' `bench/torch_*.py` with
+//! their shared `torch_timing.py`), `traces/`, and
 //! `MANIFEST.json`, which names each executable with the package folder it must run in (cargo runs tests and
 //! benches in their package's root, so relative paths hold).
 
@@ -55,7 +56,13 @@ fn cuda_features(root: &Path) -> Result<String> {
 }
 
 /// Scripts of `bench/` that `xtask bench --bundle` runs from the bundle's `reference/`.
-const REPO_REFERENCE_SCRIPTS: [&str; 1] = ["torch_cnn.py"];
+const REPO_REFERENCE_SCRIPTS: [&str; 5] = [
+    "torch_timing.py",
+    "torch_cnn.py",
+    "torch_cotrain.py",
+    "torch_resnet.py",
+    "torch_transformer.py",
+];
 
 /// One executable cargo built, with the package folder it runs in.
 struct Artifact {

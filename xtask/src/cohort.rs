@@ -62,11 +62,21 @@ impl Trainee {
         })
     }
 
+    /// One training step on `x` against class labels `y`: `[B]` for logits `[M, B, C]`, or `[B, ..]` for logits
+    /// `[M, B, .., C]` (a score per position, as a language model's), which count as `[M, rows, C]` against the
+    /// labels' `rows` values, as the trainer's next-token objective takes them.
     pub(crate) fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<()> {
         memory::with_tenant(self.tenant, || {
             let tape = Tape::new();
             let logits = self.model.forward(&tape, x)?;
-            let l = loss::cross_entropy(&logits, y)?;
+            let s = logits.shape().to_vec();
+            let l = if s.len() > 3 {
+                let rows = y.elem_count();
+                let flat = logits.reshape(&[s[0], rows, s[s.len() - 1]])?;
+                loss::cross_entropy(&flat, &y.reshape(&[rows])?)?
+            } else {
+                loss::cross_entropy(&logits, y)?
+            };
             tape.backward(&l)?;
             self.opt.step()?;
             self.opt.zero_grad();
@@ -75,12 +85,20 @@ impl Trainee {
     }
 }
 
+/// `count` class ids below `classes`, spread over them (a fixed pseudo-random sequence), as i32 of shape
+/// `[count]`.
+pub(crate) fn labels(count: usize, classes: usize, device: Device) -> Result<Tensor> {
+    let y: Vec<i32> = (0..count)
+        .map(|i| ((i * 7919) % classes.max(1)) as i32)
+        .collect();
+    Ok(Tensor::from_vec(y, &[count], &device)?)
+}
+
 /// The benchmark's resident data, cut into batches of 256 once (as the reference slices a
 /// resident tensor).
 pub fn batches(device: Device) -> Result<Vec<(Tensor, Tensor)>> {
     let x = Tensor::rand_uniform(&[ROWS, 784], 0.0, 1.0, DType::F32, 0, &device)?;
-    let y: Vec<i32> = (0..ROWS).map(|i| ((i * 7919) % 10) as i32).collect();
-    let y = Tensor::from_vec(y, &[ROWS], &device)?;
+    let y = labels(ROWS, 10, device)?;
     (0..ROWS / B)
         .map(|i| Ok((x.narrow(0, i * B, B)?, y.narrow(0, i * B, B)?)))
         .collect()
@@ -224,43 +242,102 @@ fn graph_rate(
 ) -> Result<f64> {
     let (x0, y0) = data.first().context("no batches to replay")?;
     let build = |seed| Trainee::new(members, seed, device, cohort_alloc::TenantId::DEFAULT);
-    let mut captured: Vec<Trainee> = (0..models as u64).map(build).collect::<Result<_>>()?;
-    let mut eager = build(0)?;
-    // static inputs with their own storage: every replay reads these addresses
-    let (x, y) = (x0.copy()?, y0.copy()?);
-    for _ in 0..3 {
-        captured.iter_mut().try_for_each(|t| t.step(&x, &y))?;
-        eager.step(&x, &y)?;
-    }
-    let graphs = captured
-        .iter_mut()
-        .map(|t| Ok(cohort_tensor::cuda::capture(&device, || t.step(&x, &y))?.0))
-        .collect::<Result<Vec<_>>>()?;
-    let all: Vec<_> = graphs.iter().collect();
-    // A rate is only worth reporting if the replays train as eager steps do.
-    for (bx, by) in data.iter().take(4) {
-        x.assign_(bx)?;
-        y.assign_(by)?;
-        graphs[0].replay()?;
-        eager.step(bx, by)?;
-    }
-    for (a, b) in captured[0].model.params().iter().zip(eager.model.params()) {
-        let (a, b) = (a.value().to_vec::<f32>()?, b.value().to_vec::<f32>()?);
-        let worst = a
-            .iter()
-            .zip(&b)
-            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-            .fold(0.0f32, f32::max);
-        anyhow::ensure!(
-            worst <= 1e-4,
-            "graph replays diverge from eager steps (relative difference {worst:.2e})"
-        );
-    }
+    let trainees = (0..models as u64).map(build).collect::<Result<_>>()?;
+    let captured = Captured::new(trainees, build(0)?, x0, y0, &data[..data.len().min(4)])?;
     let steps_per_s = rate(device, 5, budget, |i| {
         let (bx, by) = &data[i % data.len()];
-        x.assign_(bx)?;
-        y.assign_(by)?;
-        Ok(cohort_tensor::cuda::replay_concurrently(&all, LANES)?)
+        captured.x.assign_(bx)?;
+        captured.y.assign_(by)?;
+        captured.replay()
     })?;
     Ok(steps_per_s * (models * members) as f64)
+}
+
+/// Trainees whose training steps (forward, backward, Adam) are captured as CUDA graphs reading the static inputs
+/// `x`, `y`: a step is the batch assigned to those (where it changes) and [`Captured::replay`].
+pub(crate) struct Captured {
+    /// The captured trainees, kept alive: the graphs read and write their parameters and optimizer state.
+    _trainees: Vec<Trainee>,
+    graphs: Vec<cohort_tensor::cuda::CudaGraph>,
+    /// The static inputs: copies of the first batch, with storage of their own.
+    pub(crate) x: Tensor,
+    pub(crate) y: Tensor,
+}
+
+impl Captured {
+    /// Three eager warm-up steps of each trainee (and of `twin`, an eager copy of the first) on `(x0, y0)`, then
+    /// each step captured. A rate is only worth reporting if the replays train as eager steps do: on each batch of
+    /// `check` the first graph is replayed and the twin steps eagerly, and the two must end on the same
+    /// parameters, up to a small fraction of how far those steps moved them (cuDNN's and cuBLAS's fastest
+    /// algorithms need not sum in one order, and Adam's normalised step magnifies a gradient near zero).
+    ///
+    /// # Errors
+    /// When a capture is refused, or the replays do not train as eager steps do.
+    pub(crate) fn new(
+        mut trainees: Vec<Trainee>,
+        mut twin: Trainee,
+        x0: &Tensor,
+        y0: &Tensor,
+        check: &[(Tensor, Tensor)],
+    ) -> Result<Captured> {
+        let device = twin.model.device();
+        let (x, y) = (x0.copy()?, y0.copy()?);
+        for _ in 0..3 {
+            trainees.iter_mut().try_for_each(|t| t.step(&x, &y))?;
+            twin.step(&x, &y)?;
+        }
+        let graphs = trainees
+            .iter_mut()
+            .map(|t| Ok(cohort_tensor::cuda::capture(&device, || t.step(&x, &y))?.0))
+            .collect::<Result<Vec<_>>>()?;
+        let values = |t: &Trainee| -> Result<Vec<Vec<f32>>> {
+            t.model
+                .params()
+                .iter()
+                .map(|p| Ok(p.value().to_vec::<f32>()?))
+                .collect()
+        };
+        let before = values(&twin)?;
+        for (bx, by) in check {
+            x.assign_(bx)?;
+            y.assign_(by)?;
+            graphs[0].replay()?;
+            twin.step(bx, by)?;
+        }
+        let (replayed, eager) = (values(&trainees[0])?, values(&twin)?);
+        let distance = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+            a.iter()
+                .flatten()
+                .zip(b.iter().flatten())
+                .map(|(a, b)| f64::from(a - b).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        };
+        let (apart, moved) = (distance(&replayed, &eager), distance(&eager, &before));
+        anyhow::ensure!(
+            apart <= 0.05 * moved,
+            "graph replays diverge from eager steps (they end {apart:.2e} apart; the steps moved the parameters \
+             {moved:.2e})"
+        );
+        x.assign_(x0)?;
+        y.assign_(y0)?;
+        Ok(Captured {
+            _trainees: trainees,
+            graphs,
+            x,
+            y,
+        })
+    }
+
+    /// One training step of every trainee: their graphs replayed on [`LANES`] concurrent streams.
+    pub(crate) fn replay(&self) -> Result<()> {
+        Captured::replay_together(&[self])
+    }
+
+    /// One training step of every trainee of `groups` (each with static inputs of its own): all their graphs
+    /// replayed on [`LANES`] concurrent streams.
+    pub(crate) fn replay_together(groups: &[&Captured]) -> Result<()> {
+        let all: Vec<_> = groups.iter().flat_map(|g| &g.graphs).collect();
+        Ok(cohort_tensor::cuda::replay_concurrently(&all, LANES)?)
+    }
 }

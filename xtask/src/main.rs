@@ -6,8 +6,9 @@
 //!   throughput benchmark on the best device, with the reference framework run in the same call; one table of ratios
 //!   and JSON under `target/bench/`. On a GPU machine without cargo, run the carried tool as
 //!   `gpu-bundle/xtask bench --bundle gpu-bundle` and it uses the carried binaries instead of cargo.
-//!   On a GPU it also trains an image CNN in fp32, tf32 and bf16 beside PyTorch's eager and CUDA-graph steps
-//!   (`cnn`). On the CPU it also times the machine's FMA peak beside our matrix products. `cargo run --release -p
+//!   On a GPU it also trains realistic workloads in fp32, tf32 and bf16 beside PyTorch's eager and CUDA-graph steps:
+//!   an image CNN (`cnn`), a small ResNet of N members, loop and fused, also beside `torch.func` vmap (`resnet`), a
+//!   grid of Transformer language models (`transformer`), the CNN co-trained with a text classifier (`cotrain`). On the CPU it also times the machine's FMA peak beside our matrix products. `cargo run --release -p
 //!   xtask --no-default-features -- bench` measures the AVX2 paths (and JAX capped at AVX2) on a CPU with AVX-512.
 //! - `cargo xtask profile [--n 1,128]`: one fused training step's time per phase, and per kernel on a GPU
 //!   (`COHORT_CUDA_PROFILE=1`).
@@ -16,10 +17,14 @@ mod bench;
 mod bundle;
 mod cnn;
 mod cohort;
+mod cotrain;
 mod input_bound;
 mod input_reference;
 mod peak;
 mod profile;
+mod resnet;
+mod transformer;
+mod workload;
 
 use clap::{Parser, Subcommand};
 
