@@ -47,8 +47,8 @@ pub struct Args {
     /// PyTorch's), `resnet` (a small ResNet, N = 1, 4, 16 members, loop and fused, beside PyTorch's loop and
     /// `torch.func` vmap), `transformer` (a grid of Transformer language models, heads x width, beside PyTorch's
     /// loop), `cotrain` (the CNN co-trained with an embedding-bag text classifier, beside PyTorch's alternating
-    /// loop), `input`, `peak`. `cnn`, `cotrain`, `resnet` and `transformer` are GPU-only: they run only with
-    /// `--gpu`.
+    /// loop), `attention` (the fused attention kernel beside PyTorch's `scaled_dot_product_attention`), `input`,
+    /// `peak`. `cnn`, `cotrain`, `resnet`, `transformer` and `attention` are GPU-only: they run only with `--gpu`.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Only criterion benchmarks whose name contains this.
@@ -94,7 +94,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     // The workloads beside PyTorch in the same precision, each with its script from `bench/` (GPU-only).
     type Part = fn(Device, bool, Option<(&str, &Path)>) -> Result<Value>;
-    let workloads: [(&str, &str, Part); 4] = [
+    let workloads: [(&str, &str, Part); 5] = [
         ("cnn", "torch_cnn.py", crate::cnn::run),
         ("resnet", "torch_resnet.py", crate::resnet::run),
         (
@@ -103,6 +103,7 @@ pub fn run(args: &Args) -> Result<()> {
             crate::transformer::run,
         ),
         ("cotrain", "torch_cotrain.py", crate::cotrain::run),
+        ("attention", "torch_attention.py", crate::attention::run),
     ];
     for (part, script, run) in workloads {
         if !run_part(part) {
@@ -263,12 +264,13 @@ fn traces_dir(args: &Args, root: &Path) -> PathBuf {
     }
 }
 
-/// Replays every trace with the replay binary's defaults; prints overhead against PyTorch's best.
+/// Replays every trace with the replay binary's defaults; prints overhead against PyTorch's best, and the page moves
+/// that waited for the device.
 fn replay(args: &Args, root: &Path) -> Result<Value> {
     let mut rows = Vec::new();
     println!(
-        "{:<22} {:>10} {:>12} {:>14} {:>9} {:>10}",
-        "trace", "events", "our overhead", "PyTorch best", "ratio", "ns/op"
+        "{:<22} {:>10} {:>12} {:>14} {:>9} {:>10} {:>10}",
+        "trace", "events", "our overhead", "PyTorch best", "ratio", "ns/op", "sync moves"
     );
     for (name, theirs) in PYTORCH_BEST_OVERHEAD {
         let trace = traces_dir(args, root).join(format!("{name}.csv.gz"));
@@ -306,13 +308,15 @@ fn replay(args: &Args, root: &Path) -> Result<Value> {
             serde_json::from_str(line.trim()).context("parsing the replay binary's JSON line")?;
         let overhead = ours["overhead"].as_f64().unwrap_or(f64::NAN);
         println!(
-            "{:<22} {:>10} {:>11.2}% {:>13.1}% {:>8.2}x {:>10.0}",
+            "{:<22} {:>10} {:>11.2}% {:>13.1}% {:>8.2}x {:>10.0} {:>10}",
             name,
             ours["events"],
             overhead * 100.0,
             theirs * 100.0,
             theirs / overhead.max(1e-9),
-            ours["ns_per_op"].as_f64().unwrap_or(f64::NAN)
+            ours["ns_per_op"].as_f64().unwrap_or(f64::NAN),
+            // moves that had to wait for the device (each a stall on a GPU): none once a replay is warm
+            ours["synchronising_moves"]
         );
         rows.push(json!({ "trace": name, "ours": ours, "pytorch_best_overhead": theirs }));
     }

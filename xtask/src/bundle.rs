@@ -56,8 +56,9 @@ fn cuda_features(root: &Path) -> Result<String> {
 }
 
 /// Scripts of `bench/` that `xtask bench --bundle` runs from the bundle's `reference/`.
-const REPO_REFERENCE_SCRIPTS: [&str; 5] = [
+const REPO_REFERENCE_SCRIPTS: [&str; 6] = [
     "torch_timing.py",
+    "torch_attention.py",
     "torch_cnn.py",
     "torch_cotrain.py",
     "torch_resnet.py",

@@ -8,11 +8,13 @@
 //!   `gpu-bundle/xtask bench --bundle gpu-bundle` and it uses the carried binaries instead of cargo.
 //!   On a GPU it also trains realistic workloads in fp32, tf32 and bf16 beside PyTorch's eager and CUDA-graph steps:
 //!   an image CNN (`cnn`), a small ResNet of N members, loop and fused, also beside `torch.func` vmap (`resnet`), a
-//!   grid of Transformer language models (`transformer`), the CNN co-trained with a text classifier (`cotrain`). On the CPU it also times the machine's FMA peak beside our matrix products. `cargo run --release -p
+//!   grid of Transformer language models (`transformer`), the CNN co-trained with a text classifier (`cotrain`), and
+//!   the fused attention kernel alone beside PyTorch's `scaled_dot_product_attention` (`attention`). On the CPU it also times the machine's FMA peak beside our matrix products. `cargo run --release -p
 //!   xtask --no-default-features -- bench` measures the AVX2 paths (and JAX capped at AVX2) on a CPU with AVX-512.
 //! - `cargo xtask profile [--n 1,128]`: one fused training step's time per phase, and per kernel on a GPU
 //!   (`COHORT_CUDA_PROFILE=1`).
 
+mod attention;
 mod bench;
 mod bundle;
 mod cnn;
