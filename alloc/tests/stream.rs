@@ -126,7 +126,10 @@ fn a_trim_waits_for_the_stream_once_and_gives_everything_back() {
 /// move waits for the stream, and the peak stays within 1.5 % of the trace's peak live bytes.
 #[test]
 fn steady_state_replays_of_the_shared_traces_never_wait_for_the_stream() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    // The package folder at run time (a test binary carried to a GPU machine runs there), else at build time.
+    let root =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let dir = std::path::Path::new(&root).join("tests/traces");
     for name in ["transformer-lm", "transformer-varlen", "mlp-grid8"] {
         let path = dir.join(format!("{name}.csv.gz"));
         let trace = read_trace(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -1,6 +1,7 @@
 //! Fused attention ([`Var::attention`]) against the unfused composition it replaced (scores, mask, softmax,
 //! weighted values) in f64 on the CPU: outputs and gradients, with causal and padding masks, query and key counts
-//! on and off the kernels' tiles, and every head-width tier of the CUDA kernels. On a GPU (f32) the same cases
+//! on and off the kernels' tiles, every head-width tier of the CUDA kernels, and widths with and without their
+//! vector reads. On a GPU (f32) the same cases
 //! against that reference, and memory linear in the sequence length:
 //! `cargo test -p cohort-autograd --features cohort-tensor/cuda --test attention -- --include-ignored`.
 

@@ -1,3 +1,5 @@
+use std::sync::Mutex;
+
 use cohort_tensor::{DType, Device, Tensor};
 use serde::Serialize;
 
@@ -16,6 +18,18 @@ use crate::{Error, Param, Result, Tape};
 pub struct Embedding {
     weight: Param,
     padding: Option<i32>,
+    /// Tensors a lookup on a GPU needs, made at its first lookup on the weight's device, so a captured step uploads
+    /// nothing.
+    on_device: Mutex<Option<DeviceLookup>>,
+}
+
+/// What a GPU lookup of `M` members' tables `[M·V, D]` needs: member `i`'s offset `i · V` (`[M, 1]` i32), and a
+/// `[V]` probe whose gather checks the ids against the vocabulary (an index error, reported at the device's next
+/// read-back as every index op's is).
+#[derive(Debug, Clone)]
+struct DeviceLookup {
+    offsets: Tensor,
+    probe: Tensor,
 }
 
 impl Embedding {
@@ -36,6 +50,7 @@ impl Embedding {
                 init_normal(&[vocab, dim], 1.0, seeds, 0, dtype, dev)?,
             ),
             padding: None,
+            on_device: Mutex::new(None),
         })
     }
 
@@ -45,19 +60,46 @@ impl Embedding {
         self
     }
 
-    /// The padding mask of host ids `ids` (shape `shape`): 1 for a real token, 0 for the padding id.
-    fn mask(&self, ids: &[i32], shape: &[usize]) -> Result<Option<Tensor>> {
+    /// The padding mask of `ids`: 1 for a real token, 0 for the padding id, in the weight's dtype.
+    fn mask(&self, ids: &Tensor) -> Result<Option<Tensor>> {
         let Some(pad) = self.padding else {
             return Ok(None);
         };
         let w = self.weight.value();
-        let m: Vec<f64> = ids.iter().map(|&i| f64::from(u8::from(i != pad))).collect();
-        // Cast on the host: f64 does not exist on CUDA.
-        let mask = Tensor::from_vec(m, shape, &Device::Cpu)?.to_dtype(w.dtype())?;
-        Ok(Some(mask.to_device(&w.device())?))
+        // Computed in f32 (f64 on the CPU for an f64 table): the element-wise kernels have no 16-bit forms.
+        let calc = if w.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let real = ids
+            .to_dtype(calc)?
+            .add_scalar(-f64::from(pad))?
+            .abs()?
+            .gt_scalar(0.5)?;
+        Ok(Some(real.to_dtype(w.dtype())?))
     }
 
-    /// The rows for `x`'s ids and, with a padding id, their padding mask.
+    /// The offsets and probe of a GPU lookup on `dev`, made at the first one there.
+    fn device_lookup(&self, m: usize, v: usize, dev: &Device) -> Result<DeviceLookup> {
+        let mut cached = self
+            .on_device
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = cached.as_ref().filter(|c| c.offsets.device() == *dev) {
+            return Ok(c.clone());
+        }
+        let offsets: Vec<i32> = (0..m).map(|i| (i * v) as i32).collect();
+        let made = DeviceLookup {
+            offsets: Tensor::from_vec(offsets, &[m, 1], dev)?,
+            probe: Tensor::zeros(&[v], DType::F32, dev)?,
+        };
+        *cached = Some(made.clone());
+        Ok(made)
+    }
+
+    /// The rows for `x`'s ids and, with a padding id, their padding mask. The ids stay on their device: no read-back,
+    /// so a step with a lookup can be captured as a CUDA graph.
     fn lookup(
         &self,
         tape: &Tape,
@@ -82,29 +124,36 @@ impl Embedding {
                 ),
             });
         }
-        let ids = ids_t.to_device(&Device::Cpu)?.to_vec::<i32>()?;
-        if let Some(bad) = ids.iter().find(|&&i| i < 0 || i as usize >= v) {
-            return Err(Error::Shape {
-                op,
-                reason: format!("token id {bad} outside the vocabulary of {v}"),
-            });
-        }
-        // Offsets into the members' stacked tables `[M*V, D]`: one gather for all members.
-        let per = if x.layout == Layout::Shared {
-            ids.len()
-        } else {
-            ids.len() / m
+        let dev = ids_t.device();
+        // One gather for all members from the stacked tables `[M*V, D]`: member i's ids offset by i·V.
+        let (groups, per) = match x.layout {
+            Layout::Shared => (1, ids_t.elem_count()),
+            _ => (m, ids_t.elem_count() / m),
         };
-        let mut flat = Vec::with_capacity(per * m);
-        for mi in 0..m {
-            let src = if x.layout == Layout::Shared {
-                &ids[..]
-            } else {
-                &ids[mi * per..(mi + 1) * per]
-            };
-            flat.extend(src.iter().map(|&i| i + (mi * v) as i32));
-        }
-        let idx = Tensor::from_vec(flat, &[per * m], &ids_t.device())?;
+        let ids = ids_t.reshape(&[groups, per])?;
+        let idx = if dev.is_cuda() {
+            let c = self.device_lookup(m, v, &dev)?;
+            c.probe.index_select(&ids.reshape(&[groups * per])?, 0)?;
+            ids.add(&c.offsets)?.reshape(&[m * per])?
+        } else {
+            // On the CPU the ids are at hand: check them here, naming the id.
+            let host = ids_t.to_vec::<i32>()?;
+            if let Some(bad) = host.iter().find(|&&i| i < 0 || i as usize >= v) {
+                return Err(Error::Shape {
+                    op,
+                    reason: format!("token id {bad} outside the vocabulary of {v}"),
+                });
+            }
+            let flat = (0..m)
+                .flat_map(|mi| {
+                    let g = if groups == 1 { 0 } else { mi };
+                    host[g * per..(g + 1) * per]
+                        .iter()
+                        .map(move |&i| i + (mi * v) as i32)
+                })
+                .collect();
+            Tensor::from_vec(flat, &[m * per], &dev)?
+        };
         let rows = tape
             .param(&self.weight)
             .reshape(&[m * v, d])?
@@ -116,7 +165,7 @@ impl Embedding {
             &s[1..]
         });
         shape.push(d);
-        Ok((rows.reshape(&shape)?, self.mask(&ids, &s)?))
+        Ok((rows.reshape(&shape)?, self.mask(ids_t)?))
     }
 }
 
