@@ -25,8 +25,8 @@
 //!
 //! What the allocator promises about fragmentation is stated as properties in `tests/fragmentation.rs` (a million
 //! random and adversarial operations per release run, a soak of tens of millions behind `--ignored`): the stitched
-//! layout fails a request only for want of pages, its peak reserved stays within the idle-page slack of the
-//! pages live blocks touched, and a page is unmapped only once the stream has passed its last use; segments grow only without a fit and report fragmentation and OOM causes truthfully;
+//! layout fails a request only for want of pages, and its peak reserved stays within the idle-page slack of the
+//! pages live blocks touched; segments grow only without a fit and report fragmentation and OOM causes truthfully;
 //! trim returns everything idle, after which a replay makes the same choices. A failing sequence is written as a
 //! trace for `cohort replay`.
 //!
@@ -67,42 +67,30 @@
 //! the default `bfc` backend, host memory on the CPU), keeps it in an `Arc`, and charges each member's blocks to
 //! its tenant.
 //!
-//! ## Page moves that do not wait for the device
+//! ## Measured on the shared traces (`cargo run --release -p cohort-alloc --bin replay -- TRACE --passes 2`)
 //!
-//! Blocks are freed in stream order: queued work may still use a freed block's pages. A page whose last block is
-//! freed is stamped with the next point recorded on the stream ([`PagedMemory::record_point`]; on CUDA an event on
-//! the compute stream, recorded lazily at the next page fault, so a cached alloc or free makes no driver call). Its
-//! physical page may move at once: the block it backs next is used by work queued later, so after the old work in
-//! stream order. Only its old mapping must outlive the old work, so the moved page stays mapped there, *retired*,
-//! until the stream passes its point (asked without waiting: `cuEventQuery`), and is unmapped then. Best fit steps
-//! past retired pages the stream has not passed (to the next fitting chunk, or further into the same one), so a
-//! block waits for the stream only where nothing else fits; a trim waits for what it gives back. Waits are counted
-//! ([`Counters::synchronising_moves`], [`Counters::stream_waits`]).
+//! Peak reserved over peak live with the replay's defaults (stitched layout on [`SimMemory`], idle-page slack 8,
+//! large blocks from 1 MiB in their own arena, page-aligned), against PyTorch on the same runs (mlp-grid8's floor is
+//! 1.48 %: its 102.5 MiB peak needs 52 pages of 2 MiB), and the page moves of the second pass:
 //!
-//! ## Measured on the shared traces (`cargo run --release -p cohort-alloc --bin replay -- TRACE --passes 3`)
-//!
-//! Peak reserved over peak live with the replay's defaults (stitched layout on [`SimMemory`] whose device runs
-//! [`replay::DEFAULT_STREAM_LAG`] operations behind the host, no idle-page slack, large blocks from 1 MiB in their
-//! own arena, page-aligned), against PyTorch on the same runs (mlp-grid8's floor is 1.48 %: its 102.5 MiB peak
-//! needs 52 pages of 2 MiB), and the page moves of the later passes, none of which waited for the device:
-//!
-//! | trace | stitched | passes 2 and 3: page moves (waits) | PyTorch default / expandable |
+//! | trace | stitched | second pass: page moves | PyTorch default / expandable |
 //! | --- | --- | --- | --- |
-//! | transformer-lm | 0.55 % | 406, 425 (0) | 20.1 % / 8.1 % |
-//! | transformer-varlen | 0.17 % | 331, 316 (0) | 11.6 % / 7.5 % |
-//! | mlp-grid8 | 1.48 % | 0, 0 (0) | 3.4 % / 13.2 % |
+//! | transformer-lm | 7.66 % | 0 | 20.1 % / 8.1 % |
+//! | transformer-varlen | 6.70 % | 0 | 11.6 % / 7.5 % |
+//! | mlp-grid8 | 1.48 % | 0 | 3.4 % / 13.2 % |
 //!
-//! With the device 64 to 4,096 operations behind, or held until waited for, the overheads stay within 0.30-0.55 %,
-//! 0.17-0.24 % and 1.48 %, and no pass waits. Before moves stopped waiting, each move synchronized the device, so the
-//! allocator kept idle pages mapped and grew that slack from moves it regretted: 7.66 % and 6.70 % on the
-//! transformer traces (1.27 % and 0.72 % with a fixed slack of 8 pages, at 68 and 33 synchronising moves per
-//! step); on the H200, 34 such moves a step held an eager step of 128 fused MLPs at 1.7 ms. The slack
-//! ([`ConfigBuilder::idle_page_slack`]) is now 0 by default: a move costs about what a create does. Three placement
-//! choices were measured and kept: large blocks in their own arena (transformer-varlen 1.33 % to 0.38 %), large
-//! blocks starting on a page boundary (transformer-lm 1.39 % to 0.30 %, transformer-varlen 0.38 % to 0.17 %, at
-//! slack 0), and moving the highest idle page first rather than the one idle longest (31 % and 47 % fewer moves on
-//! the two transformer traces). Looking past the best fit for chunks on mapped pages
-//! ([`ConfigBuilder::placement_candidates`]) saved a few moves for more memory, so it is off.
+//! The stitched layout keeps physical memory near the peak of touched pages and pays with page moves, each of which
+//! synchronizes the device on a GPU ([`CudaVmm`] synchronizes before it unmaps). So the idle-page slack
+//! ([`ConfigBuilder::idle_page_slack`], idle pages kept mapped before moving instead of creating) is a floor: the
+//! allocator grows it by every page a later block wanted back after a move took it, up to a quarter of the peak in
+//! use, until a repeating step moves no page; [`Bfc::trim`] forgets what it learnt. With the slack fixed at 8 pages
+//! the overheads were 1.27 % and 0.72 % on the transformer traces, at 68 and 33 page moves per step; on the H200,
+//! 34 moves a step held an eager step of 128 fused MLPs at 1.7 ms, which now takes about 0.6 ms and moves no page. Three placement choices were measured
+//! and kept: large blocks in their own arena (transformer-varlen 1.33 % to 0.38 %), large blocks starting on a page
+//! boundary (transformer-lm 1.39 % to 0.30 %, transformer-varlen 0.38 % to 0.17 %, at slack 0), and moving the
+//! highest idle page first rather than the one idle longest (31 % and 47 % fewer moves on the two transformer
+//! traces). Looking past the best fit for chunks on mapped pages ([`ConfigBuilder::placement_candidates`]) saved a
+//! few moves for more memory, so it is off.
 //!
 //! Speed (criterion, `cargo bench -p cohort-alloc`, on a 2-core AMD EPYC): a cached alloc + free pair costs about
 //! 34 ns of CPU time in either layout (94 ns before the threaded bins and the parked block); 4 threads contending
@@ -136,13 +124,11 @@ pub use config::{
 #[cfg(feature = "cuda")]
 pub use cuda::cuda_context;
 pub use cuda::{CudaAsyncPool, CudaMemory, CudaVmm, cuda_available};
-#[cfg(feature = "cuda")]
-pub use device::stream_allocator;
 pub use device::{DeviceBfc, device_allocator, resolve_device};
 pub use error::{Error, OomCause, OutOfMemory, Result};
 pub use events::{Event, EventKind};
 pub use host::HostMemory;
-pub use sim::{SimCounters, SimMemory, SimStream};
+pub use sim::{SimCounters, SimMemory};
 pub use source::{MemorySource, PagedMemory, Region, SourceError};
 pub use stats::{Counters, MemoryReport, TenantReport, fmt_bytes};
 pub use tenant::{TenantId, TenantLimits};

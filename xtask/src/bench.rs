@@ -264,13 +264,12 @@ fn traces_dir(args: &Args, root: &Path) -> PathBuf {
     }
 }
 
-/// Replays every trace with the replay binary's defaults; prints overhead against PyTorch's best, and the page moves
-/// that waited for the device.
+/// Replays every trace with the replay binary's defaults; prints overhead against PyTorch's best.
 fn replay(args: &Args, root: &Path) -> Result<Value> {
     let mut rows = Vec::new();
     println!(
-        "{:<22} {:>10} {:>12} {:>14} {:>9} {:>10} {:>10}",
-        "trace", "events", "our overhead", "PyTorch best", "ratio", "ns/op", "sync moves"
+        "{:<22} {:>10} {:>12} {:>14} {:>9} {:>10}",
+        "trace", "events", "our overhead", "PyTorch best", "ratio", "ns/op"
     );
     for (name, theirs) in PYTORCH_BEST_OVERHEAD {
         let trace = traces_dir(args, root).join(format!("{name}.csv.gz"));
@@ -308,15 +307,13 @@ fn replay(args: &Args, root: &Path) -> Result<Value> {
             serde_json::from_str(line.trim()).context("parsing the replay binary's JSON line")?;
         let overhead = ours["overhead"].as_f64().unwrap_or(f64::NAN);
         println!(
-            "{:<22} {:>10} {:>11.2}% {:>13.1}% {:>8.2}x {:>10.0} {:>10}",
+            "{:<22} {:>10} {:>11.2}% {:>13.1}% {:>8.2}x {:>10.0}",
             name,
             ours["events"],
             overhead * 100.0,
             theirs * 100.0,
             theirs / overhead.max(1e-9),
-            ours["ns_per_op"].as_f64().unwrap_or(f64::NAN),
-            // moves that had to wait for the device (each a stall on a GPU): none once a replay is warm
-            ours["synchronising_moves"]
+            ours["ns_per_op"].as_f64().unwrap_or(f64::NAN)
         );
         rows.push(json!({ "trace": name, "ours": ours, "pytorch_best_overhead": theirs }));
     }

@@ -17,7 +17,6 @@ use crate::tenant::{Tenant, TenantId, TenantLimits};
 mod carve;
 mod check;
 mod park;
-mod points;
 mod segments;
 mod stitched;
 
@@ -96,7 +95,9 @@ struct Inner<S> {
     pages: Option<PageTable>,
     /// Stitched layout: the most pages that may be mapped.
     page_limit: u64,
-    /// The call in progress may not wait for the stream or record on it ([`Bfc::alloc_without_sync`]).
+    /// Stitched layout: idle pages kept beyond the configured slack, learnt from moves that were undone.
+    grown_slack: u64,
+    /// The call in progress may not synchronize the device ([`Bfc::alloc_without_sync`]).
     no_sync: bool,
     tenants: Vec<Tenant>,
     unmet_total: u64,
@@ -131,6 +132,7 @@ impl<S: MemorySource> Bfc<S> {
             regions: Vec::new(),
             pages: None,
             page_limit: 0,
+            grown_slack: 0,
             no_sync: false,
             tenants: vec![Tenant::new("default".into(), TenantLimits::unlimited())],
             unmet_total: 0,
@@ -168,10 +170,10 @@ impl<S: MemorySource> Bfc<S> {
         self.alloc_at(bytes, tenant, Location::caller(), false)
     }
 
-    /// As [`alloc`](Self::alloc), but never waits for the stream nor records a point on it: only idle pages
-    /// whose last use the stream was already seen to pass are moved, others are created, and an out-of-memory is
-    /// reported without the trim and retry. For callers that may not synchronize, such as a CUDA graph's private
-    /// pool growing during its capture.
+    /// As [`alloc`](Self::alloc), but never synchronizes the device: pages are created, never moved
+    /// from idle blocks (a move unmaps them, which waits for the device), and an out-of-memory is
+    /// reported without the trim and retry. For callers that may not synchronize, such as a CUDA
+    /// graph's private pool growing during its capture.
     ///
     /// # Errors
     /// As [`alloc`](Self::alloc).
@@ -265,8 +267,7 @@ impl<S: MemorySource> Bfc<S> {
     }
 
     /// Returns wholly free regions (segments) or idle pages (stitched) to the source; the bytes given back.
-    /// Stitched: idle pages whose last use the stream has not passed yet are waited for (one wait, counted in
-    /// [`Counters::stream_waits`]). A source failure is logged through `tracing`.
+    /// A source failure is logged through `tracing`.
     pub fn trim(&self) -> u64 {
         self.lock().trim()
     }
@@ -801,6 +802,8 @@ impl<S: MemorySource> Inner<S> {
     fn trim(&mut self) -> u64 {
         self.unpark();
         self.c.trims += 1;
+        // Memory given back is a fresh start: the slack learnt from earlier steps goes too.
+        self.grown_slack = 0;
         let before = self.c.reserved;
         if self.stitched() {
             self.trim_pages();
@@ -869,8 +872,6 @@ impl<S: MemorySource> Inner<S> {
             page_size: self.pages.as_ref().map_or(0, |p| p.size),
             pages_mapped: self.pages.as_ref().map_or(0, |p| p.mapped),
             pages_idle: self.pages.as_ref().map_or(0, |p| p.idle),
-            pages_pending: self.pages.as_ref().map_or(0, |p| p.pending()),
-            pages_retired: self.pages.as_ref().map_or(0, |p| p.retired),
             counters: self.c,
             tenants: self
                 .tenants

@@ -11,9 +11,6 @@ use crate::pages::PageTable;
 use crate::source::{MemorySource, Region, SourceError};
 use crate::tenant::TenantId;
 
-/// Free chunks past the best fit examined for one that lands on no retired page the stream has not passed.
-const RETIRED_CANDIDATES: usize = 8;
-
 impl<S: MemorySource> Inner<S> {
     /// Lays out the virtual range when the source offers pages and the backend caches.
     pub(super) fn stitch(&mut self) -> Result<()> {
@@ -87,8 +84,7 @@ impl<S: MemorySource> Inner<S> {
             .as_ref()
             .expect("stitched layout has a page table");
         if self.config.placement_candidates <= 1 {
-            let (i, start) = self.clear_of_retired(first, arena, rounded)?;
-            return self.finish_stitched(i, false, start, arena, rounded, tenant);
+            return self.finish_stitched(first, false, arena, rounded, tenant);
         }
         let mut best = (first, false, u64::MAX);
         let mut cand = Some(first);
@@ -96,13 +92,13 @@ impl<S: MemorySource> Inner<S> {
         while let Some(i) = cand {
             let c = self.chunks.v[i as usize];
             let (a, b) = pt.span(c.ptr, rounded);
-            let front = pt.demand(a, b).need;
+            let front = pt.demand(a, b).0;
             if front < best.2 {
                 best = (i, false, front);
             }
             if self.config.placement_candidates > 1 && c.size > rounded && best.2 > 0 {
                 let (a, b) = pt.span(c.ptr + c.size - rounded, rounded);
-                let back = pt.demand(a, b).need;
+                let back = pt.demand(a, b).0;
                 if back < best.2 {
                     best = (i, true, back);
                 }
@@ -114,95 +110,25 @@ impl<S: MemorySource> Inner<S> {
             cand = self.bins[arena].successor(&self.chunks.v, i);
         }
         let (i, at_end, _) = best;
-        self.finish_stitched(i, at_end, None, arena, rounded, tenant)
+        self.finish_stitched(i, at_end, arena, rounded, tenant)
     }
 
-    /// From best fit `first` on, the first of a few free chunks that can hold the block clear of retired pages the
-    /// stream has not passed (backing one would wait for the stream), and where in it the block starts (`None`: as
-    /// it would anyway); `first` as it is when none can.
-    fn clear_of_retired(
-        &mut self,
-        first: u32,
-        arena: usize,
-        rounded: u64,
-    ) -> std::result::Result<(u32, Option<u64>), PlaceError> {
-        let natural = self.natural_start(first, arena, rounded);
-        if self.pages.as_ref().expect("page table").retired == 0
-            || self.clear_start(first, natural, rounded) == Some(natural)
-        {
-            return Ok((first, None));
-        }
-        // The stream may have passed them by now.
-        self.refresh_points(!self.no_sync)?;
-        self.unmap_retired();
-        let mut cand = Some(first);
-        for _ in 0..RETIRED_CANDIDATES {
-            let Some(i) = cand else { break };
-            if let Some(place) = self.clear_place(i, arena, rounded) {
-                return Ok(place);
-            }
-            cand = self.bins[arena].successor(&self.chunks.v, i);
-        }
-        // The largest chunk, the arena's untouched top, has room past any retired page.
-        let place = self.bins[arena]
-            .largest_chunk(&self.chunks.v)
-            .and_then(|i| self.clear_place(i, arena, rounded));
-        Ok(place.unwrap_or((first, None)))
-    }
-
-    /// Chunk `i` and where in it the block starts (`None`: where it would anyway), when it has room clear of
-    /// retired pages the stream has not passed.
-    fn clear_place(&self, i: u32, arena: usize, rounded: u64) -> Option<(u32, Option<u64>)> {
-        let natural = self.natural_start(i, arena, rounded);
-        let start = self.clear_start(i, natural, rounded)?;
-        Some((i, (start != natural).then_some(start)))
-    }
-
-    /// Where a block of `rounded` bytes cut from the front of free chunk `i` starts: on a page boundary in the large
-    /// arena where the chunk has room (it then touches no page more than its size needs: 0.30 % instead of 1.39 %
-    /// on transformer-lm), else at the chunk's start.
-    fn natural_start(&self, i: u32, arena: usize, rounded: u64) -> u64 {
-        let c = self.chunks.v[i as usize];
-        let aligned = c
-            .ptr
-            .next_multiple_of(self.pages.as_ref().expect("page table").size);
-        if arena == 1 && aligned - c.ptr + rounded <= c.size {
-            aligned
-        } else {
-            c.ptr
-        }
-    }
-
-    /// The first address from `start` on where a block of `rounded` bytes fits in free chunk `i` without touching
-    /// a retired page the stream has not passed; `None` when there is none.
-    fn clear_start(&self, i: u32, mut start: u64, rounded: u64) -> Option<u64> {
-        let c = self.chunks.v[i as usize];
-        let pt = self.pages.as_ref().expect("page table");
-        while start + rounded <= c.ptr + c.size {
-            let (a, b) = pt.span(start, rounded);
-            match pt.last_retired_waiting(a, b) {
-                None => return Some(start),
-                Some(q) => start = pt.va(q + 1),
-            }
-        }
-        None
-    }
-
-    /// Cuts the block from free chunk `i` (at its end, at `start`, or at its front) and backs its pages.
+    /// Cuts the block from free chunk `i` (at its end or its front) and backs its pages.
     fn finish_stitched(
         &mut self,
         mut i: u32,
         at_end: bool,
-        start: Option<u64>,
         arena: usize,
         rounded: u64,
         tenant: TenantId,
     ) -> std::result::Result<u32, PlaceError> {
-        // The padding in front of the block stays a free chunk.
-        if !at_end {
+        // A large block starts on a page boundary where its chunk has room: it then touches no page more than its
+        // size needs (0.30 % instead of 1.39 % on transformer-lm). The padding stays a free chunk.
+        if !at_end && arena == 1 {
             let c = self.chunks.v[i as usize];
-            let pad = start.unwrap_or_else(|| self.natural_start(i, arena, rounded)) - c.ptr;
-            if pad > 0 {
+            let page = self.pages.as_ref().expect("pages").size;
+            let pad = c.ptr.next_multiple_of(page) - c.ptr;
+            if pad > 0 && pad + rounded <= c.size {
                 i = self.split_front(i, pad);
             }
         }
@@ -222,14 +148,10 @@ impl<S: MemorySource> Inner<S> {
     }
 
     /// Makes every page under `[ptr, ptr + len)` backed and counts the block on them.
-    ///
-    /// Pages come from idle pages beyond the slack (moved: no wait, see [`crate::pages`]), then new ones while under
-    /// the page limit, then the slack's idle pages. Only a retired page the block lands on before the stream has
-    /// passed its last use is waited for (counted: [`Counters::synchronising_moves`](crate::Counters)).
     pub(super) fn back_pages(&mut self, ptr: u64, len: u64) -> std::result::Result<(), PlaceError> {
         let page_limit = self.page_limit;
-        let no_reuse = self.faulty(Fault::NoPageReuse);
-        let create_first = no_reuse || self.faulty(Fault::CreateOverMove);
+        let no_moves = self.no_sync || self.faulty(Fault::NoPageReuse);
+        let no_slack = no_moves || self.faulty(Fault::CreateOverMove);
         let pt = self
             .pages
             .as_mut()
@@ -238,33 +160,22 @@ impl<S: MemorySource> Inner<S> {
         if pt.acquire_backed(a, b) {
             return Ok(());
         }
-        // A stream that may be capturing a graph gets no point recorded on it.
-        self.refresh_points(!self.no_sync)?;
-        self.unmap_retired();
-        let pt = self.pages.as_ref().expect("page table");
-        let d = pt.demand(a, b);
-        if d.retired_waiting_in > 0 {
-            if self.no_sync {
-                return Err(PlaceError::Oom(OomCause::DeviceFull));
-            }
-            let point = pt.newest_retired_point(a, b);
-            self.wait_point(point)?;
-            self.unmap_retired();
-            self.c.synchronising_moves += d.retired_waiting_in;
-        }
-        let pt = self.pages.as_mut().expect("page table");
-        let slack = self.config.idle_page_slack;
-        let idle_avail = pt.idle - d.idle_in;
-        let mut create = if create_first {
-            d.need
+        let (need, idle_in, regret) = pt.demand(a, b);
+        // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
+        // device synchronization. Grow the slack by those pages, up to a quarter of the peak in use.
+        self.grown_slack = (self.grown_slack + regret).min(self.c.peak_in_use / pt.size / 4);
+        let slack = self.config.idle_page_slack.max(self.grown_slack);
+        let idle_avail = pt.idle - idle_in;
+        let mut create = if no_slack {
+            need
         } else if idle_avail > slack {
-            d.need.saturating_sub(idle_avail - slack)
+            need.saturating_sub(idle_avail - slack)
         } else {
-            d.need
+            need
         };
         create = create.min(page_limit.saturating_sub(pt.mapped));
-        let moves = d.need - create;
-        if moves > idle_avail || (no_reuse && moves > 0) {
+        let moves = need - create;
+        if moves > idle_avail || (no_moves && moves > 0) {
             return Err(PlaceError::Oom(OomCause::DeviceFull));
         }
         pt.acquire(a, b);
@@ -289,8 +200,6 @@ impl<S: MemorySource> Inner<S> {
             }
             moves_left -= m;
         }
-        // Ready pages moved away keep no mapping they do not need.
-        self.unmap_retired();
         Ok(())
     }
 
@@ -345,23 +254,15 @@ impl<S: MemorySource> Inner<S> {
         }
     }
 
-    /// Unmaps every idle and retired page, in runs, once the stream has passed their last use (waited for when
-    /// it has not).
+    /// Unmaps every idle page, in runs.
     pub(super) fn trim_pages(&mut self) {
-        if let Err(e) = self.settle_points() {
-            tracing::error!(
-                "trim: waiting for the stream: {}",
-                super::describe_place(&e)
-            );
-        }
-        // Retired mappings first: a physical page is released with its last mapping.
-        self.unmap_retired();
         let pt = self
             .pages
             .as_ref()
             .expect("stitched layout has a page table");
         let mut idle = std::mem::take(&mut self.scratch_pages);
-        pt.ready_pages(&mut idle);
+        pt.idle_pages(&mut idle);
+        idle.sort_unstable();
         if self.faulty(Fault::TrimKeepsOne) {
             idle.pop();
         }

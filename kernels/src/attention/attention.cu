@@ -2,8 +2,8 @@
 //
 // One warp per query row (forward, dq) or key row (dk, dv); a block's warps share tiles of keys (or queries) in
 // shared memory, so scores are never stored. Lane c owns columns c, c + 32, ... of its row (DPL of them); lane t
-// scores key (or query) t of a tile. Tiles of rows read per lane are stored with a padded stride (tile_stride), so
-// lanes reading different rows hit different banks. No atomics: every output element has one writer, so results are the
+// scores key (or query) t of a tile. Tiles of rows read per lane are stored with an odd stride, so the 32 lanes
+// reading row t's column c hit 32 banks. No atomics: every output element has one writer, so results are the
 // same from run to run.
 
 #define FULL 0xffffffffu
@@ -13,26 +13,9 @@ __device__ __forceinline__ bool visible(u64 i, u64 j, u64 len, int causal, const
     return i < len && j < len && !(causal && j > i) && !(keep && keep[j] == 0.0f);
 }
 
-// Row stride of a tile read a row per lane: 16-byte rows, 4 floats apart in banks, where d allows float4 reads
-// (a quarter-warp's 8 lanes then hit 32 distinct banks); else odd.
-__device__ __forceinline__ u64 tile_stride(u64 d) { return d % 4 == 0 ? d + 4 : (d | 1); }
-
-// a · b over d floats; float4 reads where d is a multiple of 4 (the rows are then 16-byte aligned).
 __device__ __forceinline__ float dot_rows(const float* a, const float* b, u64 d) {
     float s = 0.0f;
-    if (d % 4 == 0) {
-        const float4* a4 = reinterpret_cast<const float4*>(a);
-        const float4* b4 = reinterpret_cast<const float4*>(b);
-        for (u64 c = 0; c < d / 4; ++c) {
-            const float4 x = a4[c], y = b4[c];
-            s = fmaf(x.x, y.x, s);
-            s = fmaf(x.y, y.y, s);
-            s = fmaf(x.z, y.z, s);
-            s = fmaf(x.w, y.w, s);
-        }
-    } else {
-        for (u64 c = 0; c < d; ++c) s = fmaf(a[c], b[c], s);
-    }
+    for (u64 c = 0; c < d; ++c) s = fmaf(a[c], b[c], s);
     return s;
 }
 
@@ -46,12 +29,12 @@ __device__ __forceinline__ void load_rows(float* dst, u64 sst, const float* src,
     }
 }
 
-// Grid (groups, query blocks); block ROWS warps. Shared: q rows [ROWS, d], key tile [KT, tile_stride(d)], value tile [KT, d].
+// Grid (groups, query blocks); block ROWS warps. Shared: q rows [ROWS, d], key tile [KT, d|1], value tile [KT, d].
 template <int DPL, int KT>
 __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const float* mask, float* out, float* lse) {
-    extern __shared__ __align__(16) float sm[];
-    const u64 rows = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32, kst = tile_stride(d);
+    extern __shared__ float sm[];
+    const u64 rows = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32, kst = d | 1;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)blockIdx.y * rows, i = i0 + w;
     const float* base = qkv + seq * len * stride + head * d;
@@ -101,13 +84,13 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 }
 
 // The query gradient, and delta = rowsum(dO ∘ O) for dkv. Grid and block as the forward's. Shared: q and dO rows
-// [ROWS, d] each, key and value tiles [KT, tile_stride(d)] each.
+// [ROWS, d] each, key and value tiles [KT, d|1] each.
 template <int DPL, int KT>
 __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                        const float* mask, const float* out, const float* lse, const float* dout, float* delta,
                        float* dqkv) {
-    extern __shared__ __align__(16) float sm[];
-    const u64 rows = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32, kst = tile_stride(d);
+    extern __shared__ float sm[];
+    const u64 rows = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32, kst = d | 1;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)blockIdx.y * rows, i = i0 + w;
     const float* base = qkv + seq * len * stride + head * d;
@@ -159,12 +142,12 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
 }
 
 // The key and value gradients. Grid (groups, key blocks); block ROWS warps, one per key. Shared: k and v rows
-// [ROWS, d] each, query and dO tiles [KT, tile_stride(d)] each, the tile's lse and delta [KT] each.
+// [ROWS, d] each, query and dO tiles [KT, d|1] each, the tile's lse and delta [KT] each.
 template <int DPL, int KT>
 __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const float* mask, const float* lse, const float* dout, const float* delta, float* dqkv) {
-    extern __shared__ __align__(16) float sm[];
-    const u64 rows = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32, kst = tile_stride(d);
+    extern __shared__ float sm[];
+    const u64 rows = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32, kst = d | 1;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 j0 = (u64)blockIdx.y * rows, j = j0 + w;
     const float* base = qkv + seq * len * stride + head * d;

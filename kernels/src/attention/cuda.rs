@@ -78,11 +78,6 @@ impl Tiling {
     }
 }
 
-/// The row stride of a shared-memory tile read a row per lane (`tile_stride` in `attention.cu`).
-fn tile_stride(d: usize) -> usize {
-    if d % 4 == 0 { d + 4 } else { d | 1 }
-}
-
 /// The kernels' leading arguments: `len, heads, d, scale, causal, mask_rows`.
 fn dims(shape: &AttentionShape) -> (u64, u64, u64, f32, i32, u64) {
     (
@@ -114,7 +109,7 @@ pub unsafe fn forward(
     }
     let t = Tiling::new(shape.head_dim)?;
     let d = shape.head_dim;
-    let cfg = t.launch(shape, t.rows * d + t.tile * tile_stride(d) + t.tile * d);
+    let cfg = t.launch(shape, t.rows * d + t.tile * (d | 1) + t.tile * d);
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let mut args = kernel_args![len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse];
     // SAFETY: matches `attention_forward_f32_*(u64 x3, float, int, u64, const float* x2, float* x2)`; buffers per
@@ -142,7 +137,7 @@ pub unsafe fn backward(
     }
     let t = Tiling::new(shape.head_dim)?;
     let d = shape.head_dim;
-    let rows_and_tiles = 2 * t.rows * d + 2 * t.tile * tile_stride(d);
+    let rows_and_tiles = 2 * t.rows * d + 2 * t.tile * (d | 1);
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let [_, grad_q, grad_kv] = t.kernels;
     let mut args = kernel_args![
