@@ -192,16 +192,7 @@ fn measure(
 /// One line per precision, model (a member alone, or `grid`) and form, beside PyTorch's eager and CUDA-graph
 /// forms of the same; the peak beside PyTorch's eager one.
 fn table(ours: &[Value], theirs: &Value) -> String {
-    Table {
-        join: &["precision", "model"],
-        shown: &["form"],
-        rate: "model_steps_per_s",
-        rate_header: "cohort model-steps/s",
-        forms: &[("eager", "PyTorch eager"), ("graph", "PyTorch CUDA graph")],
-        peak: "peak_bytes_per_member",
-        peak_form: |_| "eager",
-    }
-    .render(ours, theirs)
+    Table::by_model().render(ours, theirs)
 }
 
 #[cfg(test)]

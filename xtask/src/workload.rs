@@ -260,6 +260,22 @@ pub(crate) struct Table<'a> {
     pub(crate) peak_form: fn(&Value) -> &'static str,
 }
 
+impl Table<'static> {
+    /// Rows named by precision and model, shown with their form (eager or graph), beside PyTorch's eager and
+    /// CUDA-graph forms of the same; the peak beside PyTorch's eager one.
+    pub(crate) fn by_model() -> Table<'static> {
+        Table {
+            join: &["precision", "model"],
+            shown: &["form"],
+            rate: "model_steps_per_s",
+            rate_header: "cohort model-steps/s",
+            forms: &[("eager", "PyTorch eager"), ("graph", "PyTorch CUDA graph")],
+            peak: "peak_bytes_per_member",
+            peak_form: |_| "eager",
+        }
+    }
+}
+
 impl Table<'_> {
     /// Speed ratios are ours over PyTorch's (above 1: cohort is faster), the memory ratio our peak over PyTorch's
     /// (below 1: cohort holds less). Failed rows, and a script that did not run, say why under the table, and
