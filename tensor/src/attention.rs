@@ -38,7 +38,8 @@ impl Tensor {
                 let (o, l) = cpu::attention(c[0], c.get(1).copied(), &shape)?;
                 return Ok((Storage::Cpu(o), Storage::Cpu(l)));
             }
-            let g = on_cuda(s).ok_or_else(|| self.device_mismatch(OP, ts[ts.len() - 1]))?;
+            let g =
+                on_cuda(s).ok_or_else(|| self.device_mismatch(OP, mask.keys.unwrap_or(self)))?;
             let (o, l) = cuda::attention(g[0], g.get(1).copied(), &shape)?;
             Ok((Storage::Cuda(o), Storage::Cuda(l)))
         })?;

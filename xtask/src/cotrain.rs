@@ -136,7 +136,7 @@ pub fn run(device: Device, quick: bool, script: Option<(&str, &Path)>) -> Result
         }
     }
     let theirs = workload::reference_or_error(script, &w.script_args());
-    print!("\n{}", table(&ours, &theirs));
+    print!("\n{}", Table::by_model().render(&ours, &theirs));
     let t = &w.timing;
     Ok(json!({
         "batch": w.batch, "side": w.side, "doc": w.doc, "vocab": w.vocab, "dim": w.dim,
@@ -180,12 +180,6 @@ fn measure(
         json!({ "precision": precision.name(), "model": model, "form": form, "members": jobs.len() }),
         figures,
     ))
-}
-
-/// One line per precision, model and form, beside PyTorch's eager and CUDA-graph forms of the same (its pair is
-/// the alternating loop); the peak beside PyTorch's eager one.
-fn table(ours: &[Value], theirs: &Value) -> String {
-    Table::by_model().render(ours, theirs)
 }
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ pub fn run(device: Device, quick: bool, script: Option<(&str, &Path)>) -> Result
         }
     }
     let theirs = workload::reference_or_error(script, &w.script_args());
-    print!("\n{}", table(&ours, &theirs));
+    print!("\n{}", Table::by_model().render(&ours, &theirs));
     let t = &w.timing;
     Ok(json!({
         "batch": w.batch, "seq": w.seq, "vocab": w.vocab, "layers": w.layers, "grid": names,
@@ -187,12 +187,6 @@ fn measure(
         }),
         figures,
     ))
-}
-
-/// One line per precision, model (a member alone, or `grid`) and form, beside PyTorch's eager and CUDA-graph
-/// forms of the same; the peak beside PyTorch's eager one.
-fn table(ours: &[Value], theirs: &Value) -> String {
-    Table::by_model().render(ours, theirs)
 }
 
 #[cfg(test)]
