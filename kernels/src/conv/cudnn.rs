@@ -11,13 +11,16 @@
 //! process ([`saved`]), which then times nothing it adopted.
 //!
 //! Precision ([`Math`], part of every key): under `Fp32` a descriptor asks for `CUDNN_FMA_MATH`, plain fp32
-//! multiply-adds, and no candidate with tensor-core math or `WINOGRAD_NONFUSED` is taken; under `Tf32`
+//! multiply-adds, and no candidate with tensor-core math, nor `WINOGRAD_NONFUSED` on filters above 3x3, is taken
+//! ([`inexact_in_fp32`]); under `Tf32`
 //! `CUDNN_DEFAULT_MATH`, which lets f32 convolutions run on TF32 tensor cores; under `Bf16` and `F16` the operands
 //! are of that type and `CUDNN_TENSOR_OP_MATH` runs them on tensor cores, with fp32 sums in every case (the
 //! choices PyTorch makes for `allow_tf32` and autocast).
 //!
 //! Workspaces: an algorithm runs with the workspace `cudnnGet*WorkspaceSize` names for it, from the caller
-//! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself.
+//! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself. Of the
+//! timed candidates, the one with the least workspace among those within [`NEAR_FASTEST`] of the fastest is kept:
+//! a few per cent of one convolution are not worth a member's peak memory.
 //!
 //! Fusion: the forward's only epilogue is a bias (the `conv2d` entry point has no activation flag), which cuDNN
 //! fuses in `cudnnConvolutionBiasActivationForward` with an identity activation, only on
@@ -43,7 +46,9 @@ use crate::{Error, Math, Result};
 /// Algorithms asked of the heuristics: more than any pass has (cuDNN 9: 8 forward, 6 data, 7 filter).
 const CANDIDATES: usize = 8;
 /// The least of the most workspace one algorithm may take (see [`workspace_cap`]).
-const MIN_WORKSPACE_CAP: usize = 64 << 20;
+const MIN_WORKSPACE_CAP: usize = 128 << 20;
+/// How much slower than the fastest a candidate may time and still be kept for needing less workspace.
+const NEAR_FASTEST: f64 = 1.05;
 /// Workspace the candidates are held to when the largest any of them needs cannot be had.
 const SMALL_WORKSPACE: usize = 8 << 20;
 
@@ -57,15 +62,16 @@ const TENSOR_OP_MATH: [u32; 2] = [1, 2];
 /// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
 const IMPLICIT_PRECOMP_GEMM: u32 = 1;
 
-/// Whether `algo` is the pass's `WINOGRAD_NONFUSED`: its large transform tiles lose as much as TF32 does in fp32
-/// (measured on the H200: 8.4e-4 of the output's scale on a 5x5 forward, where every other algorithm stays within
-/// 1e-4), so under the fp32 policy it is no candidate.
-fn winograd_nonfused(pass: ConvPass, algo: u32) -> bool {
-    let nonfused = match pass {
+/// Whether `algo` is no candidate under the fp32 policy: `WINOGRAD_NONFUSED` on a filter larger than 3x3, whose
+/// larger transform tiles lose as much as TF32 does (measured on the H200: 8.4e-4 of the output's scale on a 5x5
+/// forward, where every other algorithm stays within 1e-4). On 3x3 filters it stays within 6.3e-5 (5e-6 on most
+/// geometries, against TF32's 2.5e-4 to 7.7e-4) and is the fastest fp32 algorithm for wide layers by 1.9x to 3.3x.
+fn inexact_in_fp32(key: &Key, algo: u32) -> bool {
+    let nonfused = match key.pass {
         ConvPass::Forward { .. } => 7,
         ConvPass::BackwardData | ConvPass::BackwardFilter => 5,
     };
-    algo == nonfused
+    algo == nonfused && key.p.kh.max(key.p.kw) > 3
 }
 
 /// The library functions used here: checked at load, since a missing one would panic at its first call.
@@ -152,12 +158,21 @@ fn missing_part() -> Option<&'static str> {
     })
 }
 
-/// The most workspace one algorithm may take for `p`: 64 MiB, or the size of the pass's largest operand where that
-/// is more. Faster algorithms that need more (FFT, Winograd's transforms of large batches) would raise a member's
-/// peak memory by more than one more activation.
+/// The most workspace one algorithm may take for `p`: 128 MiB, or four times the pass's largest operand in f32
+/// where that is more. Winograd's transforms of a 3x3 layer need 2.3 to 4.6 operands (and run it 1.9x to 4.7x
+/// faster than the direct algorithms, in fp32 and TF32 alike); FFTs of large batches need more, for little gain.
 pub(crate) fn workspace_cap(p: &ConvParams) -> usize {
     let largest = p.input_len().max(p.output_len()).max(p.weight_len());
-    MIN_WORKSPACE_CAP.max(4 * largest)
+    MIN_WORKSPACE_CAP.max(4 * size_of::<f32>() * largest)
+}
+
+/// Which of the timed candidates (`None`: it failed) to keep: the one needing the least workspace among those
+/// within [`NEAR_FASTEST`] of the fastest, the earlier (the heuristics' preference) on a tie.
+fn keep(times: &[Option<f64>], workspaces: &[usize]) -> Option<usize> {
+    let fastest = times.iter().flatten().copied().min_by(f64::total_cmp)?;
+    (0..times.len())
+        .filter(|&i| times[i].is_some_and(|t| t <= fastest * NEAR_FASTEST))
+        .min_by_key(|&i| workspaces[i])
 }
 
 /// One of cuDNN's `cudnnConvolution*AlgoPerf_t`, read as plain integers: a status or enum value this binding does
@@ -639,8 +654,8 @@ impl Dnn {
         }
     }
 
-    /// The heuristics' first pick for `key`, or (when `timing`) the fastest candidate; [`Entry::Own`] where cuDNN
-    /// offers none that runs.
+    /// The heuristics' first pick for `key`, or (when `timing`) the candidate [`keep`] takes of those timed;
+    /// [`Entry::Own`] where cuDNN offers none that runs.
     ///
     /// # Safety
     /// As [`Dnn::run`].
@@ -693,14 +708,11 @@ impl Dnn {
                 time_runs(gpu, || unsafe { self.launch(gpu, key, &desc, v, x, ws) }).ok()
             })
             .collect();
-        let best = times
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| t.map(|t| (i, t)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        let Some((best, best_us)) = best else {
+        let workspaces: Vec<usize> = variants.iter().map(|v| v.workspace).collect();
+        let Some(best) = keep(&times, &workspaces) else {
             return Ok(Entry::Own);
         };
+        let best_us = times[best].unwrap_or_default();
         tracing::debug!(
             "{}: algorithm {}{} at {best_us:.1} µs, of {} candidates",
             label(key),
@@ -728,14 +740,14 @@ impl Dnn {
     }
 
     /// The candidates for `key`, the heuristics' order kept: every algorithm cuDNN reports as supported (under
-    /// `Fp32` without tensor-core math), within [`workspace_cap`], in deterministic mode only those it reports as deterministic,
-    /// each once; a forward with a bias also as one call where cuDNN allows it, tried before the same algorithm
+    /// `Fp32` none that [`inexact_in_fp32`] names), within [`workspace_cap`], in deterministic mode only those it
+    /// reports as deterministic, each once; a forward with a bias also as one call where cuDNN allows it, tried before the same algorithm
     /// unfused.
     fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
         let det = crate::deterministic();
         let cap = workspace_cap(&key.p);
         let mut variants = Vec::new();
-        for c in self.candidates(key.pass, desc) {
+        for c in self.candidates(key, desc) {
             let deterministic = c.determinism == DETERMINISTIC;
             // The heuristics may list an algorithm once per math type.
             let again = variants.iter().any(|v: &Variant| v.algo == c.algo);
@@ -764,7 +776,8 @@ impl Dnn {
 
     /// What `cudnnGet*Algorithm_v7` reports as supported for `pass`, in its order (best expected first); empty
     /// where it fails.
-    fn candidates(&self, pass: ConvPass, d: &Desc) -> Vec<Perf> {
+    fn candidates(&self, key: &Key, d: &Desc) -> Vec<Perf> {
+        let pass = key.pass;
         let mut perf = [Perf::default(); CANDIDATES];
         let mut n = 0i32;
         let (h, want) = (self.handle, CANDIDATES as i32);
@@ -817,8 +830,7 @@ impl Dnn {
                 c.status == SUCCESS
                     && known(c.algo)
                     && (d.math != Math::Fp32
-                        || !(TENSOR_OP_MATH.contains(&c.math_type)
-                            || winograd_nonfused(pass, c.algo)))
+                        || !(TENSOR_OP_MATH.contains(&c.math_type) || inexact_in_fp32(key, c.algo)))
             })
             .copied()
             .collect()

@@ -88,7 +88,7 @@ impl Dnn {
         }
         let desc = Desc::new(key)?;
         let found = self
-            .candidates(key.pass, &desc)
+            .candidates(key, &desc)
             .into_iter()
             .find(|c| c.algo == algo)?;
         let need = self.workspace_size(key.pass, &desc, algo).ok()?;

@@ -410,3 +410,74 @@ fn deterministic_mode_picks_the_same_deterministic_algorithms_in_every_state() {
         assert_eq!(run.1, runs[0].1, "state {k} gave other bits");
     }
 }
+
+#[test]
+fn the_least_workspace_within_five_per_cent_of_the_fastest_is_kept() {
+    let mib = 1 << 20;
+    // The fastest needs the most: a candidate 4 % slower with less is kept, one 6 % slower is not.
+    assert_eq!(
+        keep(
+            &[Some(100.0), Some(104.0), Some(106.0)],
+            &[300 * mib, 90 * mib, 0]
+        ),
+        Some(1)
+    );
+    // Failed candidates are never kept, however little they need.
+    assert_eq!(
+        keep(&[None, Some(50.0), Some(51.0)], &[0, 8 * mib, 8 * mib]),
+        Some(1)
+    );
+    assert_eq!(keep(&[None, None], &[0, 0]), None);
+    assert_eq!(keep(&[Some(10.0), Some(30.0)], &[mib, 0]), Some(0));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn winograd_is_an_fp32_candidate_for_wide_3x3_layers_within_tolerance_and_not_above_3x3() {
+    let _mode = exclusive(false);
+    let gpu = gpu();
+    let dnn = fresh(&gpu);
+    let wide = ConvParams {
+        h: 32,
+        w: 32,
+        ..params(16, (64, 128), 3, 1, 1, 1)
+    };
+    let five = ConvParams {
+        h: 32,
+        w: 32,
+        ..params(16, (64, 128), 5, 1, 2, 1)
+    };
+    let case = Case::new(&gpu, wide);
+    for (pass, nonfused) in [
+        (ConvPass::Forward { bias: false }, 7),
+        (ConvPass::BackwardData, 5),
+        (ConvPass::BackwardFilter, 5),
+    ] {
+        let key = Key {
+            pass,
+            p: wide,
+            math: Math::Fp32,
+        };
+        let what = label(&key);
+        let desc = Desc::new(&key).unwrap();
+        let variants = dnn.variants(&key, &desc);
+        let v = *variants
+            .iter()
+            .find(|v| v.algo == nonfused)
+            .unwrap_or_else(|| panic!("{what}: WINOGRAD_NONFUSED not offered: {variants:?}"));
+        let (out, n, x) = case.target(&gpu, pass);
+        let ws = gpu.alloc(v.workspace.max(1)).unwrap();
+        // SAFETY: the operands hold what `wide` describes, the workspace what the algorithm needs.
+        unsafe { dnn.launch(&gpu, &key, &desc, v, x, ws.ptr()) }.unwrap();
+        assert_near(
+            &format!("{what} on {v:?}"),
+            &down(&gpu, &out, n),
+            &case.want(pass),
+        );
+
+        let key = Key { p: five, ..key };
+        let desc = Desc::new(&key).unwrap();
+        let algos: Vec<u32> = dnn.variants(&key, &desc).iter().map(|v| v.algo).collect();
+        assert!(!algos.contains(&nonfused), "{}: {algos:?}", label(&key));
+    }
+}
