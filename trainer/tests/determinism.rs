@@ -58,6 +58,8 @@ fn full_and_resumed(
 
 #[test]
 fn deterministic_is_a_boolean_and_changes_nothing_on_the_cpu() {
+    // The mode is process-wide: a GPU test's run beside this one would see it flip (and time its convolutions).
+    let _turn = gpu_turn();
     let tmp = tempfile::tempdir().unwrap();
     let e = Config::parse(
         "[run]\ndeterministic = \"yes\"\n[[member]]\nname = \"m\"\nmodel = { layers = [{ linear = 4 }] }\n",

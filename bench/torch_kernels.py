@@ -1,7 +1,8 @@
-"""Per-kernel CUDA time of bench/torch_cnn.py's eager training step (torch.profiler over 20 steps after warm-up), to
-set beside an ncu profile of cohort's same step (bench/gpu-conv-profile.sh).
+"""Per-kernel CUDA time of a reference model's eager training step (torch.profiler over 20 steps after warm-up): the
+CNN of bench/torch_cnn.py or the ResNet of bench/torch_resnet.py, to set beside an ncu profile of cohort's same step
+(bench/gpu-conv-profile.sh).
 
-    python3 bench/torch_cnn_kernels.py [fp32|tf32|bf16]
+    python3 bench/torch_kernels.py [cnn|resnet] [fp32|tf32|bf16]
 
 `TORCH_CUDNN_V8_API_DISABLED=1` makes PyTorch call cuDNN's legacy convolution API, the one cohort's
 kernels/src/conv/cudnn.rs calls, so the two runs say what the graph API's engines are worth."""
@@ -11,16 +12,19 @@ import torch
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from torch_cnn import model
+import torch_cnn
+import torch_resnet
 from torch_timing import adam, autocast, set_precision
 
-precision = sys.argv[1] if len(sys.argv) > 1 else "tf32"
+which = sys.argv[1] if len(sys.argv) > 1 else "cnn"
+precision = sys.argv[2] if len(sys.argv) > 2 else "tf32"
 torch.backends.cudnn.benchmark = True
 set_precision(precision)
 dev = torch.device("cuda")
-x = torch.rand(128, 3, 64, 64, device=dev)
+side, net = {"cnn": (64, torch_cnn.model), "resnet": (32, torch_resnet.resnet)}[which]
+x = torch.rand(128, 3, side, side, device=dev)
 y = torch.randint(0, 10, (128,), device=dev)
-net = model().to(dev)
+net = net().to(dev)
 opt = adam(net.parameters(), capturable=False)
 
 
@@ -41,6 +45,6 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
     torch.cuda.synchronize()
 rows = [(e.device_time_total / 20, e.count // 20, e.key) for e in prof.key_averages() if e.device_time_total > 0]
 rows.sort(reverse=True)
-print(f"{precision}: {sum(r[0] for r in rows):.0f} us of kernels a step")
+print(f"{which} {precision}: {sum(r[0] for r in rows):.0f} us of kernels a step")
 for t, n, k in rows[:18]:
     print(f"{t:8.1f} us x{n:2d}  {k[:110]}")
