@@ -167,6 +167,14 @@ pub(crate) enum Op {
         causal: bool,
         keys: Option<Tensor>,
     },
+    BatchNorm {
+        x: Tensor,
+        /// The output, kept when it was rectified.
+        out: Option<Tensor>,
+        mean: Tensor,
+        invstd: Tensor,
+        weight: Tensor,
+    },
     WhereCond {
         mask: Tensor,
         on_true: Vec<usize>,
@@ -514,6 +522,18 @@ impl Op {
                 };
                 Ok(qkv.attention_backward(*heads, mask, (out, lse), g)?)
             }),
+            Op::BatchNorm {
+                x,
+                out,
+                mean,
+                invstd,
+                weight,
+            } => {
+                let (gx, gw, gb) =
+                    x.batch_norm_backward(out.as_ref(), g, (mean, invstd, weight))?;
+                let keep = |i: usize, t: Tensor| need.get(i).copied().unwrap_or(false).then_some(t);
+                Ok(vec![keep(0, gx), keep(1, gw), keep(2, gb)])
+            }
             Op::WhereCond {
                 mask,
                 on_true,

@@ -1,6 +1,6 @@
 //! Differentiable operations on [`Var`]: one per tensor op of cohort-tensor, recorded with its backward.
 
-use cohort_tensor::{AttentionMask, DType, Precision, Tensor};
+use cohort_tensor::{AttentionMask, DType, Precision, RunningStats, Tensor};
 
 use crate::backward::Op;
 use crate::{Error, Result, Var};
@@ -544,6 +544,32 @@ impl Var {
             keys: keys.cloned(),
         };
         Var::record("attention", out.clone(), &[self], op)
+    }
+
+    /// Batch normalization in training of `self`, `[outer, members, rows, channels, inner]`, by `weight` and `bias`
+    /// `[members, channels]`, rectified when `relu` ([`Tensor::batch_norm`]); `running` moves in place, off the
+    /// tape.
+    ///
+    /// # Errors
+    /// When the shapes do not fit (see [`Tensor::batch_norm`]).
+    pub fn batch_norm(
+        &self,
+        (weight, bias): (&Var, &Var),
+        running: Option<RunningStats<'_>>,
+        eps: f64,
+        relu: bool,
+    ) -> Result<Var> {
+        let (out, mean, invstd) =
+            self.value()
+                .batch_norm((weight.value(), bias.value()), running, eps, relu)?;
+        let op = || Op::BatchNorm {
+            x: self.value().clone(),
+            out: relu.then(|| out.clone()),
+            mean,
+            invstd,
+            weight: weight.value().clone(),
+        };
+        Var::record("batch_norm", out.clone(), &[self, weight, bias], op)
     }
 
     /// Max pooling over `kernel x kernel` windows, NCHW.

@@ -143,6 +143,22 @@ fn elementwise_unary() {
         &[spread(&[4], 21), bias(&[4], 22)],
         |v| v[0].bias_relu(&v[1]),
     );
+    // Batch normalization in training, packed images [B, M, 1, C, HW] and features per member [1, M, B, C, 1],
+    // with and without its ReLU (a small bias keeps the normalized values, spread and whole, off the kink).
+    for (shape, seed) in [([3, 2, 1, 2, 4], 31), ([1, 2, 5, 3, 1], 32)] {
+        let stats = [shape[1], shape[3]];
+        for relu in [false, true] {
+            check(
+                "batch_norm",
+                &[
+                    spread(&shape, seed),
+                    rand(&stats, 0.5, 1.5, seed + 1),
+                    rand(&stats, -0.01, 0.01, seed + 2),
+                ],
+                |v| v[0].batch_norm((&v[1], &v[2]), None, 1e-5, relu),
+            );
+        }
+    }
     // Linear in one op: shared or per-member input, a bias per member or shared, with and
     // without its ReLU (a bias spread from 0 keeps the pre-activations away from the kink).
     for relu in [false, true] {

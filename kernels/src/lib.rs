@@ -17,6 +17,7 @@
 //! ```
 
 pub mod attention;
+pub mod batchnorm;
 pub mod binary;
 pub mod conv;
 pub mod copy;

@@ -5,6 +5,7 @@
 
 use cohort_kernels::Float;
 use cohort_kernels::attention::{AttentionShape, cpu as attention_cpu};
+use cohort_kernels::batchnorm::{BatchNormShape, Running, cpu as batchnorm_cpu};
 use cohort_kernels::binary::{BinaryOp, cpu as binary_cpu};
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu};
 use cohort_kernels::copy::{Copy2d, cpu as copy_cpu};
@@ -613,6 +614,85 @@ pub fn attention_backward(
     match qkv.dtype() {
         DType::F32 => on::<f32>(qkv, mask, [out, lse, dout], shape),
         DType::F64 => on::<f64>(qkv, mask, [out, lse, dout], shape),
+        other => Err(unsupported(OP, other)),
+    }
+}
+
+/// Batch normalization in training of `x` (see [`cohort_kernels::batchnorm`]): `(out, mean, invstd)`, moving
+/// the running `(mean, var, momentum)` in place when given; all of one float dtype.
+pub fn batch_norm(
+    x: &CpuStorage,
+    (weight, bias): (&CpuStorage, &CpuStorage),
+    (shape, eps): (&BatchNormShape, f64),
+    relu: bool,
+    running: Option<(&mut CpuStorage, &mut CpuStorage, f64)>,
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    const OP: &str = "batch_norm";
+    type Stats<'a> = Option<(&'a mut CpuStorage, &'a mut CpuStorage, f64)>;
+    fn on<T: Element + Float>(
+        x: &CpuStorage,
+        [w, b]: [&CpuStorage; 2],
+        shape: (&BatchNormShape, f64),
+        relu: bool,
+        running: Stats<'_>,
+    ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+        let running = match running {
+            Some((m, v, momentum)) => {
+                let bad = |s: &CpuStorage| Error::DTypeMismatch {
+                    op: OP,
+                    lhs: x.dtype(),
+                    rhs: s.dtype(),
+                };
+                let (em, ev) = (bad(m), bad(v));
+                Some(Running {
+                    mean: T::slice_mut(m).ok_or(em)?,
+                    var: T::slice_mut(v).ok_or(ev)?,
+                    momentum,
+                })
+            }
+            None => None,
+        };
+        let wb = (like::<T>(OP, x, w)?, like::<T>(OP, x, b)?);
+        let (y, m, i) = batchnorm_cpu::forward(like::<T>(OP, x, x)?, wb, shape, relu, running);
+        Ok((T::into_storage(y), T::into_storage(m), T::into_storage(i)))
+    }
+    match x.dtype() {
+        DType::F32 => on::<f32>(x, [weight, bias], (shape, eps), relu, running),
+        DType::F64 => on::<f64>(x, [weight, bias], (shape, eps), relu, running),
+        other => Err(unsupported(OP, other)),
+    }
+}
+
+/// The gradients `(dx, dweight, dbias)` of [`batch_norm`] from its input `x`, its output `out` when it rectified,
+/// the output's gradient `dout`, and its `mean`, `invstd` and `weight`.
+pub fn batch_norm_backward(
+    x: &CpuStorage,
+    out: Option<&CpuStorage>,
+    dout: &CpuStorage,
+    (mean, invstd, weight): (&CpuStorage, &CpuStorage, &CpuStorage),
+    shape: &BatchNormShape,
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    const OP: &str = "batch_norm_backward";
+    fn on<T: Element + Float>(
+        x: &CpuStorage,
+        out: Option<&CpuStorage>,
+        [dout, mean, invstd, weight]: [&CpuStorage; 4],
+        shape: &BatchNormShape,
+    ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+        let out = out.map(|o| like::<T>(OP, x, o)).transpose()?;
+        let [g, m, i, w] = [dout, mean, invstd, weight].map(|s| like::<T>(OP, x, s));
+        let (dx, dw, db) =
+            batchnorm_cpu::backward(like::<T>(OP, x, x)?, out, g?, (m?, i?, w?), shape);
+        Ok((
+            T::into_storage(dx),
+            T::into_storage(dw),
+            T::into_storage(db),
+        ))
+    }
+    let rest = [dout, mean, invstd, weight];
+    match x.dtype() {
+        DType::F32 => on::<f32>(x, out, rest, shape),
+        DType::F64 => on::<f64>(x, out, rest, shape),
         other => Err(unsupported(OP, other)),
     }
 }

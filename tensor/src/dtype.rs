@@ -82,6 +82,8 @@ pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     fn into_storage(v: Vec<Self>) -> CpuStorage;
     /// The elements of `s` when it holds this type.
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
+    /// The elements of `s`, to change in place, when it holds this type.
+    fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
 }
 
 macro_rules! element {
@@ -92,6 +94,12 @@ macro_rules! element {
                 CpuStorage::$d(v)
             }
             fn slice(s: &CpuStorage) -> Option<&[Self]> {
+                match s {
+                    CpuStorage::$d(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
                 match s {
                     CpuStorage::$d(v) => Some(v),
                     _ => None,

@@ -33,6 +33,7 @@
 //! ```
 
 mod attention;
+mod batchnorm;
 pub mod cpu;
 pub mod cuda;
 mod device;
@@ -47,6 +48,7 @@ pub mod storage;
 mod tensor;
 
 pub use attention::AttentionMask;
+pub use batchnorm::RunningStats;
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -1,4 +1,4 @@
-use cohort_tensor::{DType, Device, Tensor};
+use cohort_tensor::{DType, Device, RunningStats};
 use serde::Serialize;
 
 use super::{ActivationKind, Features, Layout, Module, init_full};
@@ -6,7 +6,7 @@ use crate::spec::{Fields, LayerCtx, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape, Var};
 
 /// Batch normalization per member and channel: `weight`, `bias` `[M, C]`, running statistics `running_mean`,
-/// `running_var` `[M, C]` (buffers).
+/// `running_var` `[M, C]` (buffers), optionally followed by a ReLU in the same kernels.
 ///
 /// Statistics are taken per channel over every dimension but the member's and the channel's: over `B, H, W` for
 /// images (`[B, M*C, H, W]` packed, `[B, C, H, W]` shared, `[M, B, C, H, W]` per member), over `B, ..` for dense
@@ -14,8 +14,10 @@ use crate::{Error, Param, Result, Tape, Var};
 /// statistics (biased variance) and moves the running ones towards them as PyTorch does (`running_var` with the
 /// unbiased variance); evaluation normalizes with the running ones.
 ///
-/// The running statistics are updated in place on the device, off the tape, so a training step captured as a CUDA
-/// graph updates them on every replay. A shared image becomes per-member packed features `[B, M*C, H, W]`, shared
+/// Training runs [`Var::batch_norm`]: two passes over the activations each way, where the composition of
+/// element-wise ops that evaluation uses takes about forty. The running statistics are updated in place on the
+/// device, off the tape, by the same kernels, so a training step captured as a CUDA graph updates them on every
+/// replay. A shared image becomes per-member packed features `[B, M*C, H, W]`, shared
 /// dense features per-member `[M, B, .., C]`.
 #[derive(Debug)]
 pub struct BatchNorm {
@@ -25,6 +27,7 @@ pub struct BatchNorm {
     running_var: Param,
     eps: f64,
     momentum: f64,
+    relu: bool,
 }
 
 /// Where the statistics of an input are taken: the input seen as 4-D with the member axis, the channel at axis 2
@@ -48,7 +51,8 @@ impl BatchNorm {
     pub const MOMENTUM: f64 = 0.1;
 
     /// Ones and zeros (weight, bias), zeros and ones (running mean, variance) for `members` members of `channels`
-    /// channels; `momentum` is the weight of a new batch in the running statistics.
+    /// channels; `momentum` is the weight of a new batch in the running statistics. The output is rectified when
+    /// `relu`.
     ///
     /// # Errors
     /// When the tensors cannot be made on `dev`.
@@ -56,6 +60,7 @@ impl BatchNorm {
         channels: usize,
         eps: f64,
         momentum: f64,
+        relu: bool,
         members: usize,
         dtype: DType,
         dev: &Device,
@@ -68,6 +73,7 @@ impl BatchNorm {
             running_var: Param::new("running_var", full(1.0)?),
             eps,
             momentum,
+            relu,
         })
     }
 
@@ -148,13 +154,6 @@ impl BatchNorm {
             p.reshape(&[s[0], 1, s[1], 1])
         }
     }
-
-    /// `running = (1 - momentum) running + momentum batch`, in place and off the tape (`batch` `[M or 1, C]`).
-    fn update(&self, running: &Param, batch: &Tensor) -> Result<()> {
-        let step = batch.sub(running.value())?.mul_scalar(self.momentum)?;
-        running.value().add_assign_(&step)?;
-        Ok(())
-    }
 }
 
 impl Module for BatchNorm {
@@ -163,9 +162,10 @@ impl Module for BatchNorm {
         let p = self.plan(x)?;
         let [a, b] = p.reduce;
         let xs = p.x.shape().to_vec();
-        let xhat = if tape.is_training() {
-            let n = xs[a] * xs[b];
-            if n < 2 {
+        let g = tape.param(&self.weight);
+        let bias = tape.param(&self.bias);
+        let y = if tape.is_training() {
+            if xs[a] * xs[b] < 2 {
                 return Err(Error::Shape {
                     op: "batchnorm",
                     reason: format!(
@@ -174,30 +174,33 @@ impl Module for BatchNorm {
                     ),
                 });
             }
-            let mu = p.x.mean(a, true)?.mean(b, true)?;
-            let xc = p.x.sub(&mu)?;
-            let var = xc.square()?.mean(a, true)?.mean(b, true)?;
-            let xhat = xc.div(&var.add_scalar(self.eps)?.sqrt()?)?;
-            let mm = xs[p.member_axis];
-            let c = xs[2];
-            let mean_t = mu.value().reshape(&[mm, c])?;
-            let var_t = var
-                .value()
-                .reshape(&[mm, c])?
-                .mul_scalar(n as f64 / (n - 1) as f64)?;
-            self.update(&self.running_mean, &mean_t)?;
-            self.update(&self.running_var, &var_t)?;
-            xhat
+            // A shared input meets each member's statistics as its own copy.
+            let m = g.shape()[0];
+            let mut full = xs.clone();
+            full[p.member_axis] = m;
+            let x = p.x.broadcast_to(&full)?;
+            let five = if p.member_axis == 1 {
+                [full[0], m, 1, full[2], full[3]]
+            } else {
+                [1, m, full[1], full[2], full[3]]
+            };
+            let running = RunningStats {
+                mean: self.running_mean.value(),
+                var: self.running_var.value(),
+                momentum: self.momentum,
+            };
+            x.reshape(&five)?
+                .batch_norm((&g, &bias), Some(running), self.eps, self.relu)?
         } else {
             let rm = Var::constant(self.running_mean.value().clone());
             let rv = Var::constant(self.running_var.value().clone());
             let rm = Self::view(&rm, p.member_axis)?;
             let rv = Self::view(&rv, p.member_axis)?;
-            p.x.sub(&rm)?.div(&rv.add_scalar(self.eps)?.sqrt()?)?
+            let xhat = p.x.sub(&rm)?.div(&rv.add_scalar(self.eps)?.sqrt()?)?;
+            let g = Self::view(&g, p.member_axis)?;
+            let y = xhat.mul(&g)?.add(&Self::view(&bias, p.member_axis)?)?;
+            if self.relu { y.relu()? } else { y }
         };
-        let g = Self::view(&tape.param(&self.weight), p.member_axis)?;
-        let bias = Self::view(&tape.param(&self.bias), p.member_axis)?;
-        let y = xhat.mul(&g)?.add(&bias)?;
         // A shared input meets the members in the weight's broadcast: its member axis is now M.
         Ok(Features::new(y.reshape(&p.out)?, p.layout).with_mask(mask))
     }
@@ -247,6 +250,11 @@ impl BatchNormSpec {
         })
     }
 
+    /// Whether the layer's activation runs in its own kernels (a ReLU does), not as a layer after it.
+    pub(crate) fn fuses_relu(&self) -> bool {
+        self.act == Some(ActivationKind::Relu)
+    }
+
     /// The channels normalized: an image's, or the last dimension of features.
     pub(crate) fn channels(input: &Shape) -> std::result::Result<usize, String> {
         match input {
@@ -265,6 +273,7 @@ impl BatchNormSpec {
             c,
             self.eps,
             self.momentum,
+            self.fuses_relu(),
             ctx.seeds.len(),
             ctx.dtype,
             ctx.device,

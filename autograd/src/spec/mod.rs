@@ -441,7 +441,8 @@ impl LayerSpec {
                 net.push(Sequence::new(q.tokens, d, ctx.members()));
             }
         }
-        if let Some(a) = self.act() {
+        let fused = matches!(self, LayerSpec::BatchNorm(b) if b.fuses_relu());
+        if let Some(a) = self.act().filter(|_| !fused) {
             net.push(Activation(a));
         }
         Ok(())

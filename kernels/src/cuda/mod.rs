@@ -68,9 +68,10 @@ pub struct GemmTuning {
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 12] {
+fn all_sources() -> [&'static KernelSource; 13] {
     [
         &crate::attention::cuda::SRC,
+        &crate::batchnorm::cuda::SRC,
         &crate::binary::cuda::SRC,
         &crate::unary::cuda::SRC,
         &crate::reduce::cuda::SRC,

@@ -3,6 +3,7 @@
 
 use cohort_kernels::Math;
 use cohort_kernels::attention::AttentionShape;
+use cohort_kernels::batchnorm::BatchNormShape;
 use cohort_kernels::binary::BinaryOp;
 use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::copy::Copy2d;
@@ -224,6 +225,30 @@ pub fn attention_backward(
 ) -> Result<CudaStorage> {
     let _ = (mask, saved, shape);
     Err(unavailable("attention_backward", qkv.ordinal))
+}
+
+/// See [`crate::cpu::batch_norm`].
+pub fn batch_norm(
+    x: &CudaStorage,
+    params: (&CudaStorage, &CudaStorage),
+    shape: (&BatchNormShape, f64),
+    relu: bool,
+    running: Option<(&mut CudaStorage, &mut CudaStorage, f64)>,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let _ = (params, shape, relu, running);
+    Err(unavailable("batch_norm", x.ordinal))
+}
+
+/// See [`crate::cpu::batch_norm_backward`].
+pub fn batch_norm_backward(
+    x: &CudaStorage,
+    out: Option<&CudaStorage>,
+    dout: &CudaStorage,
+    saved: (&CudaStorage, &CudaStorage, &CudaStorage),
+    shape: &BatchNormShape,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let _ = (out, dout, saved, shape);
+    Err(unavailable("batch_norm_backward", x.ordinal))
 }
 
 /// See [`crate::cpu::matmul`].

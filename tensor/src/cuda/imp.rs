@@ -35,11 +35,13 @@ use crate::{DType, Device, Error, Result};
 
 mod allocator;
 mod attention;
+mod batchnorm;
 mod capture;
 mod staging;
 
 pub use allocator::create_allocator;
 pub use attention::{attention, attention_backward};
+pub use batchnorm::{batch_norm, batch_norm_backward};
 pub use capture::{CudaGraph, capture, replay_concurrently};
 pub use staging::{CopyReady, Uploader};
 

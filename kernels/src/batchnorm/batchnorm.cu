@@ -1,0 +1,176 @@
+// Batch normalization in training over an input [outer, members, rows, channels, inner] (see batchnorm/mod.rs).
+// Channel ch = g * channels + c; its elements e in [0, n), n = outer * rows * inner. I is the index type: u32
+// where every index fits, so that the divisions that place an element are the cheap ones.
+//
+// Forward: batch_norm_stats (grid (channels, splits)) sums each split's shifted values and squares into
+// partial[ch][split][2]; batch_norm_finalize (a thread per channel) makes mean and invstd and moves the running
+// statistics; batch_norm_apply writes the output. Backward: batch_norm_grad_stats sums dy and dy * (x - mean) per
+// split; batch_norm_grad_finalize makes dgamma and dbeta; batch_norm_grad_input writes dx. `out` (the forward's
+// output) is 0 unless the forward rectified, in which case dy passes where out > 0.
+
+struct Dims {
+    u64 outer, members, rows, channels, inner;
+};
+
+template <typename I>
+__device__ __forceinline__ u64 element_offset(const Dims& d, I ch, I e) {
+    const I g = ch / (I)d.channels, c = ch % (I)d.channels;
+    const I pr = e / (I)d.inner, q = e % (I)d.inner;
+    const I p = pr / (I)d.rows, r = pr % (I)d.rows;
+    return ((((u64)p * d.members + g) * d.rows + r) * d.channels + c) * d.inner + q;
+}
+
+template <typename I>
+__device__ __forceinline__ I channel_of(const Dims& d, I i) {
+    const I row = i / (I)d.inner;
+    const I c = row % (I)d.channels;
+    const I g = (row / (I)(d.rows * d.channels)) % (I)d.members;
+    return g * (I)d.channels + c;
+}
+
+// Sum of one float over the block into sh[0] / sh[1] for a pair; every thread gets both.
+__device__ __forceinline__ float2 block_sum2(float a, float b) {
+    return make_float2(block_sum(a), block_sum(b));
+}
+
+template <typename I>
+__device__ void stats(Dims d, u64 chunk, const float* x, float* partial) {
+    const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const I n = (I)(d.outer * d.rows * d.inner);
+    const I start = (I)(split * chunk);
+    const I end = start + (I)chunk < n ? start + (I)chunk : n;
+    const float k = x[element_offset<I>(d, ch, 0)];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
+        const float v = x[element_offset<I>(d, ch, e)] - k;
+        s1 += v;
+        s2 += v * v;
+    }
+    const float2 s = block_sum2(s1, s2);
+    if (threadIdx.x == 0) {
+        partial[((u64)ch * splits + split) * 2] = s.x;
+        partial[((u64)ch * splits + split) * 2 + 1] = s.y;
+    }
+}
+
+extern "C" __global__ void batch_norm_stats_u32(Dims d, u64 chunk, const float* x, float* partial) {
+    stats<u32>(d, chunk, x, partial);
+}
+extern "C" __global__ void batch_norm_stats_u64(Dims d, u64 chunk, const float* x, float* partial) {
+    stats<u64>(d, chunk, x, partial);
+}
+
+// running_mean == 0: no running statistics to move.
+extern "C" __global__ void batch_norm_finalize(Dims d, u64 splits, double eps, double momentum, const float* x,
+                                               const float* partial, float* mean, float* invstd,
+                                               float* running_mean, float* running_var) {
+    const u64 ch = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= d.members * d.channels) return;
+    double s1 = 0.0, s2 = 0.0;
+    for (u64 s = 0; s < splits; ++s) {
+        s1 += partial[(ch * splits + s) * 2];
+        s2 += partial[(ch * splits + s) * 2 + 1];
+    }
+    const double n = (double)(d.outer * d.rows * d.inner);
+    const double m = s1 / n;
+    const double mu = (double)x[element_offset<u64>(d, ch, 0)] + m;
+    const double var = fmax(s2 / n - m * m, 0.0);
+    mean[ch] = (float)mu;
+    invstd[ch] = (float)(1.0 / sqrt(var + eps));
+    if (running_mean) {
+        const double unbiased = n > 1.0 ? var * n / (n - 1.0) : var;
+        running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
+        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+    }
+}
+
+template <typename I>
+__device__ void apply(Dims d, int relu, const float* x, const float* mean, const float* invstd,
+                      const float* gamma, const float* beta, float* y) {
+    const I len = (I)(d.outer * d.members * d.rows * d.channels * d.inner);
+    for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
+        const I ch = channel_of<I>(d, i);
+        const float v = (x[i] - mean[ch]) * (invstd[ch] * gamma[ch]) + beta[ch];
+        y[i] = relu && v < 0.0f ? 0.0f : v;  // NaN passes, as in PyTorch
+    }
+}
+
+extern "C" __global__ void batch_norm_apply_u32(Dims d, int relu, const float* x, const float* mean,
+                                                const float* invstd, const float* gamma, const float* beta,
+                                                float* y) {
+    apply<u32>(d, relu, x, mean, invstd, gamma, beta, y);
+}
+extern "C" __global__ void batch_norm_apply_u64(Dims d, int relu, const float* x, const float* mean,
+                                                const float* invstd, const float* gamma, const float* beta,
+                                                float* y) {
+    apply<u64>(d, relu, x, mean, invstd, gamma, beta, y);
+}
+
+template <typename I>
+__device__ void grad_stats(Dims d, u64 chunk, const float* x, const float* out, const float* dy,
+                           const float* mean, float* partial) {
+    const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const I n = (I)(d.outer * d.rows * d.inner);
+    const I start = (I)(split * chunk);
+    const I end = start + (I)chunk < n ? start + (I)chunk : n;
+    const float m = mean[ch];
+    float sd = 0.0f, sdx = 0.0f;
+    for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
+        const u64 o = element_offset<I>(d, ch, e);
+        const float g = out && !(out[o] > 0.0f) ? 0.0f : dy[o];
+        sd += g;
+        sdx += g * (x[o] - m);
+    }
+    const float2 s = block_sum2(sd, sdx);
+    if (threadIdx.x == 0) {
+        partial[((u64)ch * splits + split) * 2] = s.x;
+        partial[((u64)ch * splits + split) * 2 + 1] = s.y;
+    }
+}
+
+extern "C" __global__ void batch_norm_grad_stats_u32(Dims d, u64 chunk, const float* x, const float* out,
+                                                     const float* dy, const float* mean, float* partial) {
+    grad_stats<u32>(d, chunk, x, out, dy, mean, partial);
+}
+extern "C" __global__ void batch_norm_grad_stats_u64(Dims d, u64 chunk, const float* x, const float* out,
+                                                     const float* dy, const float* mean, float* partial) {
+    grad_stats<u64>(d, chunk, x, out, dy, mean, partial);
+}
+
+extern "C" __global__ void batch_norm_grad_finalize(u64 channels, u64 splits, const float* partial,
+                                                    const float* invstd, float* dgamma, float* dbeta) {
+    const u64 ch = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= channels) return;
+    double sd = 0.0, sdx = 0.0;
+    for (u64 s = 0; s < splits; ++s) {
+        sd += partial[(ch * splits + s) * 2];
+        sdx += partial[(ch * splits + s) * 2 + 1];
+    }
+    dbeta[ch] = (float)sd;
+    dgamma[ch] = (float)(sdx * (double)invstd[ch]);
+}
+
+template <typename I>
+__device__ void grad_input(Dims d, const float* x, const float* out, const float* dy, const float* mean,
+                           const float* invstd, const float* gamma, const float* dgamma, const float* dbeta,
+                           float* dx) {
+    const I len = (I)(d.outer * d.members * d.rows * d.channels * d.inner);
+    const float inv_n = 1.0f / (float)(d.outer * d.rows * d.inner);
+    for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
+        const I ch = channel_of<I>(d, i);
+        const float is = invstd[ch];
+        const float g = out && !(out[i] > 0.0f) ? 0.0f : dy[i];
+        dx[i] = gamma[ch] * is * (g - dbeta[ch] * inv_n - (x[i] - mean[ch]) * is * (dgamma[ch] * inv_n));
+    }
+}
+
+extern "C" __global__ void batch_norm_grad_input_u32(Dims d, const float* x, const float* out, const float* dy,
+                                                     const float* mean, const float* invstd, const float* gamma,
+                                                     const float* dgamma, const float* dbeta, float* dx) {
+    grad_input<u32>(d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx);
+}
+extern "C" __global__ void batch_norm_grad_input_u64(Dims d, const float* x, const float* out, const float* dy,
+                                                     const float* mean, const float* invstd, const float* gamma,
+                                                     const float* dgamma, const float* dbeta, float* dx) {
+    grad_input<u64>(d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx);
+}

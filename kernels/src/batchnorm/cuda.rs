@@ -1,0 +1,291 @@
+//! CUDA batch normalization (`batchnorm.cu`), f32: three kernels forward (the sums of a split of each channel,
+//! the statistics, the output) and three backward (likewise for the gradient's sums, then the input's gradient).
+
+use super::BatchNormShape;
+use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
+use crate::{Error, Result};
+
+pub(crate) static SRC: KernelSource = KernelSource {
+    name: "batchnorm",
+    code: include_str!("batchnorm.cu"),
+};
+
+const BLOCK: u32 = 256;
+/// Most elements one block sums: enough for each thread to sum a few dozen, few enough that an f32 sum of them
+/// keeps its precision.
+const MAX_CHUNK: usize = 64 * BLOCK as usize;
+
+/// `Dims` of `batchnorm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Dims {
+    outer: u64,
+    members: u64,
+    rows: u64,
+    channels: u64,
+    inner: u64,
+}
+
+impl Dims {
+    fn of(s: &BatchNormShape) -> Dims {
+        Dims {
+            outer: s.outer as u64,
+            members: s.members as u64,
+            rows: s.rows as u64,
+            channels: s.channels as u64,
+            inner: s.inner as u64,
+        }
+    }
+}
+
+/// The kernel named `name` for `s`'s index width: u32 where every index (with a grid stride past the end) fits.
+fn sized(s: &BatchNormShape, name: [&'static str; 2]) -> &'static str {
+    if s.len() < 1 << 31 { name[0] } else { name[1] }
+}
+
+/// How each channel is split among blocks: `(splits, chunk)`, enough blocks to fill the device.
+fn splits(gpu: &Gpu, s: &BatchNormShape) -> Result<(usize, usize)> {
+    let n = s.per_channel();
+    let channels = s.stat_len();
+    if channels > i32::MAX as usize || n == 0 {
+        return Err(Error::Cuda(format!(
+            "batch_norm: {channels} channels of {n} elements each: the kernels take at least one element per \
+             channel and up to {} channels",
+            i32::MAX
+        )));
+    }
+    let target = gpu.sm_count() as usize * 8;
+    let splits = target
+        .div_ceil(channels)
+        .max(n.div_ceil(MAX_CHUNK))
+        .min(n.div_ceil(BLOCK as usize))
+        .clamp(1, 65_535);
+    Ok((splits, n.div_ceil(splits)))
+}
+
+fn per_split(channels: usize, splits: usize) -> Launch {
+    Launch {
+        grid: (channels as u32, splits as u32, 1),
+        block: (BLOCK, 1, 1),
+        shared: 0,
+    }
+}
+
+fn per_channel(gpu: &Gpu, channels: usize) -> Launch {
+    gpu.grid(channels, 128)
+}
+
+/// The forward pass in training of f32 `x` into `y`, with the batch's `mean` and `invstd` per channel (see
+/// [`super::cpu::forward`]); `running` `(mean, var, momentum)` moves in place when given.
+///
+/// # Safety
+/// `x` and `y` must hold `s.len()` f32, `gamma`, `beta`, `mean`, `invstd` and the running statistics
+/// `s.stat_len()`, on this device.
+///
+/// # Errors
+/// More channels or elements per channel than the kernels take, or a launch failure.
+pub unsafe fn forward(
+    gpu: &Gpu,
+    (s, eps): (&BatchNormShape, f64),
+    relu: bool,
+    (x, gamma, beta): (u64, u64, u64),
+    (y, mean, invstd): (u64, u64, u64),
+    running: Option<(u64, u64, f64)>,
+) -> Result<()> {
+    if s.is_empty() {
+        return Ok(());
+    }
+    let (splits, chunk) = splits(gpu, s)?;
+    let channels = s.stat_len();
+    let d = Dims::of(s);
+    gpu.with_scratch(channels * splits * 8, |partial| {
+        let chunk = chunk as u64;
+        let mut args = kernel_args![d, chunk, x, partial];
+        let name = sized(s, ["batch_norm_stats_u32", "batch_norm_stats_u64"]);
+        // SAFETY: matches `batch_norm_stats_*(Dims, u64, const float*, float*)`; partial holds
+        // [channels, splits, 2] f32.
+        unsafe { gpu.launch(&SRC, name, per_split(channels, splits), &mut args)? };
+        let (rm, rv, momentum) = running.unwrap_or((0, 0, 0.0));
+        let splits = splits as u64;
+        let mut args = kernel_args![d, splits, eps, momentum, x, partial, mean, invstd, rm, rv];
+        // SAFETY: matches `batch_norm_finalize(Dims, u64, double, double, const float* x2, float* x4)`.
+        unsafe {
+            gpu.launch(
+                &SRC,
+                "batch_norm_finalize",
+                per_channel(gpu, channels),
+                &mut args,
+            )
+        }
+    })?;
+    let relu = i32::from(relu);
+    let mut args = kernel_args![d, relu, x, mean, invstd, gamma, beta, y];
+    let name = sized(s, ["batch_norm_apply_u32", "batch_norm_apply_u64"]);
+    // SAFETY: matches `batch_norm_apply_*(Dims, int, const float* x5, float*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(s.len(), BLOCK), &mut args) }
+}
+
+/// The backward pass of [`forward`]: `dx`, `dgamma` and `dbeta` from its input `x`, its output `out` when it
+/// rectified (0 otherwise), the output's gradient `dy`, and its `mean` and `invstd` (see
+/// [`super::cpu::backward`]).
+///
+/// # Safety
+/// As [`forward`]: `x`, `out`, `dy` and `dx` of `s.len()` f32, the rest of `s.stat_len()`.
+///
+/// # Errors
+/// As [`forward`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn backward(
+    gpu: &Gpu,
+    s: &BatchNormShape,
+    (x, out, dy): (u64, u64, u64),
+    (mean, invstd, gamma): (u64, u64, u64),
+    (dx, dgamma, dbeta): (u64, u64, u64),
+) -> Result<()> {
+    if s.is_empty() {
+        return Ok(());
+    }
+    let (splits, chunk) = splits(gpu, s)?;
+    let channels = s.stat_len();
+    let d = Dims::of(s);
+    gpu.with_scratch(channels * splits * 8, |partial| {
+        let chunk = chunk as u64;
+        let mut args = kernel_args![d, chunk, x, out, dy, mean, partial];
+        let name = sized(
+            s,
+            ["batch_norm_grad_stats_u32", "batch_norm_grad_stats_u64"],
+        );
+        // SAFETY: matches `batch_norm_grad_stats_*(Dims, u64, const float* x4, float*)`.
+        unsafe { gpu.launch(&SRC, name, per_split(channels, splits), &mut args)? };
+        let (c, splits) = (channels as u64, splits as u64);
+        let mut args = kernel_args![c, splits, partial, invstd, dgamma, dbeta];
+        // SAFETY: matches `batch_norm_grad_finalize(u64, u64, const float* x2, float* x2)`.
+        unsafe {
+            gpu.launch(
+                &SRC,
+                "batch_norm_grad_finalize",
+                per_channel(gpu, channels),
+                &mut args,
+            )
+        }
+    })?;
+    let mut args = kernel_args![d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx];
+    let name = sized(
+        s,
+        ["batch_norm_grad_input_u32", "batch_norm_grad_input_u64"],
+    );
+    // SAFETY: matches `batch_norm_grad_input_*(Dims, const float* x8, float*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(s.len(), BLOCK), &mut args) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batchnorm::{Running, cpu};
+    use crate::cuda::DeviceBuffer;
+
+    fn up(gpu: &Gpu, v: &[f32]) -> DeviceBuffer {
+        let buf = gpu.alloc(v.len().max(1) * 4).unwrap();
+        // SAFETY: the buffer holds at least these bytes.
+        unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
+        buf
+    }
+
+    fn down(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        // SAFETY: the buffer holds n f32.
+        unsafe { gpu.dtoh(b.ptr(), bytemuck::cast_slice_mut(&mut v)).unwrap() };
+        v
+    }
+
+    fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "{what}[{i}]: {g} vs {w}"
+            );
+        }
+    }
+
+    /// Both passes against the CPU's, rectified and not, for packed images (split among blocks) and for features
+    /// per member, with the running statistics moved on the device as on the CPU.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn both_passes_match_the_cpu_for_packed_images_and_features_per_member() {
+        let gpu = Gpu::get(0).unwrap();
+        let images = BatchNormShape {
+            outer: 64,
+            members: 3,
+            rows: 1,
+            channels: 5,
+            inner: 24 * 24,
+        };
+        let features = BatchNormShape {
+            outer: 1,
+            members: 2,
+            rows: 300,
+            channels: 7,
+            inner: 1,
+        };
+        for s in [images, features] {
+            let n = s.len();
+            let x: Vec<f32> = (0..n)
+                .map(|i| 3.0 + ((i * 7919) % 1013) as f32 / 1013.0 * 4.0 - (i % 5) as f32)
+                .collect();
+            let dy: Vec<f32> = (0..n)
+                .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+                .collect();
+            let c = s.stat_len();
+            let gamma: Vec<f32> = (0..c).map(|i| 0.5 + i as f32 * 0.1).collect();
+            let beta: Vec<f32> = (0..c).map(|i| i as f32 * 0.2 - 1.0).collect();
+            for relu in [false, true] {
+                let (mut rm, mut rv) = (vec![0.5f32; c], vec![2.0f32; c]);
+                let running = Running {
+                    mean: &mut rm,
+                    var: &mut rv,
+                    momentum: 0.1,
+                };
+                let (y, mean, invstd) =
+                    cpu::forward(&x, (&gamma, &beta), (&s, 1e-5), relu, Some(running));
+                let out = relu.then_some(&y[..]);
+                let (dx, dg, db) = cpu::backward(&x, out, &dy, (&mean, &invstd, &gamma), &s);
+
+                let [gx, gg, gb, gdy] = [&x, &gamma, &beta, &dy].map(|v| up(&gpu, v));
+                let [grm, grv] = [vec![0.5f32; c], vec![2.0f32; c]].map(|v| up(&gpu, &v));
+                let [gy, gdx] = [n, n].map(|n| gpu.alloc(n * 4).unwrap());
+                let [gm, gi, gdg, gdb] = [c; 4].map(|c| gpu.alloc(c * 4).unwrap());
+                // SAFETY: every buffer holds what `s` says.
+                unsafe {
+                    forward(
+                        &gpu,
+                        (&s, 1e-5),
+                        relu,
+                        (gx.ptr(), gg.ptr(), gb.ptr()),
+                        (gy.ptr(), gm.ptr(), gi.ptr()),
+                        Some((grm.ptr(), grv.ptr(), 0.1)),
+                    )
+                    .unwrap();
+                    let out = if relu { gy.ptr() } else { 0 };
+                    backward(
+                        &gpu,
+                        &s,
+                        (gx.ptr(), out, gdy.ptr()),
+                        (gm.ptr(), gi.ptr(), gg.ptr()),
+                        (gdx.ptr(), gdg.ptr(), gdb.ptr()),
+                    )
+                    .unwrap();
+                }
+                let what = |v: &str| format!("{s:?} relu {relu}: {v}");
+                close(&what("mean"), &down(&gpu, &gm, c), &mean, 1e-5);
+                close(&what("invstd"), &down(&gpu, &gi, c), &invstd, 1e-4);
+                close(&what("running mean"), &down(&gpu, &grm, c), &rm, 1e-5);
+                close(&what("running var"), &down(&gpu, &grv, c), &rv, 1e-4);
+                close(&what("y"), &down(&gpu, &gy, n), &y, 1e-4);
+                close(&what("dgamma"), &down(&gpu, &gdg, c), &dg, 1e-3);
+                close(&what("dbeta"), &down(&gpu, &gdb, c), &db, 1e-3);
+                close(&what("dx"), &down(&gpu, &gdx, n), &dx, 1e-3);
+            }
+        }
+    }
+}
