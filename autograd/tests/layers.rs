@@ -138,7 +138,6 @@ fn bn(c: usize, m: usize, dt: DType, dev: &Device) -> Result<Box<dyn Module>> {
         c,
         BatchNorm::EPS,
         BatchNorm::MOMENTUM,
-        false,
         m,
         dt,
         dev,
@@ -631,7 +630,7 @@ fn assert_near(got: &[f64], want: &[f64], tol: f64, what: &str) {
 #[test]
 fn batchnorm_running_statistics_follow_pytorch() {
     let (m, b, c) = (2, 5, 3);
-    let norm = BatchNorm::new(c, 1e-5, 0.1, false, m, DType::F64, &CPU).unwrap();
+    let norm = BatchNorm::new(c, 1e-5, 0.1, m, DType::F64, &CPU).unwrap();
     // Members see different inputs (member 1's shifted and scaled).
     let x0 = rand(&[1, b, c], 41);
     let x1 = x0.mul_scalar(3.0).unwrap().add_scalar(2.0).unwrap();
@@ -715,7 +714,7 @@ fn batchnorm_statistics_of_packed_and_shared_images() {
     let (m, b, c, hw) = (2, 3, 2, 4);
     // packed [B, M*C, 2, 2]: statistics per (member, channel) over B, H, W
     let x = rand(&[b, m * c, 2, 2], 42);
-    let norm = BatchNorm::new(c, 1e-5, 0.1, false, m, DType::F64, &CPU).unwrap();
+    let norm = BatchNorm::new(c, 1e-5, 0.1, m, DType::F64, &CPU).unwrap();
     let y = norm
         .forward(&Tape::new(), Features::packed(Var::constant(x.clone())))
         .unwrap();
@@ -748,7 +747,7 @@ fn batchnorm_statistics_of_packed_and_shared_images() {
     );
     // a shared image gives every member the same statistics and packed outputs
     let shared = rand(&[b, c, 2, 2], 43);
-    let norm = BatchNorm::new(c, 1e-5, 0.1, false, m, DType::F64, &CPU).unwrap();
+    let norm = BatchNorm::new(c, 1e-5, 0.1, m, DType::F64, &CPU).unwrap();
     let y = norm
         .forward(&Tape::new(), Features::shared(Var::constant(shared)))
         .unwrap();
@@ -957,7 +956,7 @@ fn errors_name_the_shapes() {
     ));
     assert!(e.contains("length 5") && e.contains("max_len 3"), "{e}");
     // batch norm of the wrong width, and of one value per channel while training
-    let norm = BatchNorm::new(3, 1e-5, 0.1, false, 1, dt, &CPU).unwrap();
+    let norm = BatchNorm::new(3, 1e-5, 0.1, 1, dt, &CPU).unwrap();
     assert!(
         shape_error(norm.forward(
             &Tape::new(),

@@ -6,7 +6,7 @@ use crate::spec::{Fields, LayerCtx, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape, Var};
 
 /// Batch normalization per member and channel: `weight`, `bias` `[M, C]`, running statistics `running_mean`,
-/// `running_var` `[M, C]` (buffers), optionally followed by a ReLU in the same kernels.
+/// `running_var` `[M, C]` (buffers); a ReLU after it runs in its kernels ([`Module::forward_relu`]).
 ///
 /// Statistics are taken per channel over every dimension but the member's and the channel's: over `B, H, W` for
 /// images (`[B, M*C, H, W]` packed, `[B, C, H, W]` shared, `[M, B, C, H, W]` per member), over `B, ..` for dense
@@ -27,7 +27,6 @@ pub struct BatchNorm {
     running_var: Param,
     eps: f64,
     momentum: f64,
-    relu: bool,
 }
 
 /// Where the statistics of an input are taken: the input seen as 4-D with the member axis, the channel at axis 2
@@ -51,8 +50,7 @@ impl BatchNorm {
     pub const MOMENTUM: f64 = 0.1;
 
     /// Ones and zeros (weight, bias), zeros and ones (running mean, variance) for `members` members of `channels`
-    /// channels; `momentum` is the weight of a new batch in the running statistics. The output is rectified when
-    /// `relu`.
+    /// channels; `momentum` is the weight of a new batch in the running statistics.
     ///
     /// # Errors
     /// When the tensors cannot be made on `dev`.
@@ -60,7 +58,6 @@ impl BatchNorm {
         channels: usize,
         eps: f64,
         momentum: f64,
-        relu: bool,
         members: usize,
         dtype: DType,
         dev: &Device,
@@ -73,7 +70,6 @@ impl BatchNorm {
             running_var: Param::new("running_var", full(1.0)?),
             eps,
             momentum,
-            relu,
         })
     }
 
@@ -154,10 +150,9 @@ impl BatchNorm {
             p.reshape(&[s[0], 1, s[1], 1])
         }
     }
-}
 
-impl Module for BatchNorm {
-    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+    /// The layer's output, rectified when `relu`.
+    fn run(&self, tape: &Tape, x: Features, relu: bool) -> Result<Features> {
         let mask = x.mask.clone();
         let p = self.plan(x)?;
         let [a, b] = p.reduce;
@@ -178,7 +173,11 @@ impl Module for BatchNorm {
             let m = g.shape()[0];
             let mut full = xs.clone();
             full[p.member_axis] = m;
-            let x = p.x.broadcast_to(&full)?;
+            let x = if full == xs {
+                p.x.clone()
+            } else {
+                p.x.broadcast_to(&full)?
+            };
             let five = if p.member_axis == 1 {
                 [full[0], m, 1, full[2], full[3]]
             } else {
@@ -190,7 +189,7 @@ impl Module for BatchNorm {
                 momentum: self.momentum,
             };
             x.reshape(&five)?
-                .batch_norm((&g, &bias), Some(running), self.eps, self.relu)?
+                .batch_norm((&g, &bias), Some(running), self.eps, relu)?
         } else {
             let rm = Var::constant(self.running_mean.value().clone());
             let rv = Var::constant(self.running_var.value().clone());
@@ -199,10 +198,20 @@ impl Module for BatchNorm {
             let xhat = p.x.sub(&rm)?.div(&rv.add_scalar(self.eps)?.sqrt()?)?;
             let g = Self::view(&g, p.member_axis)?;
             let y = xhat.mul(&g)?.add(&Self::view(&bias, p.member_axis)?)?;
-            if self.relu { y.relu()? } else { y }
+            if relu { y.relu()? } else { y }
         };
         // A shared input meets the members in the weight's broadcast: its member axis is now M.
         Ok(Features::new(y.reshape(&p.out)?, p.layout).with_mask(mask))
+    }
+}
+
+impl Module for BatchNorm {
+    fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        self.run(tape, x, false)
+    }
+
+    fn forward_relu(&self, tape: &Tape, x: Features) -> Option<Result<Features>> {
+        Some(self.run(tape, x, true))
     }
 
     fn params(&self) -> Vec<(String, Param)> {
@@ -250,11 +259,6 @@ impl BatchNormSpec {
         })
     }
 
-    /// Whether the layer's activation runs in its own kernels (a ReLU does), not as a layer after it.
-    pub(crate) fn fuses_relu(&self) -> bool {
-        self.act == Some(ActivationKind::Relu)
-    }
-
     /// The channels normalized: an image's, or the last dimension of features.
     pub(crate) fn channels(input: &Shape) -> std::result::Result<usize, String> {
         match input {
@@ -273,7 +277,6 @@ impl BatchNormSpec {
             c,
             self.eps,
             self.momentum,
-            self.fuses_relu(),
             ctx.seeds.len(),
             ctx.dtype,
             ctx.device,

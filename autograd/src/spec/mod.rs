@@ -441,8 +441,7 @@ impl LayerSpec {
                 net.push(Sequence::new(q.tokens, d, ctx.members()));
             }
         }
-        let fused = matches!(self, LayerSpec::BatchNorm(b) if b.fuses_relu());
-        if let Some(a) = self.act().filter(|_| !fused) {
+        if let Some(a) = self.act() {
             net.push(Activation(a));
         }
         Ok(())
