@@ -43,31 +43,52 @@ fn sized(s: &BatchNormShape, name: [&'static str; 2]) -> &'static str {
     if s.len() < 1 << 31 { name[0] } else { name[1] }
 }
 
-/// How each channel is split among blocks: `(splits, chunk)`, enough blocks to fill the device.
-fn splits(gpu: &Gpu, s: &BatchNormShape) -> Result<(usize, usize)> {
-    let n = s.per_channel();
-    let channels = s.stat_len();
-    if channels > i32::MAX as usize || n == 0 {
-        return Err(Error::Cuda(format!(
-            "batch_norm: {channels} channels of {n} elements each: the kernels take at least one element per \
-             channel and up to {} channels",
-            i32::MAX
-        )));
-    }
-    let target = gpu.sm_count() as usize * 8;
-    let splits = target
-        .div_ceil(channels)
-        .max(n.div_ceil(MAX_CHUNK))
-        .min(n.div_ceil(BLOCK as usize))
-        .clamp(1, 65_535);
-    Ok((splits, n.div_ceil(splits)))
+/// How the per-channel sums are spread: `splits` blocks of up to `chunk` elements per channel, enough blocks to
+/// fill the device.
+struct Split {
+    dims: Dims,
+    channels: usize,
+    splits: usize,
+    chunk: usize,
 }
 
-fn per_split(channels: usize, splits: usize) -> Launch {
-    Launch {
-        grid: (channels as u32, splits as u32, 1),
-        block: (BLOCK, 1, 1),
-        shared: 0,
+impl Split {
+    fn new(gpu: &Gpu, s: &BatchNormShape) -> Result<Split> {
+        let n = s.per_channel();
+        let channels = s.stat_len();
+        if channels > i32::MAX as usize || n == 0 {
+            return Err(Error::Cuda(format!(
+                "batch_norm: {channels} channels of {n} elements each: the kernels take at least one element \
+                 per channel and up to {} channels",
+                i32::MAX
+            )));
+        }
+        let target = gpu.sm_count() as usize * 8;
+        let splits = target
+            .div_ceil(channels)
+            .max(n.div_ceil(MAX_CHUNK))
+            .min(n.div_ceil(BLOCK as usize))
+            .clamp(1, 65_535);
+        Ok(Split {
+            dims: Dims::of(s),
+            channels,
+            splits,
+            chunk: n.div_ceil(splits),
+        })
+    }
+
+    /// Runs `f` with scratch for the partial sums, `[channels, splits, 2]` f32.
+    fn with_partials(&self, gpu: &Gpu, f: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+        gpu.with_scratch(self.channels * self.splits * 8, f)
+    }
+
+    /// A block per channel and split.
+    fn blocks(&self) -> Launch {
+        Launch {
+            grid: (self.channels as u32, self.splits as u32, 1),
+            block: (BLOCK, 1, 1),
+            shared: 0,
+        }
     }
 }
 
@@ -95,28 +116,20 @@ pub unsafe fn forward(
     if s.is_empty() {
         return Ok(());
     }
-    let (splits, chunk) = splits(gpu, s)?;
-    let channels = s.stat_len();
-    let d = Dims::of(s);
-    gpu.with_scratch(channels * splits * 8, |partial| {
-        let chunk = chunk as u64;
+    let plan = Split::new(gpu, s)?;
+    let d = plan.dims;
+    plan.with_partials(gpu, |partial| {
+        let chunk = plan.chunk as u64;
         let mut args = kernel_args![d, chunk, x, partial];
         let name = sized(s, ["batch_norm_stats_u32", "batch_norm_stats_u64"]);
-        // SAFETY: matches `batch_norm_stats_*(Dims, u64, const float*, float*)`; partial holds
-        // [channels, splits, 2] f32.
-        unsafe { gpu.launch(&SRC, name, per_split(channels, splits), &mut args)? };
+        // SAFETY: matches `batch_norm_stats_*(Dims, u64, const float*, float*)`.
+        unsafe { gpu.launch(&SRC, name, plan.blocks(), &mut args)? };
         let (rm, rv, momentum) = running.unwrap_or((0, 0, 0.0));
-        let splits = splits as u64;
+        let splits = plan.splits as u64;
         let mut args = kernel_args![d, splits, eps, momentum, x, partial, mean, invstd, rm, rv];
+        let cfg = per_channel(gpu, plan.channels);
         // SAFETY: matches `batch_norm_finalize(Dims, u64, double, double, const float* x2, float* x4)`.
-        unsafe {
-            gpu.launch(
-                &SRC,
-                "batch_norm_finalize",
-                per_channel(gpu, channels),
-                &mut args,
-            )
-        }
+        unsafe { gpu.launch(&SRC, "batch_norm_finalize", cfg, &mut args) }
     })?;
     let relu = i32::from(relu);
     let mut args = kernel_args![d, relu, x, mean, invstd, gamma, beta, y];
@@ -145,29 +158,22 @@ pub unsafe fn backward(
     if s.is_empty() {
         return Ok(());
     }
-    let (splits, chunk) = splits(gpu, s)?;
-    let channels = s.stat_len();
-    let d = Dims::of(s);
-    gpu.with_scratch(channels * splits * 8, |partial| {
-        let chunk = chunk as u64;
+    let plan = Split::new(gpu, s)?;
+    let d = plan.dims;
+    plan.with_partials(gpu, |partial| {
+        let chunk = plan.chunk as u64;
         let mut args = kernel_args![d, chunk, x, out, dy, mean, partial];
         let name = sized(
             s,
             ["batch_norm_grad_stats_u32", "batch_norm_grad_stats_u64"],
         );
         // SAFETY: matches `batch_norm_grad_stats_*(Dims, u64, const float* x4, float*)`.
-        unsafe { gpu.launch(&SRC, name, per_split(channels, splits), &mut args)? };
-        let (c, splits) = (channels as u64, splits as u64);
+        unsafe { gpu.launch(&SRC, name, plan.blocks(), &mut args)? };
+        let (c, splits) = (plan.channels as u64, plan.splits as u64);
         let mut args = kernel_args![c, splits, partial, invstd, dgamma, dbeta];
+        let cfg = per_channel(gpu, plan.channels);
         // SAFETY: matches `batch_norm_grad_finalize(u64, u64, const float* x2, float* x2)`.
-        unsafe {
-            gpu.launch(
-                &SRC,
-                "batch_norm_grad_finalize",
-                per_channel(gpu, channels),
-                &mut args,
-            )
-        }
+        unsafe { gpu.launch(&SRC, "batch_norm_grad_finalize", cfg, &mut args) }
     })?;
     let mut args = kernel_args![d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx];
     let name = sized(
