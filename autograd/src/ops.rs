@@ -283,6 +283,9 @@ impl Var {
     /// # Errors
     /// When the shapes do not broadcast.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Var> {
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
         Var::record(
             "broadcast_to",
             self.value().broadcast_to(shape)?,

@@ -3,8 +3,7 @@
 
 use cohort_kernels::attention::AttentionShape;
 
-use crate::cuda::CudaStorage;
-use crate::storage::{CpuStorage, Storage};
+use crate::storage::{Storage, on_cpu, on_cuda};
 use crate::{Error, Result, Tensor, cpu, cuda};
 
 /// Which keys each query of [`Tensor::attention`] sees.
@@ -165,24 +164,4 @@ impl Tensor {
             mask_rows,
         })
     }
-}
-
-/// The storages as CPU ones, or `None` when any is on a GPU.
-fn on_cpu<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CpuStorage>> {
-    s.iter()
-        .map(|s| match s {
-            Storage::Cpu(c) => Some(c),
-            Storage::Cuda(_) => None,
-        })
-        .collect()
-}
-
-/// The storages as CUDA ones, or `None` when any is on the CPU.
-fn on_cuda<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CudaStorage>> {
-    s.iter()
-        .map(|s| match s {
-            Storage::Cuda(c) => Some(c),
-            Storage::Cpu(_) => None,
-        })
-        .collect()
 }

@@ -3,7 +3,7 @@
 
 use cohort_kernels::batchnorm::BatchNormShape;
 
-use crate::storage::Storage;
+use crate::storage::{Storage, on_cpu, on_cuda};
 use crate::{Error, Result, Tensor, cpu, cuda};
 
 /// The running statistics a training step of [`Tensor::batch_norm`] moves towards the batch's, in place:
@@ -56,29 +56,26 @@ impl Tensor {
             }
         }
         let mut guards = running.map(|r| (r.mean.write(), r.var.write(), r.momentum));
+        let mismatch = || self.device_mismatch(OP, weight);
         let (out, mean, invstd) = Tensor::read_all(&[self, weight, bias], |s| -> Result<_> {
             let running = guards.as_mut().map(|(m, v, k)| (&mut **m, &mut **v, *k));
-            match (s[0], s[1], s[2], running) {
-                (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(b), r) => {
-                    let r = match r {
-                        Some((Storage::Cpu(m), Storage::Cpu(v), k)) => Some((m, v, k)),
-                        Some(_) => return Err(self.device_mismatch(OP, weight)),
-                        None => None,
-                    };
-                    let (y, m, i) = cpu::batch_norm(x, (w, b), (&shape, eps), relu, r)?;
-                    Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(i)))
-                }
-                (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b), r) => {
-                    let r = match r {
-                        Some((Storage::Cuda(m), Storage::Cuda(v), k)) => Some((m, v, k)),
-                        Some(_) => return Err(self.device_mismatch(OP, weight)),
-                        None => None,
-                    };
-                    let (y, m, i) = cuda::batch_norm(x, (w, b), (&shape, eps), relu, r)?;
-                    Ok((Storage::Cuda(y), Storage::Cuda(m), Storage::Cuda(i)))
-                }
-                _ => Err(self.device_mismatch(OP, weight)),
+            if let Some(c) = on_cpu(s) {
+                let r = match running {
+                    Some((Storage::Cpu(m), Storage::Cpu(v), k)) => Some((m, v, k)),
+                    Some(_) => return Err(mismatch()),
+                    None => None,
+                };
+                let (y, m, i) = cpu::batch_norm(c[0], (c[1], c[2]), (&shape, eps), relu, r)?;
+                return Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(i)));
             }
+            let g = on_cuda(s).ok_or_else(mismatch)?;
+            let r = match running {
+                Some((Storage::Cuda(m), Storage::Cuda(v), k)) => Some((m, v, k)),
+                Some(_) => return Err(mismatch()),
+                None => None,
+            };
+            let (y, m, i) = cuda::batch_norm(g[0], (g[1], g[2]), (&shape, eps), relu, r)?;
+            Ok((Storage::Cuda(y), Storage::Cuda(m), Storage::Cuda(i)))
         })?;
         Ok((
             Tensor::from_storage(out, self.shape.clone()),
@@ -113,41 +110,17 @@ impl Tensor {
             .chain(out)
             .collect();
         let (dx, dw, db) = Tensor::read_all(&ts, |s| -> Result<_> {
-            match (s[0], s[1], s[2], s[3], s[4], s.get(5)) {
-                (
-                    Storage::Cpu(x),
-                    Storage::Cpu(g),
-                    Storage::Cpu(m),
-                    Storage::Cpu(i),
-                    Storage::Cpu(w),
-                    o,
-                ) => {
-                    let o = match o {
-                        Some(Storage::Cpu(o)) => Some(o),
-                        Some(_) => return Err(self.device_mismatch(OP, dout)),
-                        None => None,
-                    };
-                    let (dx, dw, db) = cpu::batch_norm_backward(x, o, g, (m, i, w), &shape)?;
-                    Ok((Storage::Cpu(dx), Storage::Cpu(dw), Storage::Cpu(db)))
-                }
-                (
-                    Storage::Cuda(x),
-                    Storage::Cuda(g),
-                    Storage::Cuda(m),
-                    Storage::Cuda(i),
-                    Storage::Cuda(w),
-                    o,
-                ) => {
-                    let o = match o {
-                        Some(Storage::Cuda(o)) => Some(o),
-                        Some(_) => return Err(self.device_mismatch(OP, dout)),
-                        None => None,
-                    };
-                    let (dx, dw, db) = cuda::batch_norm_backward(x, o, g, (m, i, w), &shape)?;
-                    Ok((Storage::Cuda(dx), Storage::Cuda(dw), Storage::Cuda(db)))
-                }
-                _ => Err(self.device_mismatch(OP, dout)),
+            if let Some(c) = on_cpu(s) {
+                let saved = (c[2], c[3], c[4]);
+                let (dx, dw, db) =
+                    cpu::batch_norm_backward(c[0], c.get(5).copied(), c[1], saved, &shape)?;
+                return Ok((Storage::Cpu(dx), Storage::Cpu(dw), Storage::Cpu(db)));
             }
+            let g = on_cuda(s).ok_or_else(|| self.device_mismatch(OP, dout))?;
+            let saved = (g[2], g[3], g[4]);
+            let (dx, dw, db) =
+                cuda::batch_norm_backward(g[0], g.get(5).copied(), g[1], saved, &shape)?;
+            Ok((Storage::Cuda(dx), Storage::Cuda(dw), Storage::Cuda(db)))
         })?;
         Ok((
             Tensor::from_storage(dx, self.shape.clone()),

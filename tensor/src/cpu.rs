@@ -638,15 +638,15 @@ pub fn batch_norm(
     ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
         let running = match running {
             Some((m, v, momentum)) => {
-                let bad = |s: &CpuStorage| Error::DTypeMismatch {
+                let bad = |rhs: DType| Error::DTypeMismatch {
                     op: OP,
                     lhs: x.dtype(),
-                    rhs: s.dtype(),
+                    rhs,
                 };
-                let (em, ev) = (bad(m), bad(v));
+                let (dm, dv) = (m.dtype(), v.dtype());
                 Some(Running {
-                    mean: T::slice_mut(m).ok_or(em)?,
-                    var: T::slice_mut(v).ok_or(ev)?,
+                    mean: T::slice_mut(m).ok_or_else(|| bad(dm))?,
+                    var: T::slice_mut(v).ok_or_else(|| bad(dv))?,
                     momentum,
                 })
             }

@@ -24,6 +24,26 @@ impl Storage {
     }
 }
 
+/// The storages as CPU ones, or `None` when any is on a GPU.
+pub(crate) fn on_cpu<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CpuStorage>> {
+    s.iter()
+        .map(|s| match s {
+            Storage::Cpu(c) => Some(c),
+            Storage::Cuda(_) => None,
+        })
+        .collect()
+}
+
+/// The storages as CUDA ones, or `None` when any is on the CPU.
+pub(crate) fn on_cuda<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CudaStorage>> {
+    s.iter()
+        .map(|s| match s {
+            Storage::Cuda(c) => Some(c),
+            Storage::Cpu(_) => None,
+        })
+        .collect()
+}
+
 /// A host buffer of one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuStorage {

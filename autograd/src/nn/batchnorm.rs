@@ -173,11 +173,7 @@ impl BatchNorm {
             let m = g.shape()[0];
             let mut full = xs.clone();
             full[p.member_axis] = m;
-            let x = if full == xs {
-                p.x.clone()
-            } else {
-                p.x.broadcast_to(&full)?
-            };
+            let x = p.x.broadcast_to(&full)?;
             let five = if p.member_axis == 1 {
                 [full[0], m, 1, full[2], full[3]]
             } else {
