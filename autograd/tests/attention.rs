@@ -105,7 +105,9 @@ fn cases() -> Vec<Case> {
     for (seqs, len, heads, head_dim) in [
         (2, 37, 2, 8),
         (1, 70, 1, 64),
+        (1, 150, 2, 32),
         (2, 33, 2, 100),
+        (1, 70, 1, 128),
         (1, 19, 1, 160),
     ] {
         for (causal, padded) in [(false, false), (true, false), (false, true), (true, true)] {

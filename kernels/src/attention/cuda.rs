@@ -1,5 +1,5 @@
-//! CUDA fused attention (`attention.cu`): a forward kernel, then for the gradients one kernel per query row
-//! (the query's gradient) and one per key row (the key's and value's), so no element is written twice.
+//! CUDA fused attention (`attention.cu`): a forward kernel, then for the gradients one kernel per tile of queries
+//! (their gradient) and one per tile of keys (the keys' and values' gradients), so no element is written twice.
 
 use super::AttentionShape;
 use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
@@ -13,44 +13,31 @@ pub(crate) static SRC: KernelSource = KernelSource {
 /// The widest head the kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// The kernels for a head width (`[forward, grad_q, grad_kv]`), rows (warps) per block, and the tile of keys or
-/// queries.
+/// The kernels for a head width (`[forward, grad_q, grad_kv]`), compiled for `padded` columns (the width rounded up
+/// to 32, 64, 128 or 256), and the rows of a tile (16 · RA in `attention.cu`): a block's 256 threads each hold a
+/// 4 × 4 (or 2 × 2) patch of a tile's scores.
 struct Tiling {
     kernels: [&'static str; 3],
+    padded: usize,
     rows: usize,
-    tile: usize,
 }
 
 impl Tiling {
     fn new(d: usize) -> Result<Tiling> {
-        let (kernels, rows, tile) = match d {
-            0..=64 => (
+        macro_rules! kernels {
+            ($dp:literal) => {
                 [
-                    "attention_forward_f32_64",
-                    "attention_grad_q_f32_64",
-                    "attention_grad_kv_f32_64",
-                ],
-                16,
-                32,
-            ),
-            65..=128 => (
-                [
-                    "attention_forward_f32_128",
-                    "attention_grad_q_f32_128",
-                    "attention_grad_kv_f32_128",
-                ],
-                8,
-                32,
-            ),
-            129..=MAX_HEAD_DIM => (
-                [
-                    "attention_forward_f32_256",
-                    "attention_grad_q_f32_256",
-                    "attention_grad_kv_f32_256",
-                ],
-                4,
-                16,
-            ),
+                    concat!("attention_forward_f32_", $dp),
+                    concat!("attention_grad_q_f32_", $dp),
+                    concat!("attention_grad_kv_f32_", $dp),
+                ]
+            };
+        }
+        let (kernels, padded, rows) = match d {
+            0..=32 => (kernels!(32), 32, 64),
+            33..=64 => (kernels!(64), 64, 64),
+            65..=128 => (kernels!(128), 128, 32),
+            129..=MAX_HEAD_DIM => (kernels!(256), 256, 32),
             _ => {
                 return Err(Error::Cuda(format!(
                     "attention: heads of width {d} exceed the fused kernel's {MAX_HEAD_DIM}; use more heads"
@@ -59,12 +46,22 @@ impl Tiling {
         };
         Ok(Tiling {
             kernels,
+            padded,
             rows,
-            tile,
         })
     }
 
-    /// A launch over every group and block of rows, with `floats` of shared memory.
+    /// Floats of one tile of rows, `[rows][padded + 4]`.
+    fn tile(&self) -> usize {
+        self.rows * (self.padded + 4)
+    }
+
+    /// Floats of one tile of weights or score gradients, `[rows][rows + 4]`.
+    fn weights(&self) -> usize {
+        self.rows * (self.rows + 4)
+    }
+
+    /// A launch over every group and tile of rows, with `floats` of shared memory.
     fn launch(&self, shape: &AttentionShape, floats: usize) -> Launch {
         Launch {
             grid: (
@@ -72,7 +69,7 @@ impl Tiling {
                 shape.len.div_ceil(self.rows) as u32,
                 1,
             ),
-            block: (32 * self.rows as u32, 1, 1),
+            block: (256, 1, 1),
             shared: (4 * floats) as u32,
         }
     }
@@ -108,8 +105,7 @@ pub unsafe fn forward(
         return Ok(());
     }
     let t = Tiling::new(shape.head_dim)?;
-    let d = shape.head_dim;
-    let cfg = t.launch(shape, t.rows * d + t.tile * (d | 1) + t.tile * d);
+    let cfg = t.launch(shape, 3 * t.tile() + t.weights());
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let mut args = kernel_args![len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse];
     // SAFETY: matches `attention_forward_f32_*(u64 x3, float, int, u64, const float* x2, float* x2)`; buffers per
@@ -136,8 +132,6 @@ pub unsafe fn backward(
         return Ok(());
     }
     let t = Tiling::new(shape.head_dim)?;
-    let d = shape.head_dim;
-    let rows_and_tiles = 2 * t.rows * d + 2 * t.tile * (d | 1);
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let [_, grad_q, grad_kv] = t.kernels;
     let mut args = kernel_args![
@@ -145,7 +139,14 @@ pub unsafe fn backward(
     ];
     // SAFETY: matches `attention_grad_q_f32_*(u64 x3, float, int, u64, const float* x5, float* x2)`; it writes
     // `delta` (read by the next kernel, later on the same stream) and the query third of `dqkv`.
-    unsafe { gpu.launch(&SRC, grad_q, t.launch(shape, rows_and_tiles), &mut args)? };
+    unsafe {
+        gpu.launch(
+            &SRC,
+            grad_q,
+            t.launch(shape, 4 * t.tile() + t.weights()),
+            &mut args,
+        )?
+    };
     let mut args = kernel_args![
         len, heads, d, scale, causal, mask_rows, qkv, mask, lse, dout, delta, dqkv
     ];
@@ -155,7 +156,7 @@ pub unsafe fn backward(
         gpu.launch(
             &SRC,
             grad_kv,
-            t.launch(shape, rows_and_tiles + 2 * t.tile),
+            t.launch(shape, 4 * t.tile() + 2 * t.rows + 2 * t.weights()),
             &mut args,
         )
     }

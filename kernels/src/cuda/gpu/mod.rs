@@ -34,6 +34,9 @@ use cudarc::driver::{
 };
 
 use super::KernelTime;
+
+/// Dynamic shared memory a kernel may take without opting in (48 KiB on every architecture since Volta).
+const DEFAULT_SHARED: u32 = 48 << 10;
 use super::modules::{self, KernelSource, Origin, Target};
 use super::profile::Profile;
 use crate::matmul::lt::Lt;
@@ -602,8 +605,8 @@ impl Gpu {
         }
     }
 
-    /// Launches kernel `name` of `src` on the compute stream (the side stream inside
-    /// [`Gpu::on_side`]).
+    /// Launches kernel `name` of `src` on the compute stream (the side stream inside [`Gpu::on_side`]), opting it
+    /// in to more than [`DEFAULT_SHARED`] bytes of dynamic shared memory where `cfg` asks for them.
     ///
     /// # Safety
     /// `args` must point at values whose types and order match the kernel's parameters, and
@@ -616,6 +619,19 @@ impl Gpu {
         args: &mut [*mut c_void],
     ) -> Result<()> {
         let f = self.function(src, name)?;
+        if cfg.shared > DEFAULT_SHARED {
+            // more dynamic shared memory than a launch gets unasked: a driver call, no synchronisation
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                cfg.shared as i32,
+            )
+            .map_err(|e| {
+                cuda_err(
+                    &format!("giving {name} {} bytes of shared memory", cfg.shared),
+                    e,
+                )
+            })?;
+        }
         let _turn = self.turn();
         self.bind()?;
         self.timed(
