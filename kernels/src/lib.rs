@@ -26,6 +26,7 @@ pub mod determinism;
 mod disjoint;
 mod error;
 pub mod index;
+pub mod layernorm;
 mod math;
 pub mod matmul;
 pub mod optim;

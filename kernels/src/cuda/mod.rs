@@ -68,11 +68,12 @@ pub struct GemmTuning {
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 13] {
+fn all_sources() -> [&'static KernelSource; 14] {
     [
         &crate::attention::cuda::SRC,
         &crate::batchnorm::cuda::SRC,
         &crate::binary::cuda::SRC,
+        &crate::layernorm::cuda::SRC,
         &crate::unary::cuda::SRC,
         &crate::reduce::cuda::SRC,
         &crate::softmax::cuda::SRC,
