@@ -269,6 +269,115 @@ fn reserves_are_kept_and_unused_memory_is_borrowed() {
     assert_eq!(bfc.tenant_stats(side).unwrap().peak_in_use, 32 * MIB);
 }
 
+/// A loop of models trained one after another: each one's step temporaries are freed before the next one's are
+/// made, so the allocator-wide peak after a reset is the most held at one moment, not the sum of the tenants' peaks.
+#[test]
+fn reset_peak_restarts_the_allocator_peak_from_what_is_held() {
+    let bfc = sim(256 * MIB);
+    let a = bfc.add_tenant("a", TenantLimits::unlimited()).unwrap();
+    let b = bfc.add_tenant("b", TenantLimits::unlimited()).unwrap();
+    let pa = bfc.alloc((4 * MIB) as usize, a).unwrap();
+    let pb = bfc.alloc((4 * MIB) as usize, b).unwrap();
+    let warm = bfc.alloc((40 * MIB) as usize, a).unwrap();
+    bfc.free(warm);
+    let before = bfc.counters();
+    assert_eq!(before.peak_in_use, 48 * MIB);
+    bfc.trim();
+    let trimmed = bfc.counters();
+    assert!(
+        trimmed.reserved < trimmed.peak_reserved,
+        "the trim lowered reserved below its peak"
+    );
+
+    bfc.reset_peak();
+    let c = bfc.counters();
+    assert_eq!((c.in_use, c.peak_in_use), (8 * MIB, 8 * MIB));
+    assert_eq!(c.peak_reserved, c.reserved);
+    // The tenants' own peaks are not the allocator's: they stay.
+    assert_eq!(bfc.tenant_stats(a).unwrap().peak_in_use, 44 * MIB);
+    assert_eq!(bfc.tenant_stats(b).unwrap().peak_in_use, 4 * MIB);
+
+    // One step each, in turn: 16 MiB of a's temporaries, freed, then 16 MiB of b's.
+    for t in [a, b] {
+        let tmp = bfc.alloc((16 * MIB) as usize, t).unwrap();
+        bfc.free(tmp);
+    }
+    let c = bfc.counters();
+    assert_eq!(
+        c.peak_in_use,
+        24 * MIB,
+        "the held 8 MiB and one step's 16 MiB at a time"
+    );
+    assert!(c.peak_reserved >= c.peak_in_use);
+    let b_peak = bfc.tenant_stats(b).unwrap().peak_in_use;
+    assert_eq!(b_peak, 20 * MIB, "b's own peak grew with its step");
+    assert_eq!(bfc.tenant_stats(a).unwrap().peak_in_use, 44 * MIB);
+    bfc.free(pa);
+    bfc.free(pb);
+    bfc.check_invariants().unwrap();
+}
+
+/// The stitched layout keeps idle pages beyond its slack when a step's churn shows it needs them, up to a quarter
+/// of the most ever in use. A program that resets the peak to measure a phase must not shrink that cap: the next
+/// block that needs new pages would then take more of them from idle ones (a move, which synchronizes the device).
+#[test]
+fn reset_peak_does_not_change_where_blocks_go() {
+    let run = |reset: bool| {
+        let config = Config::builder()
+            .idle_page_slack(0)
+            .large_block(u64::MAX)
+            .build()
+            .unwrap();
+        let bfc = Bfc::new(SimMemory::stitched(1 << 30), config).unwrap();
+        let held = bfc.alloc((64 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        for _ in 0..6 {
+            let a = bfc.alloc((6 * MIB) as usize, TenantId::DEFAULT).unwrap();
+            let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+            bfc.free(a);
+            let c = bfc.alloc((10 * MIB) as usize, TenantId::DEFAULT).unwrap();
+            bfc.free(b);
+            bfc.free(c);
+        }
+        // The model that held most of the memory goes, leaving idle pages below a block that stays.
+        let top = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.free(held);
+        if reset {
+            bfc.reset_peak();
+        }
+        let before = bfc.counters();
+        // More than the idle pages below `top`: placed past it, on new pages and idle ones moved.
+        let big = bfc.alloc((100 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        bfc.check_invariants().unwrap();
+        let after = bfc.counters();
+        let map = bfc.chunk_map();
+        bfc.free(big);
+        bfc.free(top);
+        (
+            after.page_moves - before.page_moves,
+            after.page_creates - before.page_creates,
+            map,
+            before.peak_in_use,
+        )
+    };
+    let (moves, creates, map, peak) = run(false);
+    let (moves_r, creates_r, map_r, peak_r) = run(true);
+    assert!(
+        moves > 0 && creates > 0,
+        "the block takes idle pages and new ones: {moves} moved, {creates} created"
+    );
+    assert_eq!(
+        (moves_r, creates_r),
+        (moves, creates),
+        "pages moved and created, with and without the reset"
+    );
+    assert_eq!(map_r, map);
+    assert_eq!(
+        (peak, peak_r),
+        (76 * MIB, 2 * MIB),
+        "the reset lowered the peak to what was held"
+    );
+}
+
 #[test]
 fn foreign_and_double_free_are_errors() {
     let a = sim(16 * MIB);

@@ -96,6 +96,9 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     fn tenant_stats(&self, id: TenantId) -> Option<TenantReport>;
     /// Starts a tenant's peak afresh from what it holds now; `false` for an unknown tenant.
     fn reset_tenant_peak(&self, id: TenantId) -> bool;
+    /// Starts the allocator-wide peaks (in use, reserved) afresh from what is held now, as
+    /// `torch.cuda.reset_peak_memory_stats`; the tenants' peaks stay.
+    fn reset_peak(&self);
 }
 
 impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
@@ -135,6 +138,9 @@ impl<S: MemorySource + Sync> DeviceAllocator for Bfc<S> {
     }
     fn reset_tenant_peak(&self, id: TenantId) -> bool {
         Bfc::reset_tenant_peak(self, id)
+    }
+    fn reset_peak(&self) {
+        Bfc::reset_peak(self);
     }
 }
 

@@ -8,11 +8,13 @@
 //! ([`graph_schedules`]).
 
 use anyhow::{Context, Result};
-use cohort_alloc::TenantLimits;
+use cohort_alloc::{TenantId, TenantLimits};
 use cohort_autograd::{BuildOptions, Model, ModelSpec, Tape, loss};
 use cohort_optim::{OptimConfig, Optimizer};
-use cohort_tensor::{DType, Device, Tensor, memory};
+use cohort_tensor::memory::{self, DeviceAllocator};
+use cohort_tensor::{DType, Device, Tensor};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
@@ -112,18 +114,45 @@ pub(crate) fn tenant(device: Device, name: &str) -> Result<cohort_alloc::TenantI
     })
 }
 
-fn peak_per_member(
-    device: Device,
-    tenants: &[cohort_alloc::TenantId],
-    members: usize,
-) -> Option<f64> {
-    let alloc = memory::allocator(&device).ok()?;
-    let total: u64 = tenants
-        .iter()
-        .filter_map(|t| alloc.tenant_stats(*t))
-        .map(|s| s.peak_in_use)
-        .sum();
-    Some(total as f64 / members as f64)
+/// The most some tenants held at one moment over a stretch of steps, as `torch.cuda.max_memory_allocated()` after
+/// `reset_peak_memory_stats()` counts it: the allocator-wide peak, restarted at [`start`](Self::start), less what the
+/// other tenants held then (the batches, the runtime's workspaces: constant over the stretch, in which nothing else
+/// runs). Not the sum of the tenants' own peaks, which counts a loop's step temporaries once per model although
+/// they never coexist.
+pub(crate) struct ConcurrentPeak {
+    alloc: Arc<dyn DeviceAllocator>,
+    others: u64,
+}
+
+impl ConcurrentPeak {
+    /// Restarts the allocator's peak and notes what lies outside `tenants`; `None` on the CPU (no allocator) or
+    /// without tenants.
+    pub(crate) fn start(device: Device, tenants: &[TenantId]) -> Option<ConcurrentPeak> {
+        let alloc = memory::allocator(&device)
+            .ok()
+            .filter(|_| !tenants.is_empty())?;
+        alloc.reset_peak();
+        let report = alloc.stats();
+        let measured: u64 = report
+            .tenants
+            .iter()
+            .filter(|t| tenants.contains(&t.id))
+            .map(|t| t.in_use)
+            .sum();
+        Some(ConcurrentPeak {
+            others: report.counters.in_use.saturating_sub(measured),
+            alloc,
+        })
+    }
+
+    /// The tenants' concurrent peak since [`start`](Self::start), in bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.alloc
+            .stats()
+            .counters
+            .peak_in_use
+            .saturating_sub(self.others)
+    }
 }
 
 /// Times `step` for at least `budget` after `warmup` untimed calls; returns calls per second.
@@ -150,6 +179,9 @@ pub(crate) fn rate(
     Ok(done as f64 / start.elapsed().as_secs_f64())
 }
 
+/// Untimed steps of each schedule before its rate and peak are measured.
+const WARMUP: usize = 5;
+
 /// Separate models the loop schedules go up to, as the reference's loop does.
 const MAX_LOOP_MODELS: usize = 64;
 
@@ -172,7 +204,8 @@ pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>>
             } else {
                 vec![Trainee::new(n, 0, device, tenant(device, &tag)?)?]
             };
-            let steps_per_s = rate(device, 5, budget, |i| {
+            let tenants: Vec<_> = group.iter().map(|t| t.tenant).collect();
+            let mut step = |i: usize| {
                 let (x, y) = &data[i % data.len()];
                 if device.is_cuda() {
                     group.iter_mut().try_for_each(|t| t.step(x, y))
@@ -180,9 +213,14 @@ pub fn run(device: Device, ns: &[usize], budget: Duration) -> Result<Vec<Value>>
                     // as the trainer's lockstep schedule: separate CPU models step concurrently
                     group.par_iter_mut().try_for_each(|t| t.step(x, y))
                 }
-            })?;
-            let tenants: Vec<_> = group.iter().map(|t| t.tenant).collect();
-            let peak = peak_per_member(device, &tenants, n);
+            };
+            // The warm-up before the peak's start, as `Timing::measure`: one-off allocations (the runtime's
+            // workspaces, made at a first use) are not the models'.
+            (0..WARMUP).try_for_each(&mut step)?;
+            device.synchronize()?;
+            let peak = ConcurrentPeak::start(device, &tenants);
+            let steps_per_s = rate(device, 0, budget, |i| step(WARMUP + i))?;
+            let peak = peak.map(|p| p.bytes() as f64 / n as f64);
             let model_steps = steps_per_s * n as f64;
             println!(
                 "cohort {schedule:5} n={n:3}: {model_steps:10.0} model-steps/s{}",

@@ -4,9 +4,9 @@
 //! Timing: `warmup` steps untimed (cuDNN's algorithm choices are made in them), then `windows` windows of
 //! [`cohort::rate`]'s form (at least `window` and 3 steps, the device synchronized every 16 steps and at the end),
 //! the median window's rate the figure. The scripts take the same three numbers (`--warmup --windows
-//! --window-s`) and time the same way (`bench/torch_timing.py`). The peak is the allocator's over the timed steps:
-//! for cohort the tenants that hold the models, their Adam state and the batch; for PyTorch
-//! `torch.cuda.max_memory_allocated()`, which holds the same.
+//! --window-s`) and time the same way (`bench/torch_timing.py`). The peak is the most held at one moment over the
+//! timed steps: for cohort by the tenants that hold the models, their Adam state and the batch
+//! ([`ConcurrentPeak`]); for PyTorch `torch.cuda.max_memory_allocated()`, which holds the same.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use cohort_alloc::TenantId;
-use cohort_tensor::{Device, Tensor, memory};
+use cohort_tensor::{Device, Tensor};
 use serde_json::{Value, json};
 
 use crate::bench::median;
-use crate::cohort::{self, Captured, Trainee};
+use crate::cohort::{self, Captured, ConcurrentPeak, Trainee};
 
 /// Warm-up and windows, passed as they are to the PyTorch script so both sides time alike.
 pub(crate) struct Timing {
@@ -27,7 +27,7 @@ pub(crate) struct Timing {
     pub(crate) window: Duration,
 }
 
-/// A measured step: each window's rate (calls per second), their median, and the tenants' summed peak.
+/// A measured step: each window's rate (calls per second), their median, and the most the tenants held together.
 pub(crate) struct Measured {
     pub(crate) windows: Vec<f64>,
     pub(crate) rate: f64,
@@ -51,8 +51,9 @@ impl Timing {
         ])
     }
 
-    /// Times `step`: the warm-up untimed, then the windows; the peaks of `tenants` are reset after the warm-up and
-    /// summed after the windows (none on the CPU, which has no allocator, or without tenants).
+    /// Times `step`: the warm-up untimed, then the windows; the peak is what `tenants` held together at most over
+    /// the windows ([`ConcurrentPeak`], started after the warm-up; none on the CPU, which has no allocator, or
+    /// without tenants).
     pub(crate) fn measure(
         &self,
         device: Device,
@@ -63,28 +64,15 @@ impl Timing {
             step()?;
         }
         device.synchronize()?;
-        let alloc = memory::allocator(&device)
-            .ok()
-            .filter(|_| !tenants.is_empty());
-        if let Some(a) = &alloc {
-            tenants.iter().for_each(|t| {
-                a.reset_tenant_peak(*t);
-            });
-        }
+        let peak = ConcurrentPeak::start(device, tenants);
         let windows = (0..self.windows)
             .map(|_| cohort::rate(device, 0, self.window, |_| step()))
             .collect::<Result<Vec<f64>>>()?;
         let rate = median(windows.clone()).context("no finite window rate")?;
-        let peak = alloc.and_then(|a| {
-            tenants
-                .iter()
-                .map(|t| a.tenant_stats(*t).map(|s| s.peak_in_use))
-                .sum::<Option<u64>>()
-        });
         Ok(Measured {
             windows,
             rate,
-            peak,
+            peak: peak.map(|p| p.bytes()),
         })
     }
 }
@@ -100,7 +88,7 @@ pub(crate) struct Job<'a> {
 }
 
 /// Trains `jobs` together, each a step per call, timed by `timing`: `eager`, the jobs stepped in turn, each in a
-/// tenant of its own (named from `tag`), their peaks and that of `data` (the tenant holding the batches) summed;
+/// tenant of its own (named from `tag`), the peak what they and `data` (the tenant holding the batches) held together;
 /// `graph`, each job's step captured ([`Captured`], on static inputs of its own) and all replayed together on
 /// concurrent streams, without a peak (a graph's memory is the capture's, outside the tenants). Prints `label` with
 /// the figures and returns them: `model_steps_per_s`, `steps_per_s`, `windows`, `peak_bytes_per_member`.

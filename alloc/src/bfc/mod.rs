@@ -102,6 +102,9 @@ struct Inner<S> {
     tenants: Vec<Tenant>,
     unmet_total: u64,
     c: Counters,
+    /// The highest `c.in_use` ever: unlike `c.peak_in_use`, which [`Bfc::reset_peak`] restarts, it caps the
+    /// stitched layout's grown slack, so that measuring a phase's peak does not change how blocks are placed.
+    high_water: u64,
     events: Option<EventLog>,
     first_use: Option<&'static Location<'static>>,
     scratch: Vec<u64>,
@@ -137,6 +140,7 @@ impl<S: MemorySource> Bfc<S> {
             tenants: vec![Tenant::new("default".into(), TenantLimits::unlimited())],
             unmet_total: 0,
             c: Counters::default(),
+            high_water: 0,
             events: (config.record_events > 0).then(|| EventLog::new(config.record_events)),
             first_use: None,
             scratch: Vec::new(),
@@ -301,6 +305,16 @@ impl<S: MemorySource> Bfc<S> {
             }
             None => false,
         }
+    }
+
+    /// Starts the allocator-wide peaks (`peak_in_use`, `peak_reserved`) afresh from what is held now, as
+    /// `torch.cuda.reset_peak_memory_stats` does: the peak read after a phase is then the most its blocks (and
+    /// whatever else was live) held at one moment. Tenants' peaks stay ([`reset_tenant_peak`](Self::reset_tenant_peak)
+    /// restarts one), and so does how blocks are placed.
+    pub fn reset_peak(&self) {
+        let mut g = self.lock();
+        g.c.peak_in_use = g.c.in_use;
+        g.c.peak_reserved = g.c.reserved;
     }
 
     /// The recorded events (empty unless [`Config::record_events`] is set).
@@ -679,6 +693,7 @@ impl<S: MemorySource> Inner<S> {
         self.unmet_total = self.unmet_total - before + after;
         self.c.in_use += rounded;
         self.c.peak_in_use = self.c.peak_in_use.max(self.c.in_use);
+        self.high_water = self.high_water.max(self.c.in_use);
         self.c.allocs += 1;
         self.c.live_blocks += 1;
         self.c.largest_alloc = self.c.largest_alloc.max(bytes);

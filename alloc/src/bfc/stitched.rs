@@ -162,8 +162,8 @@ impl<S: MemorySource> Inner<S> {
         }
         let (need, idle_in, regret) = pt.demand(a, b);
         // A block wants pages back that a move took: a step's own churn exceeds the slack, and each move costs a
-        // device synchronization. Grow the slack by those pages, up to a quarter of the peak in use.
-        self.grown_slack = (self.grown_slack + regret).min(self.c.peak_in_use / pt.size / 4);
+        // device synchronization. Grow the slack by those pages, up to a quarter of the most ever in use.
+        self.grown_slack = (self.grown_slack + regret).min(self.high_water / pt.size / 4);
         let slack = self.config.idle_page_slack.max(self.grown_slack);
         let idle_avail = pt.idle - idle_in;
         let mut create = if no_slack {

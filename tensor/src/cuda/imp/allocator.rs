@@ -87,6 +87,9 @@ impl DeviceAllocator for GpuAllocator {
     fn reset_tenant_peak(&self, id: TenantId) -> bool {
         self.bfc.reset_tenant_peak(id)
     }
+    fn reset_peak(&self) {
+        self.bfc.reset_peak();
+    }
     fn process_memory(&self) -> Option<ProcessMemory> {
         let card_total = self.gpu.context().total_mem().ok()? as u64;
         let report = self.bfc.stats();
