@@ -175,6 +175,12 @@ pub(crate) enum Op {
         invstd: Tensor,
         weight: Tensor,
     },
+    LayerNorm {
+        x: Tensor,
+        mean: Tensor,
+        invstd: Tensor,
+        weight: Tensor,
+    },
     WhereCond {
         mask: Tensor,
         on_true: Vec<usize>,
@@ -531,6 +537,16 @@ impl Op {
             } => {
                 let (gx, gw, gb) =
                     x.batch_norm_backward(out.as_ref(), g, (mean, invstd, weight))?;
+                let keep = |i: usize, t: Tensor| need.get(i).copied().unwrap_or(false).then_some(t);
+                Ok(vec![keep(0, gx), keep(1, gw), keep(2, gb)])
+            }
+            Op::LayerNorm {
+                x,
+                mean,
+                invstd,
+                weight,
+            } => {
+                let (gx, gw, gb) = x.layer_norm_backward(g, (mean, invstd, weight))?;
                 let keep = |i: usize, t: Tensor| need.get(i).copied().unwrap_or(false).then_some(t);
                 Ok(vec![keep(0, gx), keep(1, gw), keep(2, gb)])
             }

@@ -575,6 +575,24 @@ impl Var {
         Var::record("batch_norm", out.clone(), &[self, weight, bias], op)
     }
 
+    /// Layer normalization of `self`, `[members, ..., dim]`, over its last dimension, by `weight` and `bias`
+    /// `[members, dim]` ([`Tensor::layer_norm`]).
+    ///
+    /// # Errors
+    /// When the shapes do not fit (see [`Tensor::layer_norm`]).
+    pub fn layer_norm(&self, (weight, bias): (&Var, &Var), eps: f64) -> Result<Var> {
+        let (out, mean, invstd) = self
+            .value()
+            .layer_norm((weight.value(), bias.value()), eps)?;
+        let op = || Op::LayerNorm {
+            x: self.value().clone(),
+            mean,
+            invstd,
+            weight: weight.value().clone(),
+        };
+        Var::record("layer_norm", out.clone(), &[self, weight, bias], op)
+    }
+
     /// Max pooling over `kernel x kernel` windows, NCHW.
     ///
     /// # Errors

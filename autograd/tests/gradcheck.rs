@@ -159,6 +159,19 @@ fn elementwise_unary() {
             );
         }
     }
+    // Layer norm over the last dimension, per member, with rows in one and in two dimensions.
+    for (shape, seed) in [(vec![2, 5, 4], 140), (vec![3, 2, 3, 6], 143)] {
+        let params = [shape[0], shape[shape.len() - 1]];
+        check(
+            "layer_norm",
+            &[
+                spread(&shape, seed),
+                rand(&params, 0.5, 1.5, seed + 1),
+                rand(&params, -0.5, 0.5, seed + 2),
+            ],
+            |v| v[0].layer_norm((&v[1], &v[2]), 1e-5),
+        );
+    }
     // Linear in one op: shared or per-member input, a bias per member or shared, with and
     // without its ReLU (a bias spread from 0 keeps the pre-activations away from the kink).
     for relu in [false, true] {

@@ -10,6 +10,7 @@ use cohort_kernels::binary::{BinaryOp, cpu as binary_cpu};
 use cohort_kernels::conv::{ConvParams, cpu as conv_cpu};
 use cohort_kernels::copy::{Copy2d, cpu as copy_cpu};
 use cohort_kernels::index::cpu as index_cpu;
+use cohort_kernels::layernorm::{LayerNormShape, cpu as layernorm_cpu};
 use cohort_kernels::matmul::{MatmulShape, cpu as matmul_cpu};
 use cohort_kernels::optim::{AdamParams, SgdParams, cpu as optim_cpu};
 use cohort_kernels::pool::{PoolParams, cpu as pool_cpu};
@@ -693,6 +694,59 @@ pub fn batch_norm_backward(
     match x.dtype() {
         DType::F32 => on::<f32>(x, out, rest, shape),
         DType::F64 => on::<f64>(x, out, rest, shape),
+        other => Err(unsupported(OP, other)),
+    }
+}
+
+/// Layer normalization of `x` over its last dimension (see [`cohort_kernels::layernorm`]): `(out, mean, invstd)`.
+pub fn layer_norm(
+    x: &CpuStorage,
+    (weight, bias): (&CpuStorage, &CpuStorage),
+    shape: (&LayerNormShape, f64),
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    const OP: &str = "layer_norm";
+    fn on<T: Element + Float>(
+        x: &CpuStorage,
+        [w, b]: [&CpuStorage; 2],
+        shape: (&LayerNormShape, f64),
+    ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+        let wb = (like::<T>(OP, x, w)?, like::<T>(OP, x, b)?);
+        let (y, m, i) = layernorm_cpu::forward(like::<T>(OP, x, x)?, wb, shape);
+        Ok((T::into_storage(y), T::into_storage(m), T::into_storage(i)))
+    }
+    match x.dtype() {
+        DType::F32 => on::<f32>(x, [weight, bias], shape),
+        DType::F64 => on::<f64>(x, [weight, bias], shape),
+        other => Err(unsupported(OP, other)),
+    }
+}
+
+/// The gradients `(dx, dweight, dbias)` of [`layer_norm`] from its input `x`, the output's gradient `dout`, and
+/// its `mean`, `invstd` and `weight`.
+pub fn layer_norm_backward(
+    x: &CpuStorage,
+    dout: &CpuStorage,
+    (mean, invstd, weight): (&CpuStorage, &CpuStorage, &CpuStorage),
+    shape: &LayerNormShape,
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    const OP: &str = "layer_norm_backward";
+    fn on<T: Element + Float>(
+        x: &CpuStorage,
+        rest: [&CpuStorage; 4],
+        shape: &LayerNormShape,
+    ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+        let [g, m, i, w] = rest.map(|s| like::<T>(OP, x, s));
+        let (dx, dw, db) = layernorm_cpu::backward(like::<T>(OP, x, x)?, g?, (m?, i?, w?), shape);
+        Ok((
+            T::into_storage(dx),
+            T::into_storage(dw),
+            T::into_storage(db),
+        ))
+    }
+    let rest = [dout, mean, invstd, weight];
+    match x.dtype() {
+        DType::F32 => on::<f32>(x, rest, shape),
+        DType::F64 => on::<f64>(x, rest, shape),
         other => Err(unsupported(OP, other)),
     }
 }

@@ -39,6 +39,7 @@ pub mod cuda;
 mod device;
 mod dtype;
 mod error;
+mod layernorm;
 pub mod memory;
 mod ops;
 mod precision;

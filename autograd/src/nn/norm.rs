@@ -1,7 +1,7 @@
 use cohort_tensor::{DType, Device};
 use serde::Serialize;
 
-use super::{Features, Layout, Module, init_full, per_member};
+use super::{Features, Layout, Module, init_full};
 use crate::spec::{Fields, Shape, SpecResult};
 use crate::{Error, Param, Result, Tape};
 
@@ -51,19 +51,16 @@ impl Module for LayerNorm {
                 ),
             });
         }
-        let last = s.len() - 1;
-        let mu = x.var.mean(last, true)?;
-        let xc = x.var.sub(&mu)?;
-        let var = xc.square()?.mean(last, true)?;
-        let xhat = xc.div(&var.add_scalar(self.eps)?.sqrt()?)?;
-        let rank = if x.layout == Layout::Shared {
-            s.len() + 1
+        // A shared input meets each member's parameters as its own copy: [M, ..., D].
+        let x_m = if x.layout == Layout::Shared {
+            let one: Vec<usize> = [1].iter().chain(&s).copied().collect();
+            let full: Vec<usize> = [m].iter().chain(&s).copied().collect();
+            x.var.reshape(&one)?.broadcast_to(&full)?
         } else {
-            s.len()
+            x.var.clone()
         };
-        let g = per_member(&tape.param(&self.weight), rank)?;
-        let b = per_member(&tape.param(&self.bias), rank)?;
-        Ok(x.keep_mask(xhat.mul(&g)?.add(&b)?, Layout::Members))
+        let (g, b) = (tape.param(&self.weight), tape.param(&self.bias));
+        Ok(x.keep_mask(x_m.layer_norm((&g, &b), self.eps)?, Layout::Members))
     }
 
     fn params(&self) -> Vec<(String, Param)> {

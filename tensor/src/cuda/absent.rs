@@ -7,6 +7,7 @@ use cohort_kernels::batchnorm::BatchNormShape;
 use cohort_kernels::binary::BinaryOp;
 use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::copy::Copy2d;
+use cohort_kernels::layernorm::LayerNormShape;
 use cohort_kernels::matmul::{GemmChoices, MatmulShape};
 use cohort_kernels::optim::{AdamParams, SgdParams};
 use cohort_kernels::pool::PoolParams;
@@ -249,6 +250,27 @@ pub fn batch_norm_backward(
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let _ = (out, dout, saved, shape);
     Err(unavailable("batch_norm_backward", x.ordinal))
+}
+
+/// See [`crate::cpu::layer_norm`].
+pub fn layer_norm(
+    x: &CudaStorage,
+    params: (&CudaStorage, &CudaStorage),
+    shape: (&LayerNormShape, f64),
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let _ = (params, shape);
+    Err(unavailable("layer_norm", x.ordinal))
+}
+
+/// See [`crate::cpu::layer_norm_backward`].
+pub fn layer_norm_backward(
+    x: &CudaStorage,
+    dout: &CudaStorage,
+    saved: (&CudaStorage, &CudaStorage, &CudaStorage),
+    shape: &LayerNormShape,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let _ = (dout, saved, shape);
+    Err(unavailable("layer_norm_backward", x.ordinal))
 }
 
 /// See [`crate::cpu::matmul`].

@@ -37,12 +37,14 @@ mod allocator;
 mod attention;
 mod batchnorm;
 mod capture;
+mod layernorm;
 mod staging;
 
 pub use allocator::create_allocator;
 pub use attention::{attention, attention_backward};
 pub use batchnorm::{batch_norm, batch_norm_backward};
 pub use capture::{CudaGraph, capture, replay_concurrently};
+pub use layernorm::{layer_norm, layer_norm_backward};
 pub use staging::{CopyReady, Uploader};
 
 /// Elements on a CUDA device: a block of that device's allocator.
@@ -193,6 +195,16 @@ fn unsupported(op: &'static str, dtype: DType) -> Error {
 
 fn mismatch(op: &'static str, a: DType, b: DType) -> Error {
     Error::DTypeMismatch { op, lhs: a, rhs: b }
+}
+
+/// `x` and each of `others` f32 on one device.
+fn f32_on_one_device(op: &'static str, x: &CudaStorage, others: &[&CudaStorage]) -> Result<()> {
+    want(op, x, &[DType::F32])?;
+    for s in others {
+        want(op, s, &[DType::F32])?;
+        same_device(op, x, s)?;
+    }
+    Ok(())
 }
 
 fn same_device(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {

@@ -2,17 +2,8 @@
 
 use cohort_kernels::batchnorm::{BatchNormShape, cuda as batchnorm_cuda};
 
-use super::{CudaStorage, same_device, want};
+use super::{CudaStorage, f32_on_one_device};
 use crate::{DType, Result};
-
-fn f32_on_one_device(op: &'static str, x: &CudaStorage, others: &[&CudaStorage]) -> Result<()> {
-    want(op, x, &[DType::F32])?;
-    for s in others {
-        want(op, s, &[DType::F32])?;
-        same_device(op, x, s)?;
-    }
-    Ok(())
-}
 
 /// See [`crate::cpu::batch_norm`].
 ///
