@@ -108,8 +108,8 @@ pub(crate) fn train_together(
                 .iter()
                 .map(|j| {
                     let check = vec![(j.x.clone(), j.y.clone()); 4];
-                    let (t, twin) = ((j.build)(TenantId::DEFAULT)?, (j.build)(TenantId::DEFAULT)?);
-                    Captured::new(vec![t], twin, j.x, j.y, &check)
+                    let build = || (j.build)(TenantId::DEFAULT);
+                    Captured::new(vec![build()?], [build()?, build()?], j.x, j.y, &check)
                 })
                 .collect::<Result<Vec<_>>>()?;
             let groups: Vec<&Captured> = groups.iter().collect();
