@@ -317,14 +317,19 @@ impl Bins {
 
     /// Size of the largest free chunk (0 when none).
     pub fn largest(&self, ch: &[Chunk]) -> u64 {
+        self.largest_chunk(ch).map_or(0, |n| ch[n as usize].size)
+    }
+
+    /// The largest free chunk (the highest of those of its size).
+    pub fn largest_chunk(&self, ch: &[Chunk]) -> Option<u32> {
         if self.bitmap == 0 {
-            return 0;
+            return None;
         }
         let mut n = self.roots[63 - self.bitmap.leading_zeros() as usize];
         while ch[n as usize].tree.right != NIL {
             n = ch[n as usize].tree.right;
         }
-        ch[n as usize].size
+        Some(n)
     }
 
     /// Visits every free chunk of every bin in (size, address) order (for invariant checks).

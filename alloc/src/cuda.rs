@@ -12,11 +12,11 @@ pub use stub::*;
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use std::collections::HashMap;
+    use std::collections::{HashMap, VecDeque};
     use std::sync::Arc;
 
     use cudarc::driver::sys::{self, CUresult};
-    use cudarc::driver::{CudaContext, CudaStream, DriverError};
+    use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError};
 
     use crate::error::{Error, Result};
     use crate::source::{MemorySource, PagedMemory, Region, SourceError};
@@ -190,15 +190,35 @@ mod imp {
     /// `cuMemCreate` and mapped with `cuMemMap` where blocks are, moved between virtual pages by unmap + map, access
     /// granted with one `cuMemSetAccess` per contiguous run. `reserve`/`release` fall back to `cuMemAlloc` segments.
     ///
-    /// Blocks are freed in stream order, so work queued before a free may still touch an idle page: before a page
-    /// is unmapped (moved or trimmed) the context is synchronized. Creating and mapping new pages needs no sync.
+    /// Blocks are freed in stream order, so work queued before a free may still touch an idle page. A moved
+    /// physical page is mapped at its new page at once (work using it there is queued later) and stays mapped at its
+    /// old page, which the allocator unmaps (as it trims a page) only once the stream has passed a point recorded
+    /// after its last block was freed: on the stream given to [`with_stream`](Self::with_stream) a point is an event (`cuEventRecord`, asked
+    /// with `cuEventQuery`, waited for with `cuEventSynchronize`). A source made without a stream cannot see the
+    /// blocks' stream, so its points pass only when it waits for one, by synchronizing the context.
     #[derive(Debug)]
     pub struct CudaVmm {
         segments: CudaMemory,
         ordinal: i32,
         page: u64,
         range: Option<Region>,
+        /// Virtual page → the physical page mapped there.
         handles: HashMap<u64, sys::CUmemGenericAllocationHandle>,
+        /// Physical page → how many virtual pages map it (a moved page stays mapped at its old page for a while).
+        mappings: HashMap<sys::CUmemGenericAllocationHandle, u32>,
+        points: StreamPoints,
+    }
+
+    /// The points recorded on the blocks' stream and how far it has got.
+    #[derive(Debug, Default)]
+    struct StreamPoints {
+        stream: Option<Arc<CudaStream>>,
+        /// Points recorded and not yet seen passed, oldest first, numbered `passed + 1 ..= recorded`.
+        events: VecDeque<CudaEvent>,
+        /// Events whose point passed, for reuse (creating one costs a driver call).
+        spare: Vec<CudaEvent>,
+        recorded: u64,
+        passed: u64,
     }
 
     impl CudaVmm {
@@ -211,7 +231,19 @@ mod imp {
             Self::with_context(cuda_context(ordinal)?)
         }
 
-        /// The stitched source in the given context.
+        /// The stitched source for blocks used and freed in the order of `stream` (the compute stream): a page's
+        /// last use is an event recorded on it, and a page is moved without waiting once the event has completed.
+        ///
+        /// # Errors
+        /// [`Error::Source`] when the device does not support virtual memory management.
+        pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
+            let mut vmm = Self::with_context(stream.context().clone())?;
+            vmm.points.stream = Some(stream);
+            Ok(vmm)
+        }
+
+        /// The stitched source in the given context, with no stream known: a page is moved or released only
+        /// after the context is synchronized. Prefer [`with_stream`](Self::with_stream).
         ///
         /// # Errors
         /// [`Error::Source`] when the device does not support virtual memory management.
@@ -235,6 +267,8 @@ mod imp {
                 page: 2 << 20,
                 range: None,
                 handles: HashMap::new(),
+                mappings: HashMap::new(),
+                points: StreamPoints::default(),
             };
             let prop = vmm.prop();
             let mut gran = 0usize;
@@ -270,14 +304,6 @@ mod imp {
             }
         }
 
-        /// Waits for all queued work, so that no kernel still uses a page about to be unmapped.
-        fn sync(&self) -> std::result::Result<(), SourceError> {
-            self.segments
-                .ctx
-                .synchronize()
-                .map_err(|e| failed(&self.segments.name, "cuCtxSynchronize", format!("{e:?}")))
-        }
-
         fn location(&self) -> sys::CUmemLocation {
             sys::CUmemLocation {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -311,26 +337,35 @@ mod imp {
             check(r, &self.segments.name, "cuMemUnmap", self.page)
         }
 
-        /// Undoes the first `done` pages of a failed `map`: created pages are released, moved ones go home.
-        fn rollback(&mut self, va: u64, done: u64, moved_from: &[u64]) {
+        /// Unmaps one page; its physical page is released with its last mapping.
+        fn unmap_page(&mut self, va: u64) -> std::result::Result<(), SourceError> {
+            let Some(h) = self.handles.remove(&va) else {
+                return Err(failed(
+                    &self.segments.name,
+                    "cuMemUnmap",
+                    format!("page {va:#x} is not mapped"),
+                ));
+            };
+            if let Err(e) = self.unmap_one(va) {
+                self.handles.insert(va, h);
+                return Err(e);
+            }
+            let n = self.mappings.entry(h).or_insert(1);
+            *n -= 1;
+            if *n == 0 {
+                self.mappings.remove(&h);
+                // SAFETY: `h` is mapped nowhere now and released once (its count removed).
+                let r = unsafe { sys::cuMemRelease(h) };
+                check(r, &self.segments.name, "cuMemRelease", self.page)?;
+            }
+            Ok(())
+        }
+
+        /// Undoes the first `done` pages of a failed `map`: created pages are released, moved ones stay mapped
+        /// at their old pages.
+        fn rollback(&mut self, va: u64, done: u64) {
             for i in 0..done {
-                let target = va + i * self.page;
-                let Some(h) = self.handles.remove(&target) else {
-                    continue;
-                };
-                let _ = self.unmap_one(target);
-                match moved_from.get(i as usize) {
-                    Some(&home) => {
-                        if self.map_one(home, h).is_ok() {
-                            let _ = self.set_access(home, self.page);
-                            self.handles.insert(home, h);
-                        }
-                    }
-                    None => {
-                        // SAFETY: `h` was created by this call and is no longer mapped.
-                        let _ = unsafe { sys::cuMemRelease(h) };
-                    }
-                }
+                let _ = self.unmap_page(va + i * self.page);
             }
         }
     }
@@ -385,61 +420,46 @@ mod imp {
             moved_from: &[u64],
         ) -> std::result::Result<(), SourceError> {
             bind(&self.segments.ctx, &self.segments.name)?;
-            // Pages moved here were freed in stream order: queued kernels may still read them.
-            if !moved_from.is_empty() {
-                self.sync()?;
-            }
             let prop = self.prop();
             for i in 0..pages {
                 let target = va + i * self.page;
-                let handle = match moved_from.get(i as usize) {
-                    Some(&from) => {
-                        let Some(h) = self.handles.remove(&from) else {
-                            self.rollback(va, i, moved_from);
+                let (handle, created) = match moved_from.get(i as usize) {
+                    // The page stays mapped at `from` too: queued work may still use it there.
+                    Some(from) => match self.handles.get(from) {
+                        Some(&h) => (h, false),
+                        None => {
+                            self.rollback(va, i);
                             return Err(failed(
                                 &self.segments.name,
-                                "cuMemUnmap",
-                                format!("page {from:#x} is not mapped"),
+                                "cuMemMap",
+                                format!("moving page {from:#x}, which is not mapped"),
                             ));
-                        };
-                        if let Err(e) = self.unmap_one(from) {
-                            self.handles.insert(from, h);
-                            self.rollback(va, i, moved_from);
-                            return Err(e);
                         }
-                        h
-                    }
+                    },
                     None => {
                         let mut h: sys::CUmemGenericAllocationHandle = 0;
                         // SAFETY: the context is current; `h` and `prop` are valid for the call.
                         let r = unsafe { sys::cuMemCreate(&mut h, self.page as usize, &prop, 0) };
                         if let Err(e) = check(r, &self.segments.name, "cuMemCreate", self.page) {
-                            self.rollback(va, i, moved_from);
+                            self.rollback(va, i);
                             return Err(e);
                         }
-                        h
+                        (h, true)
                     }
                 };
                 if let Err(e) = self.map_one(target, handle) {
-                    match moved_from.get(i as usize) {
-                        Some(&from) => {
-                            if self.map_one(from, handle).is_ok() {
-                                let _ = self.set_access(from, self.page);
-                                self.handles.insert(from, handle);
-                            }
-                        }
+                    if created {
                         // SAFETY: `handle` was just created and is mapped nowhere.
-                        None => unsafe {
-                            let _ = sys::cuMemRelease(handle);
-                        },
+                        let _ = unsafe { sys::cuMemRelease(handle) };
                     }
-                    self.rollback(va, i, moved_from);
+                    self.rollback(va, i);
                     return Err(e);
                 }
                 self.handles.insert(target, handle);
+                *self.mappings.entry(handle).or_insert(0) += 1;
             }
             if let Err(e) = self.set_access(va, pages * self.page) {
-                self.rollback(va, pages, moved_from);
+                self.rollback(va, pages);
                 return Err(e);
             }
             Ok(())
@@ -447,21 +467,84 @@ mod imp {
 
         fn unmap(&mut self, va: u64, pages: u64) -> std::result::Result<(), SourceError> {
             bind(&self.segments.ctx, &self.segments.name)?;
-            self.sync()?;
             for i in 0..pages {
-                let target = va + i * self.page;
-                let Some(h) = self.handles.remove(&target) else {
-                    return Err(failed(
-                        &self.segments.name,
-                        "cuMemUnmap",
-                        format!("page {target:#x} is not mapped"),
-                    ));
-                };
-                self.unmap_one(target)?;
-                // SAFETY: `h` is unmapped now and released once (removed from `handles`).
-                let r = unsafe { sys::cuMemRelease(h) };
-                check(r, &self.segments.name, "cuMemRelease", self.page)?;
+                self.unmap_page(va + i * self.page)?;
             }
+            Ok(())
+        }
+
+        fn record_point(&mut self) -> std::result::Result<u64, SourceError> {
+            let name = &self.segments.name;
+            let p = &mut self.points;
+            if let Some(stream) = &p.stream {
+                let event = match p.spare.pop() {
+                    Some(e) => e,
+                    None => stream
+                        .context()
+                        .new_event(None)
+                        .map_err(|e| failed(name, "cuEventCreate", format!("{e:?}")))?,
+                };
+                event
+                    .record(stream)
+                    .map_err(|e| failed(name, "cuEventRecord", format!("{e:?}")))?;
+                p.events.push_back(event);
+            }
+            p.recorded += 1;
+            Ok(p.recorded)
+        }
+
+        fn passed_point(&mut self) -> u64 {
+            let p = &mut self.points;
+            if p.stream.is_none() || self.segments.ctx.bind_to_thread().is_err() {
+                return p.passed;
+            }
+            while let Some(event) = p.events.front() {
+                // SAFETY: the event is live (owned here) and belongs to the current context.
+                match unsafe { sys::cuEventQuery(event.cu_event()) } {
+                    CUresult::CUDA_SUCCESS => {}
+                    CUresult::CUDA_ERROR_NOT_READY => break,
+                    other => {
+                        // Not passed as far as the allocator can tell; waiting for it reports the error.
+                        tracing::warn!("{}: cuEventQuery: {other:?}", self.segments.name);
+                        break;
+                    }
+                }
+                if let Some(e) = p.events.pop_front() {
+                    p.spare.push(e);
+                }
+                p.passed += 1;
+            }
+            p.passed
+        }
+
+        fn wait_point(&mut self, point: u64) -> std::result::Result<(), SourceError> {
+            let name = &self.segments.name;
+            let p = &mut self.points;
+            if point > p.recorded {
+                return Err(failed(
+                    name,
+                    "cuEventSynchronize",
+                    format!("point {point} was never recorded ({} were)", p.recorded),
+                ));
+            }
+            if point <= p.passed {
+                return Ok(());
+            }
+            if p.stream.is_none() {
+                self.segments
+                    .ctx
+                    .synchronize()
+                    .map_err(|e| failed(name, "cuCtxSynchronize", format!("{e:?}")))?;
+                p.passed = p.recorded;
+                return Ok(());
+            }
+            let at = (point - p.passed - 1) as usize;
+            p.events[at]
+                .synchronize()
+                .map_err(|e| failed(name, "cuEventSynchronize", format!("{e:?}")))?;
+            // Points complete in order: every one up to `point` has passed.
+            p.spare.extend(p.events.drain(..=at));
+            p.passed = point;
             Ok(())
         }
     }
@@ -471,11 +554,12 @@ mod imp {
             if self.segments.ctx.bind_to_thread().is_err() {
                 return;
             }
-            let pages: Vec<(u64, sys::CUmemGenericAllocationHandle)> =
-                self.handles.drain().collect();
-            for (va, h) in pages {
-                let _ = self.unmap_one(va);
-                // SAFETY: each handle is unmapped and released once (drained).
+            for (va, _) in self.handles.drain() {
+                // SAFETY: `va` is a mapped page of the reserved range, unmapped once (drained).
+                let _ = unsafe { sys::cuMemUnmap(va, self.page as usize) };
+            }
+            for (h, _) in self.mappings.drain() {
+                // SAFETY: each physical page is unmapped everywhere now and released once (drained).
                 let _ = unsafe { sys::cuMemRelease(h) };
             }
             if let Some(r) = self.range.take() {

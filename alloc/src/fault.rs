@@ -9,6 +9,8 @@ pub enum Fault {
     NoPageReuse,
     /// Stitched: create pages while under the page limit, whatever the idle pages and the slack.
     CreateOverMove,
+    /// Stitched: unmap a moved page's old mapping at once, whether or not the stream has passed its last use.
+    UnmapBeforePassed,
     /// Segments: reserve a new region although a cached free chunk fits.
     GrowBeforeFit,
     /// Trim keeps one wholly free region (segments) or idle page (stitched).

@@ -1,5 +1,9 @@
 //! Trace replay: real allocation sequences (`op,id,bytes` CSV, optionally gzip) through the allocator on a
 //! simulated device, with the figures that compare it to PyTorch's caching allocator.
+//!
+//! The simulated device runs [`ReplayOptions::stream_lag`] operations behind the host: a page freed at one
+//! operation may be moved without waiting only that many operations later. Waits the allocator made anyway are
+//! reported ([`ReplayReport::synchronising_moves`], [`ReplayReport::stream_waits`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -239,6 +243,18 @@ pub struct ReplayOptions {
     pub placement_candidates: usize,
     /// Stitched policy: large-arena threshold in bytes.
     pub large_block: u64,
+    /// Operations of the trace the simulated device runs behind the host (0: it keeps up).
+    #[serde(default = "default_stream_lag")]
+    pub stream_lag: u64,
+}
+
+/// The simulated device's lag behind the host, in trace operations, for [`ReplayOptions::default`]: about a
+/// quarter of a training step of the shared Transformer traces (1,100 to 1,150 operations a step), a device far
+/// behind a host that synchronizes once a step.
+pub const DEFAULT_STREAM_LAG: u64 = 256;
+
+fn default_stream_lag() -> u64 {
+    DEFAULT_STREAM_LAG
 }
 
 impl Default for ReplayOptions {
@@ -252,6 +268,7 @@ impl Default for ReplayOptions {
             idle_page_slack: DEFAULT_IDLE_PAGE_SLACK,
             placement_candidates: DEFAULT_PLACEMENT_CANDIDATES,
             large_block: DEFAULT_LARGE_BLOCK,
+            stream_lag: DEFAULT_STREAM_LAG,
         }
     }
 }
@@ -277,6 +294,10 @@ pub struct PassReport {
     pub map_calls_per_step: Option<f64>,
     /// Page moves per training step (when the step count is known).
     pub page_moves_per_step: Option<f64>,
+    /// Pages moved only after waiting for the simulated stream (each wait a device synchronisation on a GPU).
+    pub synchronising_moves: u64,
+    /// Waits for the stream, for moves or trims.
+    pub stream_waits: u64,
     /// Highest reserved bytes so far.
     pub peak_reserved_bytes: u64,
     /// Failed allocations.
@@ -308,6 +329,10 @@ pub struct ReplayReport {
     pub page_moves: u64,
     /// Physical pages created, all passes (stitched).
     pub page_creates: u64,
+    /// Pages moved only after waiting for the stream to pass their last use, all passes (stitched).
+    pub synchronising_moves: u64,
+    /// Waits for the stream, for moves or trims, all passes (stitched).
+    pub stream_waits: u64,
     /// Failed allocations, all passes.
     pub ooms: u64,
     /// Mean CPU time of one alloc or free, nanoseconds (the replaying thread's CPU clock, so that a busy machine
@@ -315,9 +340,10 @@ pub struct ReplayReport {
     pub ns_per_op: f64,
     /// Mean wall time of one alloc or free, nanoseconds.
     pub wall_ns_per_op: f64,
-    /// Stitched policy: the configured idle-page slack (the allocator grows it from the moves it
-    /// had to undo; see [`Config::idle_page_slack`](crate::Config::idle_page_slack)).
+    /// Stitched policy: the idle-page slack ([`Config::idle_page_slack`](crate::Config::idle_page_slack)).
     pub idle_page_slack: u64,
+    /// Operations the simulated device ran behind the host.
+    pub stream_lag: u64,
     /// Per pass.
     pub passes: Vec<PassReport>,
 }
@@ -361,6 +387,7 @@ pub fn allocator(options: &ReplayOptions) -> Result<Bfc<SimMemory>> {
         ReplayPolicy::Stitched => SimMemory::stitched(options.capacity),
         _ => SimMemory::new(options.capacity),
     };
+    source.stream().set_lag(options.stream_lag);
     Bfc::new(source, config)
 }
 
@@ -370,6 +397,7 @@ pub fn allocator(options: &ReplayOptions) -> Result<Bfc<SimMemory>> {
 /// Only a source failure (a bug the simulation caught); out-of-memory is counted in `ooms`, not an error.
 pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
     let bfc = allocator(options)?;
+    let stream = bfc.with_source(SimMemory::stream);
     let max_id = trace
         .ops
         .iter()
@@ -419,6 +447,7 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
                     bfc.trim();
                 }
             }
+            stream.tick();
         }
         elapsed_ns += start.elapsed().as_nanos();
         cpu_ns += match (cpu_start, thread_cpu_ns()) {
@@ -452,6 +481,8 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
                 .steps
                 .filter(|&s| s > 0)
                 .map(|s| moves as f64 / s as f64),
+            synchronising_moves: now.synchronising_moves - before.synchronising_moves,
+            stream_waits: now.stream_waits - before.stream_waits,
             peak_reserved_bytes: now.peak_reserved,
             ooms: now.ooms - before.ooms,
         });
@@ -475,6 +506,8 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
         source_calls: c.source_calls(),
         page_moves: c.page_moves,
         page_creates: c.page_creates,
+        synchronising_moves: c.synchronising_moves,
+        stream_waits: c.stream_waits,
         ooms: c.ooms,
         ns_per_op: if ops == 0 {
             0.0
@@ -487,6 +520,7 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
             elapsed_ns as f64 / ops as f64
         },
         idle_page_slack: options.idle_page_slack,
+        stream_lag: options.stream_lag,
         passes,
     })
 }

@@ -81,17 +81,33 @@ pub trait PagedMemory {
     /// When the range cannot be reserved.
     fn virtual_range(&mut self) -> Result<Region, SourceError>;
     /// Backs `pages` consecutive virtual pages from `va` with physical pages. The first `moved_from.len()` of them
-    /// are physical pages taken from the virtual pages at the addresses in `moved_from` (which become unbacked);
-    /// the rest are created. Access is granted over the whole run at once.
+    /// are the physical pages mapped at the addresses in `moved_from`, which stay mapped there too until
+    /// [`unmap`](Self::unmap)ped (queued work may still use the old addresses; the allocator unmaps them once the
+    /// stream has passed their last use); the rest are created. Access is granted over the whole run at once.
     ///
     /// # Errors
     /// [`SourceError::OutOfMemory`] when no physical page can be created.
     fn map(&mut self, va: u64, pages: u64, moved_from: &[u64]) -> Result<(), SourceError>;
-    /// Unmaps `pages` consecutive virtual pages from `va` and releases their physical memory.
+    /// Unmaps `pages` consecutive virtual pages from `va`; a physical page is released with its last mapping. The
+    /// allocator calls it only once the stream has passed the pages' last use, so the source does not wait.
     ///
     /// # Errors
     /// When the pages were not mapped or the driver fails.
     fn unmap(&mut self, va: u64, pages: u64) -> Result<(), SourceError>;
+    /// Marks the end of the work queued so far on the stream that blocks are used and freed in order on (on CUDA an
+    /// event recorded on it), without waiting. Points are numbered 1, 2, 3, … in the order they are recorded.
+    ///
+    /// # Errors
+    /// When the driver cannot record it.
+    fn record_point(&mut self) -> Result<u64, SourceError>;
+    /// The highest point the stream has passed (all work queued before it is done), asked without waiting; 0 when
+    /// none has been passed yet.
+    fn passed_point(&mut self) -> u64;
+    /// Waits until the stream has passed `point` (one recorded by [`record_point`](Self::record_point)).
+    ///
+    /// # Errors
+    /// When the driver fails while waiting.
+    fn wait_point(&mut self, point: u64) -> Result<(), SourceError>;
 }
 
 impl<S: MemorySource + ?Sized> MemorySource for Box<S> {

@@ -52,6 +52,16 @@ pub struct Counters {
     pub page_moves: u64,
     /// Stitched layout: physical pages released (trim).
     pub page_releases: u64,
+    /// Stitched layout: unmap calls of retired pages (one per contiguous run), the old mappings of moved pages.
+    #[serde(default)]
+    pub unmap_calls: u64,
+    /// Stitched layout: pages backed only after waiting for the stream: a block landed on a page whose physical
+    /// page a move took while queued work could still use the old mapping. 0 in steady state.
+    #[serde(default)]
+    pub synchronising_moves: u64,
+    /// Stitched layout: waits for the stream, for a move or a trim.
+    #[serde(default)]
+    pub stream_waits: u64,
     /// Trims done (by the user or before failing an allocation).
     pub trims: u64,
     /// Largest single request.
@@ -61,7 +71,11 @@ pub struct Counters {
 impl Counters {
     /// Calls to the source of any kind: the cost that a cached allocation avoids.
     pub fn source_calls(&self) -> u64 {
-        self.source_reserves + self.source_releases + self.map_calls + self.page_releases
+        self.source_reserves
+            + self.source_releases
+            + self.map_calls
+            + self.unmap_calls
+            + self.page_releases
     }
 }
 
@@ -113,6 +127,13 @@ pub struct MemoryReport {
     pub pages_mapped: u64,
     /// Stitched layout: mapped pages that no live block touches.
     pub pages_idle: u64,
+    /// Stitched layout: idle pages whose last use the stream was not yet seen to pass (not movable without a wait).
+    #[serde(default)]
+    pub pages_pending: u64,
+    /// Stitched layout: pages still mapped to a physical page that a move gave to another page, until the stream
+    /// passes their last use (they hold no physical memory of their own).
+    #[serde(default)]
+    pub pages_retired: u64,
     /// Counters.
     #[serde(flatten)]
     pub counters: Counters,
@@ -187,15 +208,20 @@ impl fmt::Display for MemoryReport {
         if self.page_size > 0 {
             writeln!(
                 f,
-                "  {:<28}{} mapped, {} idle, of {}; {} created, {} moved, {} released in {} map calls",
+                "  {:<28}{} mapped, {} idle ({} pending), {} retired, of {}; {} created, {} moved ({} after a wait), \
+                 {} released in {} map calls; {} stream waits",
                 "pages",
                 self.pages_mapped,
                 self.pages_idle,
+                self.pages_pending,
+                self.pages_retired,
                 fmt_bytes(self.page_size),
                 c.page_creates,
                 c.page_moves,
+                c.synchronising_moves,
                 c.page_releases,
-                c.map_calls
+                c.map_calls,
+                c.stream_waits
             )?;
         }
         writeln!(

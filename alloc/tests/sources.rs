@@ -156,6 +156,67 @@ mod gpu {
         bfc.check_invariants().unwrap();
     }
 
+    /// With the compute stream known, a page freed while queued work still uses it moves without waiting: the
+    /// stream is still busy after the move, and work queued after it sees the new block's data.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn cuda_stitched_moves_pages_without_waiting_for_the_stream() {
+        let _turn = exclusive();
+        let stream = cohort_alloc::cuda_context(0).unwrap().new_stream().unwrap();
+        let config = Config::builder()
+            .idle_page_slack(0)
+            .large_block(u64::MAX)
+            .build()
+            .unwrap();
+        let bfc = Bfc::new(CudaVmm::with_stream(stream.clone()).unwrap(), config).unwrap();
+        let a = bfc.alloc((64 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        let b = bfc.alloc((2 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        write(b.ptr, &pattern(5, (2 * MIB / 4) as usize));
+        let words = (64 * MIB / 4) as usize;
+        // Tens of milliseconds of queued work on a, which is freed (in stream order) at once.
+        for k in 0..2000u32 {
+            // SAFETY: `a` is 64 MiB of device memory; the stream belongs to the current context.
+            let r = unsafe { sys::cuMemsetD32Async(a.ptr, k, words, stream.cu_stream()) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        }
+        bfc.free(a);
+        let before = bfc.counters();
+        // Too large for a's hole, so past b: 32 of its 33 pages are a's, moved while the memsets still run.
+        let d = bfc.alloc((66 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        // SAFETY: the stream is live.
+        let busy = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+        let c = bfc.counters();
+        assert_eq!(c.page_moves - before.page_moves, 32, "{c:?}");
+        assert_eq!((c.stream_waits, c.synchronising_moves), (0, 0), "{c:?}");
+        assert_eq!(
+            busy,
+            sys::CUresult::CUDA_ERROR_NOT_READY,
+            "the move waited for the stream"
+        );
+        assert_eq!(bfc.stats().pages_retired, 32);
+        let d_words = (66 * MIB / 4) as usize;
+        // SAFETY: `d` is 66 MiB of device memory; queued after the memsets on a.
+        let r = unsafe { sys::cuMemsetD32Async(d.ptr, 0xD00D, d_words, stream.cu_stream()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        stream.synchronize().unwrap();
+        assert!(read(d.ptr, d_words).iter().all(|&x| x == 0xD00D));
+        assert_eq!(
+            read(b.ptr, (2 * MIB / 4) as usize),
+            pattern(5, (2 * MIB / 4) as usize)
+        );
+        // The stream has passed a's last use: the next page fault (in a's hole) unmaps the old pages, no wait.
+        let e = bfc.alloc((4 * MIB) as usize, TenantId::DEFAULT).unwrap();
+        let s = bfc.stats();
+        assert_eq!((s.pages_retired, s.counters.stream_waits), (0, 0), "{s}");
+        for x in [b, d, e] {
+            bfc.free(x);
+        }
+        bfc.check_invariants().unwrap();
+        stream.synchronize().unwrap();
+        assert!(bfc.trim() > 0);
+        assert_eq!(bfc.counters().reserved, 0);
+    }
+
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn cuda_async_backend_written_and_read_back() {

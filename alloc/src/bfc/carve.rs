@@ -25,25 +25,6 @@ impl<S: MemorySource> Inner<S> {
         u
     }
 
-    /// Like [`carve`](Self::carve), but the block takes the end of free chunk `i`.
-    pub(super) fn carve_end(&mut self, i: u32, rounded: u64, tenant: TenantId) -> u32 {
-        let c = self.chunks.v[i as usize];
-        if c.size - rounded < GRANULE {
-            self.bin_remove(i);
-            return self.mark_used(i, tenant);
-        }
-        let at = c.ptr + c.size - rounded;
-        let u = self
-            .chunks
-            .add(piece_of(&c, at, rounded, (i, c.next), tenant));
-        if c.next != NIL {
-            self.chunks.v[c.next as usize].prev = u;
-        }
-        self.chunks.v[i as usize].next = u;
-        self.resize_free(i, c.ptr, c.size - rounded);
-        u
-    }
-
     /// Splits free chunk `i` after its first `pad` bytes; returns the (free, binned) second part.
     pub(super) fn split_front(&mut self, i: u32, pad: u64) -> u32 {
         let c = self.chunks.v[i as usize];

@@ -181,6 +181,8 @@ impl<S: MemorySource> Inner<S> {
                 }
                 let mut mapped = 0;
                 let mut idle = 0;
+                let mut ready = 0;
+                let mut retired = 0;
                 let mut touched = 0;
                 for (p, &n) in counts.iter().enumerate() {
                     if pt.live(p as u32) != n {
@@ -189,10 +191,28 @@ impl<S: MemorySource> Inner<S> {
                             pt.live(p as u32)
                         ));
                     }
+                    let (is_retired, _, retired_use) = pt.state(p as u32);
+                    if is_retired {
+                        retired += 1;
+                        if n > 0 || pt.is_mapped(p as u32) {
+                            return Err(format!(
+                                "retired page {p} (last use at point {retired_use}) is live or owns a page"
+                            ));
+                        }
+                    }
                     if pt.is_mapped(p as u32) {
                         mapped += 1;
                         if n == 0 {
                             idle += 1;
+                            let (_, is_ready, last_use) = pt.state(p as u32);
+                            ready += u64::from(is_ready);
+                            if is_ready != (last_use <= pt.passed) {
+                                return Err(format!(
+                                    "idle page {p}: ready {is_ready}, last use at point {last_use}, the stream \
+                                     passed point {}",
+                                    pt.passed
+                                ));
+                            }
                         }
                     }
                     if n > 0 {
@@ -203,6 +223,12 @@ impl<S: MemorySource> Inner<S> {
                     return Err(format!(
                         "pages: {mapped} mapped / {idle} idle / {touched} touched, tracked {} / {} / {}",
                         pt.mapped, pt.idle, pt.touched
+                    ));
+                }
+                if ready != pt.ready || retired != pt.retired {
+                    return Err(format!(
+                        "{ready} idle pages ready and {retired} retired, tracked {} and {}",
+                        pt.ready, pt.retired
                     ));
                 }
                 if mapped * pt.size != self.c.reserved {

@@ -17,6 +17,7 @@ use crate::tenant::{Tenant, TenantId, TenantLimits};
 mod carve;
 mod check;
 mod park;
+mod points;
 mod segments;
 mod stitched;
 
@@ -95,16 +96,11 @@ struct Inner<S> {
     pages: Option<PageTable>,
     /// Stitched layout: the most pages that may be mapped.
     page_limit: u64,
-    /// Stitched layout: idle pages kept beyond the configured slack, learnt from moves that were undone.
-    grown_slack: u64,
-    /// The call in progress may not synchronize the device ([`Bfc::alloc_without_sync`]).
+    /// The call in progress may not wait for the stream or record on it ([`Bfc::alloc_without_sync`]).
     no_sync: bool,
     tenants: Vec<Tenant>,
     unmet_total: u64,
     c: Counters,
-    /// The highest `c.in_use` ever: unlike `c.peak_in_use`, which [`Bfc::reset_peak`] restarts, it caps the
-    /// stitched layout's grown slack, so that measuring a phase's peak does not change how blocks are placed.
-    high_water: u64,
     events: Option<EventLog>,
     first_use: Option<&'static Location<'static>>,
     scratch: Vec<u64>,
@@ -135,12 +131,10 @@ impl<S: MemorySource> Bfc<S> {
             regions: Vec::new(),
             pages: None,
             page_limit: 0,
-            grown_slack: 0,
             no_sync: false,
             tenants: vec![Tenant::new("default".into(), TenantLimits::unlimited())],
             unmet_total: 0,
             c: Counters::default(),
-            high_water: 0,
             events: (config.record_events > 0).then(|| EventLog::new(config.record_events)),
             first_use: None,
             scratch: Vec::new(),
@@ -174,10 +168,10 @@ impl<S: MemorySource> Bfc<S> {
         self.alloc_at(bytes, tenant, Location::caller(), false)
     }
 
-    /// As [`alloc`](Self::alloc), but never synchronizes the device: pages are created, never moved
-    /// from idle blocks (a move unmaps them, which waits for the device), and an out-of-memory is
-    /// reported without the trim and retry. For callers that may not synchronize, such as a CUDA
-    /// graph's private pool growing during its capture.
+    /// As [`alloc`](Self::alloc), but never waits for the stream nor records a point on it: only idle pages
+    /// whose last use the stream was already seen to pass are moved, others are created, and an out-of-memory is
+    /// reported without the trim and retry. For callers that may not synchronize, such as a CUDA graph's private
+    /// pool growing during its capture.
     ///
     /// # Errors
     /// As [`alloc`](Self::alloc).
@@ -271,7 +265,8 @@ impl<S: MemorySource> Bfc<S> {
     }
 
     /// Returns wholly free regions (segments) or idle pages (stitched) to the source; the bytes given back.
-    /// A source failure is logged through `tracing`.
+    /// Stitched: idle pages whose last use the stream has not passed yet are waited for (one wait, counted in
+    /// [`Counters::stream_waits`]). A source failure is logged through `tracing`.
     pub fn trim(&self) -> u64 {
         self.lock().trim()
     }
@@ -693,7 +688,6 @@ impl<S: MemorySource> Inner<S> {
         self.unmet_total = self.unmet_total - before + after;
         self.c.in_use += rounded;
         self.c.peak_in_use = self.c.peak_in_use.max(self.c.in_use);
-        self.high_water = self.high_water.max(self.c.in_use);
         self.c.allocs += 1;
         self.c.live_blocks += 1;
         self.c.largest_alloc = self.c.largest_alloc.max(bytes);
@@ -817,8 +811,6 @@ impl<S: MemorySource> Inner<S> {
     fn trim(&mut self) -> u64 {
         self.unpark();
         self.c.trims += 1;
-        // Memory given back is a fresh start: the slack learnt from earlier steps goes too.
-        self.grown_slack = 0;
         let before = self.c.reserved;
         if self.stitched() {
             self.trim_pages();
@@ -887,6 +879,8 @@ impl<S: MemorySource> Inner<S> {
             page_size: self.pages.as_ref().map_or(0, |p| p.size),
             pages_mapped: self.pages.as_ref().map_or(0, |p| p.mapped),
             pages_idle: self.pages.as_ref().map_or(0, |p| p.idle),
+            pages_pending: self.pages.as_ref().map_or(0, |p| p.pending()),
+            pages_retired: self.pages.as_ref().map_or(0, |p| p.retired),
             counters: self.c,
             tenants: self
                 .tenants

@@ -15,10 +15,9 @@ use crate::tenant::TenantId;
 
 impl<S: MemorySource> Inner<S> {
     /// Parks used chunk `i`, whose free has been accounted, after finishing the free of the block parked before;
-    /// `false` (nothing done) where parking is off: no cache, or the stitched layout's page-aware placement.
+    /// `false` (nothing done) where parking is off (no cache).
     pub(super) fn park(&mut self, i: u32) -> bool {
-        let candidates = self.stitched() && self.config.placement_candidates > 1;
-        if !self.caches() || candidates || self.faulty(Fault::NoParking) {
+        if !self.caches() || self.faulty(Fault::NoParking) {
             return false;
         }
         self.unpark();

@@ -1,6 +1,6 @@
 //! `replay FILE.csv[.gz] [--policy stitched|growth|preallocate] [--limit BYTES] [--passes N] [--steps N]
-//! [--idle-page-slack PAGES] [--capacity BYTES]`: replays an allocation trace on a simulated device and prints one
-//! line of JSON.
+//! [--idle-page-slack PAGES] [--stream-lag OPS] [--capacity BYTES]`: replays an allocation trace on a simulated
+//! device and prints one line of JSON (with `synchronising_moves`: pages moved only after waiting for the device).
 
 use std::path::PathBuf;
 
@@ -9,7 +9,7 @@ use cohort_alloc::parse_bytes;
 use cohort_alloc::replay::{ReplayOptions, read_trace, replay};
 
 const USAGE: &str = "usage: replay FILE.csv[.gz] [--policy stitched|growth|preallocate] [--limit BYTES] \
-                     [--passes N] [--steps N] [--idle-page-slack PAGES] [--placement-candidates N] [--large-block BYTES] [--capacity BYTES]";
+                     [--passes N] [--steps N] [--idle-page-slack PAGES] [--stream-lag OPS] [--placement-candidates N] [--large-block BYTES] [--capacity BYTES]";
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -50,6 +50,11 @@ fn main() -> Result<()> {
                 opts.idle_page_slack = value("--idle-page-slack")?
                     .parse()
                     .context("--idle-page-slack: expected a number of pages")?;
+            }
+            "--stream-lag" => {
+                opts.stream_lag = value("--stream-lag")?
+                    .parse()
+                    .context("--stream-lag: expected a number of trace operations")?;
             }
             "--large-block" => {
                 let v = value("--large-block")?;

@@ -201,7 +201,11 @@ pub fn create_allocator(ordinal: usize) -> Result<Arc<dyn DeviceAllocator>> {
         .env()?
         .device(cohort_alloc::DeviceSelector::Cuda(ordinal))
         .build()?;
-    let bfc = Arc::new(cohort_alloc::device_allocator(&config)?);
+    // Blocks are used and freed in the compute stream's order: pages move without waiting for the device.
+    let bfc = Arc::new(cohort_alloc::stream_allocator(
+        &config,
+        gpu.compute_stream().clone(),
+    )?);
     let runtime = bfc.add_tenant("cuda runtime", TenantLimits::unlimited())?;
     let bus_id = gpu.pci_bus_id().ok();
     let outside_pool_at_start = bus_id.as_deref().and_then(nvml::process_bytes);

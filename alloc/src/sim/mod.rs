@@ -1,9 +1,13 @@
-//! `SimMemory`: a fake address space with a capacity, touching no real memory.
+//! `SimMemory`: a fake address space with a capacity, touching no real memory, and a simulated stream.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::error::Error;
 use crate::source::{MemorySource, PagedMemory, Region, SourceError};
+
+mod stream;
+
+pub use stream::SimStream;
 
 /// First address handed out: far from zero so that a stray null never looks valid.
 const BASE: u64 = 1 << 40;
@@ -23,14 +27,22 @@ pub struct SimCounters {
     pub page_moves: u64,
     /// Physical pages released by `unmap`.
     pub page_releases: u64,
+    /// Points recorded on the stream.
+    pub points_recorded: u64,
+    /// Waits for the stream to pass a point it had not passed.
+    pub stream_waits: u64,
 }
 
 /// A simulated device: addresses and a capacity, no memory behind them.
 ///
 /// In the segment layout ([`SimMemory::new`]) every `reserve` is a new, separate region. In the stitched layout
 /// ([`SimMemory::stitched`]) it models CUDA's virtual memory API: one virtual range, physical pages of
-/// `page_size` bytes mapped into it on demand, moves counted. It checks every call (no double mapping, no release of
+/// `page_size` bytes mapped into it on demand, moves counted (a moved physical page stays mapped at its old virtual
+/// page too until that is unmapped, and is released with its last mapping). It checks every call (no double mapping, no release of
 /// an unknown region), so tests and replays catch allocator bugs.
+///
+/// Its [`SimStream`] models the device's progress through queued work, so that the points the allocator records
+/// (a page's last use) pass only when the simulated device gets there.
 #[derive(Debug)]
 pub struct SimMemory {
     capacity: u64,
@@ -39,13 +51,22 @@ pub struct SimMemory {
     regions: BTreeMap<u64, u64>,
     paged: Option<SimPages>,
     counters: SimCounters,
+    stream: SimStream,
+    /// The tick each point not yet seen passed was recorded at; they are numbered `passed + 1 ..= recorded`.
+    points: VecDeque<u64>,
+    recorded: u64,
+    passed: u64,
 }
 
 #[derive(Debug)]
 struct SimPages {
     page: u64,
     range: Option<Region>,
-    mapped: HashSet<u64>,
+    /// Virtual page → the physical page mapped there.
+    mapped: HashMap<u64, u64>,
+    /// Physical page → how many virtual pages map it (a move maps it at its new page before the old one goes).
+    mappings: HashMap<u64, u32>,
+    next_physical: u64,
 }
 
 impl SimMemory {
@@ -58,6 +79,10 @@ impl SimMemory {
             regions: BTreeMap::new(),
             paged: None,
             counters: SimCounters::default(),
+            stream: SimStream::default(),
+            points: VecDeque::new(),
+            recorded: 0,
+            passed: 0,
         }
     }
 
@@ -73,7 +98,9 @@ impl SimMemory {
         s.paged = Some(SimPages {
             page,
             range: None,
-            mapped: HashSet::new(),
+            mapped: HashMap::new(),
+            mappings: HashMap::new(),
+            next_physical: 0,
         });
         s
     }
@@ -86,6 +113,18 @@ impl SimMemory {
     /// Bytes of (simulated) physical memory in use.
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// A handle on the simulated stream (clones share it), to make the device lag behind or catch up.
+    pub fn stream(&self) -> SimStream {
+        self.stream.clone()
+    }
+
+    /// Whether the virtual page at `va` is backed by a physical page (stitched sources).
+    pub fn is_mapped(&self, va: u64) -> bool {
+        self.paged
+            .as_ref()
+            .is_some_and(|p| p.mapped.contains_key(&va))
     }
 
     fn failed(detail: String, call: &'static str) -> SourceError {
@@ -214,21 +253,29 @@ impl PagedMemory for SimMemory {
                 "map",
             ));
         }
+        if let Some(i) = (0..pages).find(|i| p.mapped.contains_key(&(va + i * page))) {
+            return Err(Self::failed(
+                format!("page {:#x} is already mapped", va + i * page),
+                "map",
+            ));
+        }
+        let mut physical = Vec::with_capacity(pages as usize);
         for &from in moved_from {
-            if !p.mapped.remove(&from) {
+            let Some(&ph) = p.mapped.get(&from) else {
                 return Err(Self::failed(
                     format!("moving page {from:#x}, which is not mapped"),
                     "map",
                 ));
-            }
+            };
+            physical.push(ph);
         }
-        for i in 0..pages {
-            if !p.mapped.insert(va + i * page) {
-                return Err(Self::failed(
-                    format!("page {:#x} is already mapped", va + i * page),
-                    "map",
-                ));
-            }
+        for _ in moved_from.len() as u64..pages {
+            physical.push(p.next_physical);
+            p.next_physical += 1;
+        }
+        for (i, ph) in physical.into_iter().enumerate() {
+            p.mapped.insert(va + i as u64 * page, ph);
+            *p.mappings.entry(ph).or_insert(0) += 1;
         }
         self.used += created * page;
         self.counters.map_calls += 1;
@@ -240,16 +287,64 @@ impl PagedMemory for SimMemory {
     fn unmap(&mut self, va: u64, pages: u64) -> Result<(), SourceError> {
         let page = self.page_size();
         let p = self.pages_mut();
+        let mut released = 0;
         for i in 0..pages {
-            if !p.mapped.remove(&(va + i * page)) {
+            let Some(ph) = p.mapped.remove(&(va + i * page)) else {
                 return Err(Self::failed(
                     format!("unmapping page {:#x}, which is not mapped", va + i * page),
                     "unmap",
                 ));
+            };
+            let n = p
+                .mappings
+                .get_mut(&ph)
+                .expect("a mapped page counts its mappings");
+            *n -= 1;
+            if *n == 0 {
+                p.mappings.remove(&ph);
+                released += 1;
             }
         }
-        self.used -= pages * page;
-        self.counters.page_releases += pages;
+        self.used -= released * page;
+        self.counters.page_releases += released;
+        Ok(())
+    }
+
+    fn record_point(&mut self) -> Result<u64, SourceError> {
+        self.recorded += 1;
+        self.points.push_back(self.stream.now());
+        self.counters.points_recorded += 1;
+        Ok(self.recorded)
+    }
+
+    fn passed_point(&mut self) -> u64 {
+        while let Some(&tick) = self.points.front() {
+            if !self.stream.passed(tick) {
+                break;
+            }
+            self.points.pop_front();
+            self.passed += 1;
+        }
+        self.passed
+    }
+
+    fn wait_point(&mut self, point: u64) -> Result<(), SourceError> {
+        if point > self.recorded {
+            return Err(Self::failed(
+                format!(
+                    "waiting for point {point}, of which only {} were recorded",
+                    self.recorded
+                ),
+                "wait_point",
+            ));
+        }
+        if point <= self.passed_point() {
+            return Ok(());
+        }
+        let tick = self.points[(point - self.passed - 1) as usize];
+        self.stream.finish(tick);
+        self.counters.stream_waits += 1;
+        self.passed_point();
         Ok(())
     }
 }
