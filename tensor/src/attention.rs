@@ -3,8 +3,9 @@
 
 use cohort_kernels::attention::AttentionShape;
 
+use crate::backend::Attention;
 use crate::storage::{Storage, on_cpu, on_cuda};
-use crate::{Error, Result, Tensor, cpu, cuda};
+use crate::{Error, Result, Tensor};
 
 /// Which keys each query of [`Tensor::attention`] sees.
 #[derive(Clone, Copy, Debug, Default)]
@@ -34,12 +35,12 @@ impl Tensor {
         let ts: Vec<&Tensor> = [self].into_iter().chain(mask.keys).collect();
         let (out, lse) = Tensor::read_all(&ts, |s| -> Result<_> {
             if let Some(c) = on_cpu(s) {
-                let (o, l) = cpu::attention(c[0], c.get(1).copied(), &shape)?;
+                let (o, l) = c[0].attention(c.get(1).copied(), &shape)?;
                 return Ok((Storage::Cpu(o), Storage::Cpu(l)));
             }
             let g =
                 on_cuda(s).ok_or_else(|| self.device_mismatch(OP, mask.keys.unwrap_or(self)))?;
-            let (o, l) = cuda::attention(g[0], g.get(1).copied(), &shape)?;
+            let (o, l) = g[0].attention(g.get(1).copied(), &shape)?;
             Ok((Storage::Cuda(o), Storage::Cuda(l)))
         })?;
         let (n, l, d) = (shape.seqs, shape.len, shape.width());
@@ -89,8 +90,7 @@ impl Tensor {
         let grad = Tensor::read_all(&ts, |s| -> Result<_> {
             if let Some(c) = on_cpu(s) {
                 let saved = (c[1], c[2], c[3]);
-                return Ok(Storage::Cpu(cpu::attention_backward(
-                    c[0],
+                return Ok(Storage::Cpu(c[0].attention_backward(
                     c.get(4).copied(),
                     saved,
                     &shape,
@@ -98,8 +98,7 @@ impl Tensor {
             }
             let g = on_cuda(s).ok_or_else(|| self.device_mismatch(OP, out))?;
             let saved = (g[1], g[2], g[3]);
-            Ok(Storage::Cuda(cuda::attention_backward(
-                g[0],
+            Ok(Storage::Cuda(g[0].attention_backward(
                 g.get(4).copied(),
                 saved,
                 &shape,

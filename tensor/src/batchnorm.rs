@@ -3,8 +3,9 @@
 
 use cohort_kernels::batchnorm::BatchNormShape;
 
+use crate::backend::Normalization;
 use crate::storage::{Storage, on_cpu, on_cuda};
-use crate::{Error, Result, Tensor, cpu, cuda};
+use crate::{Error, Result, Tensor};
 
 /// The running statistics a training step of [`Tensor::batch_norm`] moves towards the batch's, in place:
 /// `running = (1 - momentum) · running + momentum · batch`, the variance unbiased (PyTorch's rule).
@@ -65,7 +66,7 @@ impl Tensor {
                     Some(_) => return Err(mismatch()),
                     None => None,
                 };
-                let (y, m, i) = cpu::batch_norm(c[0], (c[1], c[2]), (&shape, eps), relu, r)?;
+                let (y, m, i) = c[0].batch_norm((c[1], c[2]), (&shape, eps), relu, r)?;
                 return Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(i)));
             }
             let g = on_cuda(s).ok_or_else(mismatch)?;
@@ -74,7 +75,7 @@ impl Tensor {
                 Some(_) => return Err(mismatch()),
                 None => None,
             };
-            let (y, m, i) = cuda::batch_norm(g[0], (g[1], g[2]), (&shape, eps), relu, r)?;
+            let (y, m, i) = g[0].batch_norm((g[1], g[2]), (&shape, eps), relu, r)?;
             Ok((Storage::Cuda(y), Storage::Cuda(m), Storage::Cuda(i)))
         })?;
         Ok((
@@ -113,13 +114,12 @@ impl Tensor {
             if let Some(c) = on_cpu(s) {
                 let saved = (c[2], c[3], c[4]);
                 let (dx, dw, db) =
-                    cpu::batch_norm_backward(c[0], c.get(5).copied(), c[1], saved, &shape)?;
+                    c[0].batch_norm_backward(c.get(5).copied(), c[1], saved, &shape)?;
                 return Ok((Storage::Cpu(dx), Storage::Cpu(dw), Storage::Cpu(db)));
             }
             let g = on_cuda(s).ok_or_else(|| self.device_mismatch(OP, dout))?;
             let saved = (g[2], g[3], g[4]);
-            let (dx, dw, db) =
-                cuda::batch_norm_backward(g[0], g.get(5).copied(), g[1], saved, &shape)?;
+            let (dx, dw, db) = g[0].batch_norm_backward(g.get(5).copied(), g[1], saved, &shape)?;
             Ok((Storage::Cuda(dx), Storage::Cuda(dw), Storage::Cuda(db)))
         })?;
         Ok((

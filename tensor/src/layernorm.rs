@@ -3,8 +3,9 @@
 
 use cohort_kernels::layernorm::LayerNormShape;
 
+use crate::backend::Normalization;
 use crate::storage::{Storage, on_cpu, on_cuda};
-use crate::{Error, Result, Tensor, cpu, cuda};
+use crate::{Error, Result, Tensor};
 
 impl Tensor {
     /// Layer normalization of `self`, `[members, ..., dim]`: each row of `dim` elements normalized by its mean
@@ -28,11 +29,11 @@ impl Tensor {
         let mismatch = || self.device_mismatch(OP, weight);
         let (out, mean, invstd) = Tensor::read_all(&[self, weight, bias], |s| -> Result<_> {
             if let Some(c) = on_cpu(s) {
-                let (y, m, i) = cpu::layer_norm(c[0], (c[1], c[2]), (&shape, eps))?;
+                let (y, m, i) = c[0].layer_norm((c[1], c[2]), (&shape, eps))?;
                 return Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(i)));
             }
             let g = on_cuda(s).ok_or_else(mismatch)?;
-            let (y, m, i) = cuda::layer_norm(g[0], (g[1], g[2]), (&shape, eps))?;
+            let (y, m, i) = g[0].layer_norm((g[1], g[2]), (&shape, eps))?;
             Ok((Storage::Cuda(y), Storage::Cuda(m), Storage::Cuda(i)))
         })?;
         let stats = vec![shape.members, shape.rows];
@@ -66,12 +67,11 @@ impl Tensor {
             Tensor::read_all(&[self, dout, mean, invstd, weight], |s| -> Result<_> {
                 if let Some(c) = on_cpu(s) {
                     let (dx, dw, db) =
-                        cpu::layer_norm_backward(c[0], c[1], (c[2], c[3], c[4]), &shape)?;
+                        c[0].layer_norm_backward(c[1], (c[2], c[3], c[4]), &shape)?;
                     return Ok((Storage::Cpu(dx), Storage::Cpu(dw), Storage::Cpu(db)));
                 }
                 let g = on_cuda(s).ok_or_else(|| self.device_mismatch(OP, dout))?;
-                let (dx, dw, db) =
-                    cuda::layer_norm_backward(g[0], g[1], (g[2], g[3], g[4]), &shape)?;
+                let (dx, dw, db) = g[0].layer_norm_backward(g[1], (g[2], g[3], g[4]), &shape)?;
                 Ok((Storage::Cuda(dx), Storage::Cuda(dw), Storage::Cuda(db)))
             })?;
         Ok((

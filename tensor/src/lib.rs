@@ -33,6 +33,7 @@
 //! ```
 
 mod attention;
+pub mod backend;
 mod batchnorm;
 pub mod cpu;
 pub mod cuda;

@@ -10,9 +10,13 @@ use cohort_kernels::pool::PoolParams;
 use cohort_kernels::reduce::{ReduceOp, ReduceShape};
 use cohort_kernels::unary::UnaryOp;
 
-use crate::storage::Storage;
-use crate::tensor::elem_count;
-use crate::{DType, Error, Precision, Result, Tensor, cpu, cuda};
+use crate::backend::{
+    Convolutions, CudaBackend, Elementwise, Indexing, OptimizerSteps, Products, Reductions,
+};
+use crate::cuda::CudaStorage;
+use crate::storage::{OfBackend, Storage};
+use crate::tensor::{elem_count, map1, map2, mutate2};
+use crate::{DType, Error, Precision, Result, Tensor};
 
 /// The numpy broadcast of two shapes.
 ///
@@ -53,22 +57,13 @@ impl Tensor {
         self.same_dtype(name, rhs)?;
         let out = broadcast_shape(name, &self.shape, &rhs.shape)?;
         let (ls, rs) = (self.shape.clone(), rhs.shape.clone());
-        self.map2(
-            name,
-            rhs,
-            out.clone(),
-            |a, b| cpu::binary(op, a, &ls, b, &rs, &out),
-            |a, b| cuda::binary(op, a, &ls, b, &rs, &out),
-        )
+        map2!(self, name, rhs, out.clone(), |a, b| a
+            .binary(op, &ls, b, &rs, &out))
     }
 
     fn unary_op(&self, op: UnaryOp) -> Result<Tensor> {
         self.require_float(op.name())?;
-        self.map1(
-            self.shape.clone(),
-            |s| cpu::unary(op, s),
-            |s| cuda::unary(op, s),
-        )
+        map1!(self, self.shape.clone(), |s| s.unary(op))
     }
 
     /// `self + rhs`, broadcasting.
@@ -305,10 +300,10 @@ impl Tensor {
         let (mg, tg, fg) = (m.read(), t.read(), f.read());
         let out = match (&*mg, &*tg, &*fg) {
             (Storage::Cpu(m), Storage::Cpu(t), Storage::Cpu(f)) => {
-                Storage::Cpu(cpu::where_cond(m, t, f)?)
+                Storage::Cpu(m.where_cond(t, f)?)
             }
             (Storage::Cuda(m), Storage::Cuda(t), Storage::Cuda(f)) => {
-                Storage::Cuda(cuda::where_cond(m, t, f)?)
+                Storage::Cuda(m.where_cond(t, f)?)
             }
             _ => return Err(mask.device_mismatch(OP, on_true)),
         };
@@ -358,7 +353,7 @@ impl Tensor {
         let rs = self.split_at_dim(dim);
         let mut shape = self.shape.clone();
         shape.remove(dim);
-        self.map1(shape, |s| cpu::argmax(s, rs), |s| cuda::argmax(s, rs))
+        map1!(self, shape, |s| s.argmax(rs))
     }
 
     /// Sum of all elements, shape `[]`.
@@ -391,11 +386,7 @@ impl Tensor {
                 reason: "needs rank >= 1".into(),
             });
         };
-        self.map1(
-            self.shape.clone(),
-            |s| cpu::softmax_last(s, cols, log),
-            |s| cuda::softmax_last(s, cols, log),
-        )
+        map1!(self, self.shape.clone(), |s| s.softmax_last(cols, log))
     }
 
     /// Softmax along the last dim.
@@ -438,13 +429,7 @@ impl Tensor {
             return self.matmul_under(rhs, (trans_lhs, trans_rhs), math);
         }
         let (shape, out) = self.matmul_shape(rhs, trans_lhs, trans_rhs)?;
-        self.map2(
-            OP,
-            rhs,
-            out,
-            |a, b| cpu::matmul(a, b, &shape),
-            |a, b| cuda::matmul(a, b, &shape),
-        )
+        map2!(self, OP, rhs, out, |a, b| a.matmul(b, &shape))
     }
 
     /// `self · w + bias`, then a ReLU when `relu`: a Linear layer's forward. `self` `[.., m, k]`
@@ -486,18 +471,21 @@ impl Tensor {
             // One CPU kernel: each product finished (bias, product, ReLU) while its output is in cache.
             let y = Tensor::read_all(&[self, w, bias], |st| match (st[0], st[1], st[2]) {
                 (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(b)) => {
-                    cpu::linear(x, w, b, stride, relu, &shape)
+                    x.linear(w, b, &shape, stride, relu)
                 }
                 _ => Err(self.device_mismatch("linear", bias)),
             })?;
-            return Ok(Tensor::from_storage(Storage::Cpu(y), out));
+            // The CPU always has the fused kernel (`None` is CUDA's answer only).
+            if let Some(y) = y {
+                return Ok(Tensor::from_storage(Storage::Cpu(y), out));
+            }
         }
         if let Some(stride) = stride
             && bias.dtype == self.dtype
         {
             let y = Tensor::read_all(&[self, w, bias], |st| match (st[0], st[1], st[2]) {
                 (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => {
-                    cuda::linear(x, w, b, &shape, stride, relu)
+                    x.linear(w, b, &shape, stride, relu)
                 }
                 _ => Ok(None),
             })?;
@@ -538,7 +526,7 @@ impl Tensor {
         let sums_shape = vec![g.shape[0], 1, g.shape[2]];
         let side = if self.device().is_cuda() {
             Tensor::read_all(&[self, g], |st| match (st[0], st[1]) {
-                (Storage::Cuda(x), Storage::Cuda(gv)) => cuda::linear_grads_on_side(x, gv, &shape),
+                (Storage::Cuda(x), Storage::Cuda(gv)) => x.linear_grads_on_side(gv, &shape),
                 _ => Ok(None),
             })?
         } else {
@@ -722,15 +710,15 @@ impl Tensor {
         let (xg, wg) = (self.read(), weight.read());
         let bg = bias.map(Tensor::read);
         let s = match (&*xg, &*wg, bg.as_deref()) {
-            (Storage::Cpu(x), Storage::Cpu(w), None) => Storage::Cpu(cpu::conv2d(x, w, None, &p)?),
+            (Storage::Cpu(x), Storage::Cpu(w), None) => Storage::Cpu(x.conv2d(w, None, &p, math)?),
             (Storage::Cpu(x), Storage::Cpu(w), Some(Storage::Cpu(b))) => {
-                Storage::Cpu(cpu::conv2d(x, w, Some(b), &p)?)
+                Storage::Cpu(x.conv2d(w, Some(b), &p, math)?)
             }
             (Storage::Cuda(x), Storage::Cuda(w), None) => {
-                Storage::Cuda(cuda::conv2d(x, w, None, &p, math)?)
+                Storage::Cuda(x.conv2d(w, None, &p, math)?)
             }
             (Storage::Cuda(x), Storage::Cuda(w), Some(Storage::Cuda(b))) => {
-                Storage::Cuda(cuda::conv2d(x, w, Some(b), &p, math)?)
+                Storage::Cuda(x.conv2d(w, Some(b), &p, math)?)
             }
             _ => return Err(self.device_mismatch(OP, weight)),
         };
@@ -765,13 +753,8 @@ impl Tensor {
         grad_out.same_dtype(OP, weight)?;
         grad_out.require_float(OP)?;
         let math = math.unwrap_or_default();
-        grad_out.map2(
-            OP,
-            weight,
-            input_shape.to_vec(),
-            |g, w| cpu::conv2d_backward_input(g, w, &p),
-            |g, w| cuda::conv2d_backward_input(g, w, &p, math),
-        )
+        map2!(grad_out, OP, weight, input_shape.to_vec(), |g, w| g
+            .conv2d_backward_input(w, &p, math))
     }
 
     /// Gradient of [`Tensor::conv2d`] with respect to its weight, shape `weight_shape`.
@@ -802,13 +785,8 @@ impl Tensor {
         input.same_dtype(OP, grad_out)?;
         input.require_float(OP)?;
         let math = math.unwrap_or_default();
-        input.map2(
-            OP,
-            grad_out,
-            weight_shape.to_vec(),
-            |x, g| cpu::conv2d_backward_weight(x, g, &p),
-            |x, g| cuda::conv2d_backward_weight(x, g, &p, math),
-        )
+        map2!(input, OP, grad_out, weight_shape.to_vec(), |x, g| x
+            .conv2d_backward_weight(g, &p, math))
     }
 
     /// Max pooling over `kernel × kernel` windows of the last two dims (no padding); returns the
@@ -846,11 +824,11 @@ impl Tensor {
         shape[r - 1] = p.out_w();
         let (o, i) = match &*self.read() {
             Storage::Cpu(s) => {
-                let (o, i) = cpu::max_pool2d(s, &p)?;
+                let (o, i) = s.max_pool2d(&p)?;
                 (Storage::Cpu(o), Storage::Cpu(i))
             }
             Storage::Cuda(s) => {
-                let (o, i) = cuda::max_pool2d(s, &p)?;
+                let (o, i) = s.max_pool2d(&p)?;
                 (Storage::Cuda(o), Storage::Cuda(i))
             }
         };
@@ -884,13 +862,8 @@ impl Tensor {
         let planes = elem_count(&input_shape[..r - 2]);
         let plane_in = input_shape[r - 2] * input_shape[r - 1];
         let plane_out = grad_out.shape[r - 2] * grad_out.shape[r - 1];
-        grad_out.map2(
-            OP,
-            indices,
-            input_shape.to_vec(),
-            |g, i| cpu::max_pool2d_backward(g, i, planes, plane_in, plane_out),
-            |g, i| cuda::max_pool2d_backward(g, i, planes, plane_in, plane_out),
-        )
+        map2!(grad_out, OP, indices, input_shape.to_vec(), |g, i| g
+            .max_pool2d_backward(i, planes, plane_in, plane_out))
     }
 
     // ---------------------------------------------------------------- indexing
@@ -912,13 +885,8 @@ impl Tensor {
         let mut shape = self.shape[..dim].to_vec();
         shape.extend_from_slice(&indices.shape);
         shape.extend_from_slice(&self.shape[dim + 1..]);
-        self.map2(
-            OP,
-            indices,
-            shape,
-            |s, i| cpu::index_select(s, i, outer, d, inner),
-            |s, i| cuda::index_select(s, i, outer, d, inner),
-        )
+        map2!(self, OP, indices, shape, |s, i| s
+            .index_select(i, outer, d, inner))
     }
 
     /// A copy of `self` with `src` rows added at `indices` along `dim` (repeats accumulate): the
@@ -949,18 +917,10 @@ impl Tensor {
         } = self.split_at_dim(dim);
         let out = self.copy()?;
         let ig = indices.read();
-        out.mutate2(
-            OP,
-            src,
-            |dst, s| match &*ig {
-                Storage::Cpu(i) => cpu::index_add(dst, i, s, outer, d, inner),
-                Storage::Cuda(_) => Err(indices.device_mismatch(OP, src)),
-            },
-            |dst, s| match &*ig {
-                Storage::Cuda(i) => cuda::index_add(dst, i, s, outer, d, inner),
-                Storage::Cpu(_) => Err(indices.device_mismatch(OP, src)),
-            },
-        )?;
+        mutate2!(&out, OP, src, |dst, s| match OfBackend::of(&ig) {
+            Some(i) => dst.index_add(i, s, outer, d, inner),
+            None => Err(indices.device_mismatch(OP, src)),
+        })?;
         Ok(out)
     }
 
@@ -978,13 +938,8 @@ impl Tensor {
         if indices.shape != lead {
             return Err(self.shape_mismatch(OP, indices));
         }
-        self.map2(
-            OP,
-            indices,
-            lead.to_vec(),
-            |s, i| cpu::gather_last(s, i, cols),
-            |s, i| cuda::gather_last(s, i, cols),
-        )
+        map2!(self, OP, indices, lead.to_vec(), |s, i| s
+            .gather_last(i, cols))
     }
 
     /// A copy of `self` with `src[..]` added at `[.., indices[..]]`: the backward of
@@ -1005,18 +960,10 @@ impl Tensor {
         }
         let out = self.copy()?;
         let ig = indices.read();
-        out.mutate2(
-            OP,
-            src,
-            |dst, s| match &*ig {
-                Storage::Cpu(i) => cpu::scatter_add_last(dst, i, s, cols),
-                Storage::Cuda(_) => Err(indices.device_mismatch(OP, src)),
-            },
-            |dst, s| match &*ig {
-                Storage::Cuda(i) => cuda::scatter_add_last(dst, i, s, cols),
-                Storage::Cpu(_) => Err(indices.device_mismatch(OP, src)),
-            },
-        )?;
+        mutate2!(&out, OP, src, |dst, s| match OfBackend::of(&ig) {
+            Some(i) => dst.scatter_add_last(i, s, cols),
+            None => Err(indices.device_mismatch(OP, src)),
+        })?;
         Ok(out)
     }
 
@@ -1028,11 +975,7 @@ impl Tensor {
         labels.require_i32("one_hot")?;
         let mut shape = labels.shape.clone();
         shape.push(classes);
-        labels.map1(
-            shape,
-            |s| cpu::one_hot(s, classes, dtype),
-            |s| cuda::one_hot(s, classes, dtype),
-        )
+        map1!(labels, shape, |s| s.one_hot(classes, dtype))
     }
 
     /// `max(self + bias, 0)` in one pass (a Linear layer's bias and ReLU): `self` `[G, .., C]` with `bias`
@@ -1049,13 +992,8 @@ impl Tensor {
         };
         let c = self.shape.last().copied().unwrap_or(0);
         let group = self.elem_count().checked_div(groups).unwrap_or(0);
-        self.map2(
-            OP,
-            bias,
-            self.shape.clone(),
-            |x, b| cpu::bias_relu(x, b, c, group),
-            |x, b| cuda::bias_relu(x, b, c, group),
-        )
+        map2!(self, OP, bias, self.shape.clone(), |x, b| x
+            .bias_relu(b, c, group))
     }
 
     /// ReLU's backward from its output `y`: `self` (the incoming gradient) where `y > 0`, else 0.
@@ -1066,13 +1004,7 @@ impl Tensor {
         const OP: &str = "relu_backward";
         self.same_shape(OP, y)?;
         self.same_dtype(OP, y)?;
-        self.map2(
-            OP,
-            y,
-            self.shape.clone(),
-            cpu::relu_backward,
-            cuda::relu_backward,
-        )
+        map2!(self, OP, y, self.shape.clone(), |a, b| a.relu_backward(b))
     }
 
     /// [`relu_backward`](Tensor::relu_backward) with the gradient of the bias of the
@@ -1101,9 +1033,7 @@ impl Tensor {
         let cols = self.shape.last().copied().unwrap_or(0);
         if self.device().is_cuda() {
             let (dx, db) = Tensor::read_all(&[self, y], |st| match (st[0], st[1]) {
-                (Storage::Cuda(g), Storage::Cuda(v)) => {
-                    cuda::relu_backward_bias(g, v, groups, cols)
-                }
+                (Storage::Cuda(g), Storage::Cuda(v)) => g.relu_backward_bias(v, groups, cols),
                 _ => Err(self.device_mismatch(OP, y)),
             })?;
             return Ok((
@@ -1133,11 +1063,11 @@ impl Tensor {
         let (x, l) = (self.read(), labels.read());
         let (loss, grad) = match (&*x, &*l) {
             (Storage::Cpu(x), Storage::Cpu(l)) => {
-                let (loss, grad) = cpu::cross_entropy(x, l, cols, grad_scale)?;
+                let (loss, grad) = x.cross_entropy(l, cols, grad_scale)?;
                 (Storage::Cpu(loss), Storage::Cpu(grad))
             }
             (Storage::Cuda(x), Storage::Cuda(l)) => {
-                let (loss, grad) = cuda::cross_entropy(x, l, cols, grad_scale)?;
+                let (loss, grad) = x.cross_entropy(l, cols, grad_scale)?;
                 (Storage::Cuda(loss), Storage::Cuda(grad))
             }
             _ => return Err(self.device_mismatch(OP, labels)),
@@ -1163,7 +1093,7 @@ impl Tensor {
         {
             let (x, l) = (self.read(), labels.read());
             if let (Storage::Cuda(x), Storage::Cuda(l)) = (&*x, &*l)
-                && let Some((loss, grad)) = cuda::cross_entropy_mean(x, l, cols, batch)?
+                && let Some((loss, grad)) = x.cross_entropy_mean(l, cols, batch)?
             {
                 return Ok((
                     Tensor::from_storage(Storage::Cuda(loss), groups.to_vec()),
@@ -1267,13 +1197,11 @@ impl Tensor {
         let g = grad.read();
         let mut b = momentum_buf.map(Tensor::write);
         match (&mut *p, &*g, b.as_deref_mut()) {
-            (Storage::Cpu(p), Storage::Cpu(g), None) => cpu::sgd_step(p, g, None, &h),
-            (Storage::Cpu(p), Storage::Cpu(g), Some(Storage::Cpu(b))) => {
-                cpu::sgd_step(p, g, Some(b), &h)
-            }
-            (Storage::Cuda(p), Storage::Cuda(g), None) => cuda::sgd_step(p, g, None, &h),
+            (Storage::Cpu(p), Storage::Cpu(g), None) => p.sgd_step(g, None, &h),
+            (Storage::Cpu(p), Storage::Cpu(g), Some(Storage::Cpu(b))) => p.sgd_step(g, Some(b), &h),
+            (Storage::Cuda(p), Storage::Cuda(g), None) => p.sgd_step(g, None, &h),
             (Storage::Cuda(p), Storage::Cuda(g), Some(Storage::Cuda(b))) => {
-                cuda::sgd_step(p, g, Some(b), &h)
+                p.sgd_step(g, Some(b), &h)
             }
             _ => Err(param.device_mismatch(OP, grad)),
         }
@@ -1321,10 +1249,10 @@ impl Tensor {
         let mut vg = v.write();
         match (&mut *p, &*g, &mut *mg, &mut *vg) {
             (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
-                cpu::adam_step(p, g, m, v, &h)
+                p.adam_step(g, m, v, &h)
             }
             (Storage::Cuda(p), Storage::Cuda(g), Storage::Cuda(m), Storage::Cuda(v)) => {
-                cuda::adam_step(p, g, m, v, &h)
+                p.adam_step(g, m, v, &h)
             }
             _ => Err(param.device_mismatch(OP, grad)),
         }
@@ -1367,7 +1295,6 @@ impl Tensor {
                 seen.push(t);
             }
         }
-        #[cfg(feature = "cuda")]
         if let Some(&(first, ..)) = params.first() {
             let fused = first.device.is_cuda()
                 && params
@@ -1407,7 +1334,7 @@ impl Tensor {
                     decoupled,
                     step,
                 };
-                return cuda::adam_step_many(&mut entries, &h);
+                return CudaStorage::adam_step_many(&mut entries, &h);
             }
         }
         for &(p, g, m, v, lrs) in params {
@@ -1468,7 +1395,6 @@ impl Tensor {
                 seen.push(t);
             }
         }
-        #[cfg(feature = "cuda")]
         if let Some(&(first, ..)) = params.first() {
             let fused = first.device.is_cuda()
                 && params
@@ -1497,7 +1423,7 @@ impl Tensor {
                     weight_decay,
                     nesterov,
                 };
-                return cuda::sgd_step_many(&mut entries, &h);
+                return CudaStorage::sgd_step_many(&mut entries, &h);
             }
         }
         for &(p, g, b, lrs) in params {

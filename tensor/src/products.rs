@@ -6,8 +6,9 @@ use cohort_kernels::Math;
 use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::matmul::MatmulShape;
 
+use crate::backend::CudaBackend;
 use crate::storage::Storage;
-use crate::{DType, Precision, Result, Tensor, cuda};
+use crate::{DType, Precision, Result, Tensor};
 
 impl Precision {
     /// The kernels' name for this policy's arithmetic.
@@ -66,7 +67,7 @@ impl Tensor {
         let (a, b) = (self.as_operand(math)?, rhs.as_operand(math)?);
         let (shape, out): (MatmulShape, _) = a.matmul_shape(&b, trans_lhs, trans_rhs)?;
         let y = Tensor::read_all(&[&a, &b], |st| match (st[0], st[1]) {
-            (Storage::Cuda(x), Storage::Cuda(w)) => cuda::matmul_as(x, w, &shape, math),
+            (Storage::Cuda(x), Storage::Cuda(w)) => x.matmul_as(w, &shape, math),
             _ => Err(a.device_mismatch("matmul", &b)),
         })?;
         Ok(Tensor::from_storage(Storage::Cuda(y), out))
@@ -85,7 +86,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let (a16, b16) = (a.as_operand(math)?, b.as_operand(math)?);
         let ran = Tensor::read_all(&[&a16, &b16], |st| match (st[0], st[1]) {
-            (Storage::Cuda(x), Storage::Cuda(y)) => cuda::conv_pass_16bit((pass, math), x, y, p),
+            (Storage::Cuda(x), Storage::Cuda(y)) => x.conv_pass_16bit((pass, math), y, p),
             _ => Err(a.device_mismatch("conv2d", b)),
         })?;
         let input = [p.batch, p.c_in, p.h, p.w];

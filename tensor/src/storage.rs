@@ -44,6 +44,31 @@ pub(crate) fn on_cuda<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CudaStorage>> {
         .collect()
 }
 
+/// A backend's storage as it sits in a [`Storage`]: lets an op body written once for both backends
+/// take a further operand of its own backend.
+pub(crate) trait OfBackend {
+    /// The storage behind `s`, or `None` when it is of the other backend.
+    fn of(s: &Storage) -> Option<&Self>;
+}
+
+impl OfBackend for CpuStorage {
+    fn of(s: &Storage) -> Option<&Self> {
+        match s {
+            Storage::Cpu(c) => Some(c),
+            Storage::Cuda(_) => None,
+        }
+    }
+}
+
+impl OfBackend for CudaStorage {
+    fn of(s: &Storage) -> Option<&Self> {
+        match s {
+            Storage::Cuda(c) => Some(c),
+            Storage::Cpu(_) => None,
+        }
+    }
+}
+
 /// A host buffer of one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuStorage {

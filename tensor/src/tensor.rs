@@ -6,6 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use cohort_kernels::copy::Copy2d;
 use cohort_kernels::reduce::{ReduceOp, ReduceShape};
 
+use crate::backend::{CudaBackend, Elementwise, Layout, Reductions};
 use crate::cuda::{self, CudaStorage};
 use crate::storage::{CpuStorage, Storage};
 use crate::{DType, Device, Element, Error, Result, cpu, random};
@@ -37,6 +38,57 @@ impl fmt::Debug for Tensor {
 pub(crate) fn elem_count(shape: &[usize]) -> usize {
     shape.iter().product()
 }
+
+/// Builds a new tensor of shape `$shape` by running `$body` on `$t`'s storage bound to `$s`: one
+/// expression, compiled for the CPU and the CUDA storage alike (both implement
+/// [`crate::backend::BackendStorage`]), returning `Result<Tensor>`.
+macro_rules! map1 {
+    ($t:expr, $shape:expr, |$s:ident| $body:expr) => {{
+        let t: &Tensor = $t;
+        let out = match &*t.read() {
+            Storage::Cpu($s) => Storage::Cpu($body?),
+            Storage::Cuda($s) => Storage::Cuda($body?),
+        };
+        Ok::<Tensor, Error>(Tensor::from_storage(out, $shape))
+    }};
+}
+
+/// Like [`map1!`] for two operands on the same device; `$op` names the op in a device mismatch.
+macro_rules! map2 {
+    ($t:expr, $op:expr, $other:expr, $shape:expr, |$a:ident, $b:ident| $body:expr) => {{
+        let (t, other): (&Tensor, &Tensor) = ($t, $other);
+        t.same_device($op, other)?;
+        let out = Tensor::read_all(&[t, other], |st| match (st[0], st[1]) {
+            (Storage::Cpu($a), Storage::Cpu($b)) => Ok(Storage::Cpu($body?)),
+            (Storage::Cuda($a), Storage::Cuda($b)) => Ok(Storage::Cuda($body?)),
+            _ => Err(t.device_mismatch($op, other)),
+        })?;
+        Ok::<Tensor, Error>(Tensor::from_storage(out, $shape))
+    }};
+}
+
+/// Runs the in-place `$body` on `$t`'s storage bound to `$d`, reading `$src`'s bound to `$s` (copied
+/// first if it shares `$t`'s storage); `Result<()>`.
+macro_rules! mutate2 {
+    ($t:expr, $op:expr, $src:expr, |$d:ident, $s:ident| $body:expr) => {{
+        let (t, src): (&Tensor, &Tensor) = ($t, $src);
+        t.same_device($op, src)?;
+        let src = if t.same_storage(src) {
+            src.copy()?
+        } else {
+            src.clone()
+        };
+        let sg = src.read();
+        let mut dg = t.write();
+        match (&mut *dg, &*sg) {
+            (Storage::Cpu($d), Storage::Cpu($s)) => $body,
+            (Storage::Cuda($d), Storage::Cuda($s)) => $body,
+            _ => Err(t.device_mismatch($op, &src)),
+        }
+    }};
+}
+
+pub(crate) use {map1, map2, mutate2};
 
 impl Tensor {
     pub(crate) fn from_storage(storage: Storage, shape: Vec<usize>) -> Tensor {
@@ -84,62 +136,6 @@ impl Tensor {
     /// Whether two tensors share storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
-    }
-
-    /// Builds a new tensor by running the CPU or CUDA form of an op on this tensor's storage.
-    pub(crate) fn map1(
-        &self,
-        shape: Vec<usize>,
-        on_cpu: impl FnOnce(&CpuStorage) -> Result<CpuStorage>,
-        on_cuda: impl FnOnce(&CudaStorage) -> Result<CudaStorage>,
-    ) -> Result<Tensor> {
-        let s = match &*self.read() {
-            Storage::Cpu(s) => Storage::Cpu(on_cpu(s)?),
-            Storage::Cuda(s) => Storage::Cuda(on_cuda(s)?),
-        };
-        Ok(Tensor::from_storage(s, shape))
-    }
-
-    /// Like [`Tensor::map1`] for two operands on the same device.
-    pub(crate) fn map2(
-        &self,
-        op: &'static str,
-        other: &Tensor,
-        shape: Vec<usize>,
-        on_cpu: impl FnOnce(&CpuStorage, &CpuStorage) -> Result<CpuStorage>,
-        on_cuda: impl FnOnce(&CudaStorage, &CudaStorage) -> Result<CudaStorage>,
-    ) -> Result<Tensor> {
-        self.same_device(op, other)?;
-        let s = Tensor::read_all(&[self, other], |st| match (st[0], st[1]) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => Ok(Storage::Cpu(on_cpu(a, b)?)),
-            (Storage::Cuda(a), Storage::Cuda(b)) => Ok(Storage::Cuda(on_cuda(a, b)?)),
-            _ => Err(self.device_mismatch(op, other)),
-        })?;
-        Ok(Tensor::from_storage(s, shape))
-    }
-
-    /// Runs an in-place op on this tensor's storage, reading `src` (copied first if it shares
-    /// this storage).
-    pub(crate) fn mutate2(
-        &self,
-        op: &'static str,
-        src: &Tensor,
-        on_cpu: impl FnOnce(&mut CpuStorage, &CpuStorage) -> Result<()>,
-        on_cuda: impl FnOnce(&mut CudaStorage, &CudaStorage) -> Result<()>,
-    ) -> Result<()> {
-        self.same_device(op, src)?;
-        let src = if self.same_storage(src) {
-            src.copy()?
-        } else {
-            src.clone()
-        };
-        let s = src.read();
-        let mut d = self.write();
-        match (&mut *d, &*s) {
-            (Storage::Cpu(d), Storage::Cpu(s)) => on_cpu(d, s),
-            (Storage::Cuda(d), Storage::Cuda(s)) => on_cuda(d, s),
-            _ => Err(self.device_mismatch(op, &src)),
-        }
     }
 
     pub(crate) fn device_mismatch(&self, op: &'static str, other: &Tensor) -> Error {
@@ -229,7 +225,7 @@ impl Tensor {
     fn from_cpu(s: CpuStorage, shape: &[usize], dev: &Device) -> Result<Tensor> {
         let storage = match dev {
             Device::Cpu => Storage::Cpu(s),
-            Device::Cuda(n) => Storage::Cuda(cuda::from_host(&s, *n)?),
+            Device::Cuda(n) => Storage::Cuda(CudaStorage::from_host(&s, *n)?),
         };
         Ok(Tensor::from_storage(storage, shape.to_vec()))
     }
@@ -244,7 +240,7 @@ impl Tensor {
         let n = elem_count(shape);
         let s = match dev {
             Device::Cpu => Storage::Cpu(cpu::full(n, value, dtype)?),
-            Device::Cuda(o) => Storage::Cuda(cuda::full(n, value, dtype, *o)?),
+            Device::Cuda(o) => Storage::Cuda(CudaStorage::full(n, value, dtype, *o)?),
         };
         Ok(Tensor::from_storage(s, shape.to_vec()))
     }
@@ -312,7 +308,7 @@ impl Tensor {
     /// Device errors.
     pub fn arange(n: usize, dtype: DType, dev: &Device) -> Result<Tensor> {
         let v: Vec<f64> = (0..n).map(|i| i as f64).collect();
-        Tensor::from_cpu(cpu::cast(&CpuStorage::F64(v), dtype)?, &[n], dev)
+        Tensor::from_cpu(CpuStorage::F64(v).cast(dtype)?, &[n], dev)
     }
 
     /// Values uniform in `[lo, hi)` from a seeded generator (the same on every device).
@@ -328,7 +324,7 @@ impl Tensor {
         dev: &Device,
     ) -> Result<Tensor> {
         let v = random::uniform(elem_count(shape), lo, hi, seed);
-        Tensor::from_cpu(cpu::cast(&CpuStorage::F64(v), dtype)?, shape, dev)
+        Tensor::from_cpu(CpuStorage::F64(v).cast(dtype)?, shape, dev)
     }
 
     /// Values from N(mean, std²) from a seeded generator (the same on every device).
@@ -344,7 +340,7 @@ impl Tensor {
         dev: &Device,
     ) -> Result<Tensor> {
         let v = random::normal(elem_count(shape), mean, std, seed);
-        Tensor::from_cpu(cpu::cast(&CpuStorage::F64(v), dtype)?, shape, dev)
+        Tensor::from_cpu(CpuStorage::F64(v).cast(dtype)?, shape, dev)
     }
 
     // ---------------------------------------------------------------- access
@@ -394,7 +390,7 @@ impl Tensor {
         match &*self.read() {
             Storage::Cpu(s) => T::slice(s).map(<[T]>::to_vec).ok_or_else(|| mismatch(s)),
             Storage::Cuda(s) => {
-                let h = cuda::to_host(s)?;
+                let h = s.to_host()?;
                 T::slice(&h).map(<[T]>::to_vec).ok_or_else(|| mismatch(&h))
             }
         }
@@ -409,7 +405,7 @@ impl Tensor {
     pub fn read_later(&self) -> Result<HostRead> {
         Ok(HostRead(match &*self.read() {
             Storage::Cpu(s) => Pending::Ready(s.clone()),
-            Storage::Cuda(s) => Pending::Cuda(cuda::to_host_later(s)?),
+            Storage::Cuda(s) => Pending::Cuda(s.to_host_later()?),
         }))
     }
 
@@ -438,7 +434,7 @@ impl Tensor {
         }
         let host = match &*self.read() {
             Storage::Cpu(s) => s.clone(),
-            Storage::Cuda(s) => cuda::to_host(s)?,
+            Storage::Cuda(s) => s.to_host()?,
         };
         Tensor::from_cpu(host, &self.shape, dev)
     }
@@ -458,11 +454,7 @@ impl Tensor {
                 hint: " (f64 is CPU only)",
             });
         }
-        self.map1(
-            self.shape.clone(),
-            |s| cpu::cast(s, dtype),
-            |s| cuda::cast(s, dtype),
-        )
+        map1!(self, self.shape.clone(), |s| s.cast(dtype))
     }
 
     /// A deep copy with its own storage.
@@ -473,15 +465,15 @@ impl Tensor {
         let n = self.elem_count();
         let c = Copy2d::whole(n);
         let dtype = self.dtype;
-        self.map1(
-            self.shape.clone(),
-            |s| Ok(s.clone()),
-            |s| {
-                let mut d = cuda::zeros(n, dtype, s.ordinal())?;
-                cuda::copy2d(s, &mut d, &c)?;
-                Ok(d)
-            },
-        )
+        let out = match &*self.read() {
+            Storage::Cpu(s) => Storage::Cpu(s.clone()),
+            Storage::Cuda(s) => {
+                let mut d = s.zeros_like(n, dtype)?;
+                s.copy2d(&mut d, &c)?;
+                Storage::Cuda(d)
+            }
+        };
+        Ok(Tensor::from_storage(out, self.shape.clone()))
     }
 
     // ---------------------------------------------------------------- layout
@@ -522,11 +514,7 @@ impl Tensor {
         let batch = elem_count(&self.shape[..r - 2]);
         let mut shape = self.shape.clone();
         shape.swap(r - 2, r - 1);
-        self.map1(
-            shape,
-            |s| cpu::transpose(s, batch, rows, cols),
-            |s| cuda::transpose(s, batch, rows, cols),
-        )
+        map1!(self, shape, |s| s.transpose(batch, rows, cols))
     }
 
     /// Elements `start..start + len` along `dim` (a new tensor).
@@ -558,19 +546,11 @@ impl Tensor {
             dst_offset: 0,
         };
         let (n, dtype) = (elem_count(&shape), self.dtype);
-        self.map1(
-            shape,
-            |s| {
-                let mut d = cpu::zeros(n, dtype)?;
-                cpu::copy2d(s, &mut d, &c)?;
-                Ok(d)
-            },
-            |s| {
-                let mut d = cuda::zeros(n, dtype, s.ordinal())?;
-                cuda::copy2d(s, &mut d, &c)?;
-                Ok(d)
-            },
-        )
+        map1!(self, shape, |s| {
+            let mut d = s.zeros_like(n, dtype)?;
+            s.copy2d(&mut d, &c)?;
+            Ok::<_, Error>(d)
+        })
     }
 
     /// Writes `src` into elements `start..start + src.shape[dim]` along `dim`, in place.
@@ -610,12 +590,7 @@ impl Tensor {
             src_offset: 0,
             dst_offset: start * inner,
         };
-        self.mutate2(
-            OP,
-            src,
-            |d, s| cpu::copy2d(s, d, &c),
-            |d, s| cuda::copy2d(s, d, &c),
-        )
+        mutate2!(self, OP, src, |d, s| s.copy2d(d, &c))
     }
 
     /// Concatenates along `dim`; all other dims must agree.
@@ -706,11 +681,7 @@ impl Tensor {
             });
         }
         let src = self.shape.clone();
-        self.map1(
-            shape.to_vec(),
-            |s| cpu::broadcast(s, &src, shape),
-            |s| cuda::broadcast(s, &src, shape),
-        )
+        map1!(self, shape.to_vec(), |s| s.broadcast(&src, shape))
     }
 
     /// Sums a broadcast result back to `shape` (the backward of broadcasting).
@@ -763,11 +734,7 @@ impl Tensor {
         } else {
             shape.remove(dim);
         }
-        self.map1(
-            shape,
-            |s| cpu::reduce(op, s, rs),
-            |s| cuda::reduce(op, s, rs),
-        )
+        map1!(self, shape, |s| s.reduce(op, rs))
     }
 
     // ---------------------------------------------------------------- in place
@@ -785,12 +752,7 @@ impl Tensor {
         }
         let n = self.elem_count();
         let c = Copy2d::whole(n);
-        self.mutate2(
-            OP,
-            src,
-            |d, s| cpu::copy2d(s, d, &c),
-            |d, s| cuda::copy2d(s, d, &c),
-        )
+        mutate2!(self, OP, src, |d, s| s.copy2d(d, &c))
     }
 
     /// Sets every element to zero.
@@ -807,8 +769,8 @@ impl Tensor {
     /// Device errors.
     pub fn fill_(&self, value: f64) -> Result<()> {
         match &mut *self.write() {
-            Storage::Cpu(s) => cpu::fill(s, value),
-            Storage::Cuda(s) => cuda::fill(s, value),
+            Storage::Cpu(s) => s.fill(value),
+            Storage::Cuda(s) => s.fill(value),
         }
     }
 
@@ -825,12 +787,7 @@ impl Tensor {
         }
         let (ds, ss) = (self.shape.clone(), src.shape.clone());
         let op = cohort_kernels::binary::BinaryOp::Add;
-        self.mutate2(
-            OP,
-            src,
-            |d, s| cpu::binary_assign(op, d, &ds, s, &ss),
-            |d, s| cuda::binary_assign(op, d, &ds, s, &ss),
-        )
+        mutate2!(self, OP, src, |d, s| d.binary_assign(op, &ds, s, &ss))
     }
 }
 

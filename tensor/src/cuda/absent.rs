@@ -1,5 +1,6 @@
-//! The CUDA backend of a build without the `cuda` feature: the same functions as `imp.rs`, each
-//! returning [`Error::NotCompiledWithCuda`]. No [`CudaStorage`] can be created.
+//! The CUDA backend of a build without the `cuda` feature: the same traits of [`crate::backend`] and the
+//! same device functions as `imp.rs`, each returning [`Error::NotCompiledWithCuda`]. No [`CudaStorage`]
+//! can be created.
 
 use cohort_kernels::Math;
 use cohort_kernels::attention::AttentionShape;
@@ -14,6 +15,10 @@ use cohort_kernels::pool::PoolParams;
 use cohort_kernels::reduce::{ReduceOp, ReduceShape};
 use cohort_kernels::unary::UnaryOp;
 
+use crate::backend::{
+    AdamEntry, Attention, Convolutions, CudaBackend, Elementwise, Indexing, Layout, Normalization,
+    OptimizerSteps, Products, Reductions, SgdEntry,
+};
 use crate::storage::CpuStorage;
 use crate::{DType, Device, Error, Result};
 
@@ -60,6 +65,413 @@ fn unavailable(op: &'static str, ordinal: usize) -> Error {
     }
 }
 
+impl Layout for CudaStorage {
+    fn zeros_like(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
+        CudaStorage::zeros(len, dtype, self.ordinal)
+    }
+
+    fn cast(&self, dtype: DType) -> Result<CudaStorage> {
+        let _ = dtype;
+        Err(unavailable("to_dtype", self.ordinal))
+    }
+
+    fn copy2d(&self, dst: &mut CudaStorage, c: &Copy2d) -> Result<()> {
+        let _ = (dst, c);
+        Err(unavailable("copy", self.ordinal))
+    }
+
+    fn transpose(&self, batch: usize, rows: usize, cols: usize) -> Result<CudaStorage> {
+        let _ = (batch, rows, cols);
+        Err(unavailable("transpose", self.ordinal))
+    }
+
+    fn broadcast(&self, src_shape: &[usize], out_shape: &[usize]) -> Result<CudaStorage> {
+        let _ = (src_shape, out_shape);
+        Err(unavailable("broadcast_to", self.ordinal))
+    }
+
+    fn fill(&mut self, value: f64) -> Result<()> {
+        let _ = value;
+        Err(unavailable("fill", self.ordinal))
+    }
+}
+
+impl Elementwise for CudaStorage {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        lhs_shape: &[usize],
+        rhs: &CudaStorage,
+        rhs_shape: &[usize],
+        out_shape: &[usize],
+    ) -> Result<CudaStorage> {
+        let _ = (lhs_shape, rhs, rhs_shape, out_shape);
+        Err(unavailable(op.name(), self.ordinal))
+    }
+
+    fn binary_assign(
+        &mut self,
+        op: BinaryOp,
+        dst_shape: &[usize],
+        src: &CudaStorage,
+        src_shape: &[usize],
+    ) -> Result<()> {
+        let _ = (dst_shape, src, src_shape);
+        Err(unavailable(op.name(), self.ordinal))
+    }
+
+    fn unary(&self, op: UnaryOp) -> Result<CudaStorage> {
+        Err(unavailable(op.name(), self.ordinal))
+    }
+
+    fn where_cond(&self, on_true: &CudaStorage, on_false: &CudaStorage) -> Result<CudaStorage> {
+        let _ = (on_true, on_false);
+        Err(unavailable("where_cond", self.ordinal))
+    }
+
+    fn bias_relu(&self, b: &CudaStorage, cols: usize, group: usize) -> Result<CudaStorage> {
+        let _ = (b, cols, group);
+        Err(unavailable("bias_relu", self.ordinal))
+    }
+
+    fn relu_backward(&self, y: &CudaStorage) -> Result<CudaStorage> {
+        let _ = y;
+        Err(unavailable("relu_backward", self.ordinal))
+    }
+}
+
+impl Reductions for CudaStorage {
+    fn reduce(&self, op: ReduceOp, shape: ReduceShape) -> Result<CudaStorage> {
+        let _ = shape;
+        Err(unavailable(op.name(), self.ordinal))
+    }
+
+    fn argmax(&self, shape: ReduceShape) -> Result<CudaStorage> {
+        let _ = shape;
+        Err(unavailable("argmax", self.ordinal))
+    }
+
+    fn softmax_last(&self, cols: usize, log: bool) -> Result<CudaStorage> {
+        let _ = (cols, log);
+        Err(unavailable("softmax_last", self.ordinal))
+    }
+
+    fn cross_entropy(
+        &self,
+        labels: &CudaStorage,
+        cols: usize,
+        scale: f64,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (labels, cols, scale);
+        Err(unavailable("cross_entropy", self.ordinal))
+    }
+}
+
+impl Products for CudaStorage {
+    fn matmul(&self, rhs: &CudaStorage, shape: &MatmulShape) -> Result<CudaStorage> {
+        let _ = (rhs, shape);
+        Err(unavailable("matmul", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn linear(
+        &self,
+        w: &CudaStorage,
+        bias: &CudaStorage,
+        shape: &MatmulShape,
+        bias_batch_stride: usize,
+        relu: bool,
+    ) -> Result<Option<CudaStorage>> {
+        let _ = (w, bias, shape, bias_batch_stride, relu);
+        Err(unavailable("linear", self.ordinal))
+    }
+}
+
+impl Convolutions for CudaStorage {
+    fn conv2d(
+        &self,
+        weight: &CudaStorage,
+        bias: Option<&CudaStorage>,
+        p: &ConvParams,
+        math: Math,
+    ) -> Result<CudaStorage> {
+        let _ = (weight, bias, p, math);
+        Err(unavailable("conv2d", self.ordinal))
+    }
+
+    fn conv2d_backward_input(
+        &self,
+        weight: &CudaStorage,
+        p: &ConvParams,
+        math: Math,
+    ) -> Result<CudaStorage> {
+        let _ = (weight, p, math);
+        Err(unavailable("conv2d_backward_input", self.ordinal))
+    }
+
+    fn conv2d_backward_weight(
+        &self,
+        grad_out: &CudaStorage,
+        p: &ConvParams,
+        math: Math,
+    ) -> Result<CudaStorage> {
+        let _ = (grad_out, p, math);
+        Err(unavailable("conv2d_backward_weight", self.ordinal))
+    }
+
+    fn max_pool2d(&self, p: &PoolParams) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = p;
+        Err(unavailable("max_pool2d", self.ordinal))
+    }
+
+    fn max_pool2d_backward(
+        &self,
+        indices: &CudaStorage,
+        planes: usize,
+        plane_in: usize,
+        plane_out: usize,
+    ) -> Result<CudaStorage> {
+        let _ = (indices, planes, plane_in, plane_out);
+        Err(unavailable("max_pool2d_backward", self.ordinal))
+    }
+}
+
+impl Indexing for CudaStorage {
+    fn index_select(
+        &self,
+        idx: &CudaStorage,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+    ) -> Result<CudaStorage> {
+        let _ = (idx, outer, dim, inner);
+        Err(unavailable("index_select", self.ordinal))
+    }
+
+    fn index_add(
+        &mut self,
+        idx: &CudaStorage,
+        src: &CudaStorage,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+    ) -> Result<()> {
+        let _ = (idx, src, outer, dim, inner);
+        Err(unavailable("index_add", self.ordinal))
+    }
+
+    fn gather_last(&self, idx: &CudaStorage, cols: usize) -> Result<CudaStorage> {
+        let _ = (idx, cols);
+        Err(unavailable("gather_last", self.ordinal))
+    }
+
+    fn scatter_add_last(
+        &mut self,
+        idx: &CudaStorage,
+        src: &CudaStorage,
+        cols: usize,
+    ) -> Result<()> {
+        let _ = (idx, src, cols);
+        Err(unavailable("scatter_add_last", self.ordinal))
+    }
+
+    fn one_hot(&self, classes: usize, dtype: DType) -> Result<CudaStorage> {
+        let _ = (classes, dtype);
+        Err(unavailable("one_hot", self.ordinal))
+    }
+}
+
+impl Normalization for CudaStorage {
+    fn batch_norm(
+        &self,
+        params: (&CudaStorage, &CudaStorage),
+        shape: (&BatchNormShape, f64),
+        relu: bool,
+        running: Option<(&mut CudaStorage, &mut CudaStorage, f64)>,
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let _ = (params, shape, relu, running);
+        Err(unavailable("batch_norm", self.ordinal))
+    }
+
+    fn batch_norm_backward(
+        &self,
+        out: Option<&CudaStorage>,
+        dout: &CudaStorage,
+        saved: (&CudaStorage, &CudaStorage, &CudaStorage),
+        shape: &BatchNormShape,
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let _ = (out, dout, saved, shape);
+        Err(unavailable("batch_norm_backward", self.ordinal))
+    }
+
+    fn layer_norm(
+        &self,
+        params: (&CudaStorage, &CudaStorage),
+        shape: (&LayerNormShape, f64),
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let _ = (params, shape);
+        Err(unavailable("layer_norm", self.ordinal))
+    }
+
+    fn layer_norm_backward(
+        &self,
+        dout: &CudaStorage,
+        saved: (&CudaStorage, &CudaStorage, &CudaStorage),
+        shape: &LayerNormShape,
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let _ = (dout, saved, shape);
+        Err(unavailable("layer_norm_backward", self.ordinal))
+    }
+}
+
+impl Attention for CudaStorage {
+    fn attention(
+        &self,
+        mask: Option<&CudaStorage>,
+        shape: &AttentionShape,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (mask, shape);
+        Err(unavailable("attention", self.ordinal))
+    }
+
+    fn attention_backward(
+        &self,
+        mask: Option<&CudaStorage>,
+        saved: (&CudaStorage, &CudaStorage, &CudaStorage),
+        shape: &AttentionShape,
+    ) -> Result<CudaStorage> {
+        let _ = (mask, saved, shape);
+        Err(unavailable("attention_backward", self.ordinal))
+    }
+}
+
+impl OptimizerSteps for CudaStorage {
+    fn sgd_step(
+        &mut self,
+        grad: &CudaStorage,
+        momentum_buf: Option<&mut CudaStorage>,
+        h: &SgdParams<'_>,
+    ) -> Result<()> {
+        let _ = (grad, momentum_buf, h);
+        Err(unavailable("sgd_step", self.ordinal))
+    }
+
+    fn adam_step(
+        &mut self,
+        grad: &CudaStorage,
+        m: &mut CudaStorage,
+        v: &mut CudaStorage,
+        h: &AdamParams<'_>,
+    ) -> Result<()> {
+        let _ = (grad, m, v, h);
+        Err(unavailable("adam_step", self.ordinal))
+    }
+}
+
+impl CudaBackend for CudaStorage {
+    /// `len` elements of `value` on device `ordinal`.
+    fn full(len: usize, value: f64, dtype: DType, ordinal: usize) -> Result<CudaStorage> {
+        let _ = (len, value, dtype);
+        Err(unavailable("full", ordinal))
+    }
+
+    /// Copies a host buffer to device `ordinal`.
+    fn from_host(src: &CpuStorage, ordinal: usize) -> Result<CudaStorage> {
+        let _ = src;
+        Err(unavailable("to_device", ordinal))
+    }
+
+    /// Copies device memory back to the host.
+    fn to_host(&self) -> Result<CpuStorage> {
+        Err(unavailable("to_host", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn to_host_later(&self) -> Result<PendingHost> {
+        Err(unavailable("to_host_later", self.ordinal))
+    }
+
+    /// A product under a precision policy (see the CUDA build's `matmul_as`).
+    fn matmul_as(&self, rhs: &CudaStorage, shape: &MatmulShape, math: Math) -> Result<CudaStorage> {
+        let _ = (rhs, shape, math);
+        Err(unavailable("matmul", self.ordinal))
+    }
+
+    /// A convolution pass with 16-bit operands (see the CUDA build's `conv_pass_16bit`).
+    fn conv_pass_16bit(
+        &self,
+        pass: (ConvPass, Math),
+        b: &CudaStorage,
+        p: &ConvParams,
+    ) -> Result<Option<CudaStorage>> {
+        let _ = (pass, b, p);
+        Err(unavailable("conv2d", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn relu_backward_bias(
+        &self,
+        y: &CudaStorage,
+        groups: usize,
+        cols: usize,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (y, groups, cols);
+        Err(unavailable("relu_backward_bias", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn linear_grads_on_side(
+        &self,
+        g: &CudaStorage,
+        shape: &MatmulShape,
+    ) -> Result<Option<SideGrads>> {
+        let _ = (g, shape);
+        Err(unavailable("linear_grads", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn cross_entropy_mean(
+        &self,
+        labels: &CudaStorage,
+        cols: usize,
+        batch: usize,
+    ) -> Result<Option<(CudaStorage, CudaStorage)>> {
+        let _ = (labels, cols, batch);
+        Err(unavailable("cross_entropy", self.ordinal))
+    }
+
+    fn adam_step_many(params: &mut [AdamEntry<'_, Self>], h: &AdamParams<'_>) -> Result<()> {
+        let _ = h;
+        match params.first() {
+            Some(e) => Err(unavailable("adam_step", e.0.ordinal)),
+            None => Ok(()),
+        }
+    }
+
+    fn sgd_step_many(params: &mut [SgdEntry<'_, Self>], h: &SgdParams<'_>) -> Result<()> {
+        let _ = h;
+        match params.first() {
+            Some(e) => Err(unavailable("sgd_step", e.0.ordinal)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Always 0: this build has no CUDA support.
 ///
 /// # Errors
@@ -71,28 +483,6 @@ pub fn device_count() -> Result<usize> {
 /// Waits for all work queued on the device.
 pub fn synchronize(ordinal: usize) -> Result<()> {
     Err(unavailable("synchronize", ordinal))
-}
-
-/// `len` elements of `value` on device `ordinal`.
-pub fn full(len: usize, value: f64, dtype: DType, ordinal: usize) -> Result<CudaStorage> {
-    let _ = (len, value, dtype);
-    Err(unavailable("full", ordinal))
-}
-
-/// `len` zeros on device `ordinal`.
-pub fn zeros(len: usize, dtype: DType, ordinal: usize) -> Result<CudaStorage> {
-    full(len, 0.0, dtype, ordinal)
-}
-
-/// Copies a host buffer to device `ordinal`.
-pub fn from_host(src: &CpuStorage, ordinal: usize) -> Result<CudaStorage> {
-    let _ = src;
-    Err(unavailable("to_device", ordinal))
-}
-
-/// Copies device memory back to the host.
-pub fn to_host(src: &CudaStorage) -> Result<CpuStorage> {
-    Err(unavailable("to_host", src.ordinal))
 }
 
 /// Device memory on its way to the host. This build has no CUDA support, so no value of it can
@@ -117,348 +507,6 @@ impl PendingHost {
     }
 }
 
-/// Always fails: this build has no CUDA support.
-///
-/// # Errors
-/// [`Error::NotCompiledWithCuda`].
-pub fn to_host_later(src: &CudaStorage) -> Result<PendingHost> {
-    Err(unavailable("to_host_later", src.ordinal))
-}
-
-/// See [`crate::cpu::cast`].
-pub fn cast(s: &CudaStorage, dtype: DType) -> Result<CudaStorage> {
-    let _ = dtype;
-    Err(unavailable("to_dtype", s.ordinal))
-}
-
-/// See [`crate::cpu::copy2d`].
-pub fn copy2d(src: &CudaStorage, dst: &mut CudaStorage, c: &Copy2d) -> Result<()> {
-    let _ = (dst, c);
-    Err(unavailable("copy", src.ordinal))
-}
-
-/// See [`crate::cpu::transpose`].
-pub fn transpose(s: &CudaStorage, batch: usize, rows: usize, cols: usize) -> Result<CudaStorage> {
-    let _ = (batch, rows, cols);
-    Err(unavailable("transpose", s.ordinal))
-}
-
-/// See [`crate::cpu::broadcast`].
-pub fn broadcast(s: &CudaStorage, src_shape: &[usize], out_shape: &[usize]) -> Result<CudaStorage> {
-    let _ = (src_shape, out_shape);
-    Err(unavailable("broadcast_to", s.ordinal))
-}
-
-/// See [`crate::cpu::binary`].
-pub fn binary(
-    op: BinaryOp,
-    lhs: &CudaStorage,
-    lhs_shape: &[usize],
-    rhs: &CudaStorage,
-    rhs_shape: &[usize],
-    out_shape: &[usize],
-) -> Result<CudaStorage> {
-    let _ = (lhs_shape, rhs, rhs_shape, out_shape);
-    Err(unavailable(op.name(), lhs.ordinal))
-}
-
-/// See [`crate::cpu::binary_assign`].
-pub fn binary_assign(
-    op: BinaryOp,
-    dst: &mut CudaStorage,
-    dst_shape: &[usize],
-    src: &CudaStorage,
-    src_shape: &[usize],
-) -> Result<()> {
-    let _ = (dst_shape, src, src_shape);
-    Err(unavailable(op.name(), dst.ordinal))
-}
-
-/// See [`crate::cpu::unary`].
-pub fn unary(op: UnaryOp, s: &CudaStorage) -> Result<CudaStorage> {
-    Err(unavailable(op.name(), s.ordinal))
-}
-
-/// See [`crate::cpu::where_cond`].
-pub fn where_cond(
-    mask: &CudaStorage,
-    on_true: &CudaStorage,
-    on_false: &CudaStorage,
-) -> Result<CudaStorage> {
-    let _ = (on_true, on_false);
-    Err(unavailable("where_cond", mask.ordinal))
-}
-
-/// See [`crate::cpu::reduce`].
-pub fn reduce(op: ReduceOp, s: &CudaStorage, shape: ReduceShape) -> Result<CudaStorage> {
-    let _ = shape;
-    Err(unavailable(op.name(), s.ordinal))
-}
-
-/// See [`crate::cpu::argmax`].
-pub fn argmax(s: &CudaStorage, shape: ReduceShape) -> Result<CudaStorage> {
-    let _ = shape;
-    Err(unavailable("argmax", s.ordinal))
-}
-
-/// See [`crate::cpu::softmax_last`].
-pub fn softmax_last(s: &CudaStorage, cols: usize, log: bool) -> Result<CudaStorage> {
-    let _ = (cols, log);
-    Err(unavailable("softmax_last", s.ordinal))
-}
-
-/// See [`crate::cpu::attention`].
-pub fn attention(
-    qkv: &CudaStorage,
-    mask: Option<&CudaStorage>,
-    shape: &AttentionShape,
-) -> Result<(CudaStorage, CudaStorage)> {
-    let _ = (mask, shape);
-    Err(unavailable("attention", qkv.ordinal))
-}
-
-/// See [`crate::cpu::attention_backward`].
-pub fn attention_backward(
-    qkv: &CudaStorage,
-    mask: Option<&CudaStorage>,
-    saved: (&CudaStorage, &CudaStorage, &CudaStorage),
-    shape: &AttentionShape,
-) -> Result<CudaStorage> {
-    let _ = (mask, saved, shape);
-    Err(unavailable("attention_backward", qkv.ordinal))
-}
-
-/// See [`crate::cpu::batch_norm`].
-pub fn batch_norm(
-    x: &CudaStorage,
-    params: (&CudaStorage, &CudaStorage),
-    shape: (&BatchNormShape, f64),
-    relu: bool,
-    running: Option<(&mut CudaStorage, &mut CudaStorage, f64)>,
-) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let _ = (params, shape, relu, running);
-    Err(unavailable("batch_norm", x.ordinal))
-}
-
-/// See [`crate::cpu::batch_norm_backward`].
-pub fn batch_norm_backward(
-    x: &CudaStorage,
-    out: Option<&CudaStorage>,
-    dout: &CudaStorage,
-    saved: (&CudaStorage, &CudaStorage, &CudaStorage),
-    shape: &BatchNormShape,
-) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let _ = (out, dout, saved, shape);
-    Err(unavailable("batch_norm_backward", x.ordinal))
-}
-
-/// See [`crate::cpu::layer_norm`].
-pub fn layer_norm(
-    x: &CudaStorage,
-    params: (&CudaStorage, &CudaStorage),
-    shape: (&LayerNormShape, f64),
-) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let _ = (params, shape);
-    Err(unavailable("layer_norm", x.ordinal))
-}
-
-/// See [`crate::cpu::layer_norm_backward`].
-pub fn layer_norm_backward(
-    x: &CudaStorage,
-    dout: &CudaStorage,
-    saved: (&CudaStorage, &CudaStorage, &CudaStorage),
-    shape: &LayerNormShape,
-) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let _ = (dout, saved, shape);
-    Err(unavailable("layer_norm_backward", x.ordinal))
-}
-
-/// See [`crate::cpu::matmul`].
-pub fn matmul(lhs: &CudaStorage, rhs: &CudaStorage, shape: &MatmulShape) -> Result<CudaStorage> {
-    let _ = (rhs, shape);
-    Err(unavailable("matmul", lhs.ordinal))
-}
-
-/// A product under a precision policy (see the CUDA build's `matmul_as`).
-pub fn matmul_as(
-    lhs: &CudaStorage,
-    rhs: &CudaStorage,
-    shape: &MatmulShape,
-    math: Math,
-) -> Result<CudaStorage> {
-    let _ = (rhs, shape, math);
-    Err(unavailable("matmul", lhs.ordinal))
-}
-
-/// A convolution pass with 16-bit operands (see the CUDA build's `conv_pass_16bit`).
-pub fn conv_pass_16bit(
-    pass: (ConvPass, Math),
-    a: &CudaStorage,
-    b: &CudaStorage,
-    p: &ConvParams,
-) -> Result<Option<CudaStorage>> {
-    let _ = (pass, b, p);
-    Err(unavailable("conv2d", a.ordinal))
-}
-
-/// See [`crate::cpu::conv2d`].
-pub fn conv2d(
-    input: &CudaStorage,
-    weight: &CudaStorage,
-    bias: Option<&CudaStorage>,
-    p: &ConvParams,
-    math: Math,
-) -> Result<CudaStorage> {
-    let _ = (weight, bias, p, math);
-    Err(unavailable("conv2d", input.ordinal))
-}
-
-/// See [`crate::cpu::conv2d_backward_input`].
-pub fn conv2d_backward_input(
-    grad_out: &CudaStorage,
-    weight: &CudaStorage,
-    p: &ConvParams,
-    math: Math,
-) -> Result<CudaStorage> {
-    let _ = (weight, p, math);
-    Err(unavailable("conv2d_backward_input", grad_out.ordinal))
-}
-
-/// See [`crate::cpu::conv2d_backward_weight`].
-pub fn conv2d_backward_weight(
-    input: &CudaStorage,
-    grad_out: &CudaStorage,
-    p: &ConvParams,
-    math: Math,
-) -> Result<CudaStorage> {
-    let _ = (grad_out, p, math);
-    Err(unavailable("conv2d_backward_weight", input.ordinal))
-}
-
-/// See [`crate::cpu::max_pool2d`].
-pub fn max_pool2d(s: &CudaStorage, p: &PoolParams) -> Result<(CudaStorage, CudaStorage)> {
-    let _ = p;
-    Err(unavailable("max_pool2d", s.ordinal))
-}
-
-/// See [`crate::cpu::max_pool2d_backward`].
-pub fn max_pool2d_backward(
-    grad_out: &CudaStorage,
-    indices: &CudaStorage,
-    planes: usize,
-    plane_in: usize,
-    plane_out: usize,
-) -> Result<CudaStorage> {
-    let _ = (indices, planes, plane_in, plane_out);
-    Err(unavailable("max_pool2d_backward", grad_out.ordinal))
-}
-
-/// See [`crate::cpu::index_select`].
-pub fn index_select(
-    src: &CudaStorage,
-    idx: &CudaStorage,
-    outer: usize,
-    dim: usize,
-    inner: usize,
-) -> Result<CudaStorage> {
-    let _ = (idx, outer, dim, inner);
-    Err(unavailable("index_select", src.ordinal))
-}
-
-/// See [`crate::cpu::index_add`].
-pub fn index_add(
-    dst: &mut CudaStorage,
-    idx: &CudaStorage,
-    src: &CudaStorage,
-    outer: usize,
-    dim: usize,
-    inner: usize,
-) -> Result<()> {
-    let _ = (idx, src, outer, dim, inner);
-    Err(unavailable("index_add", dst.ordinal))
-}
-
-/// See [`crate::cpu::gather_last`].
-pub fn gather_last(src: &CudaStorage, idx: &CudaStorage, cols: usize) -> Result<CudaStorage> {
-    let _ = (idx, cols);
-    Err(unavailable("gather_last", src.ordinal))
-}
-
-/// See [`crate::cpu::scatter_add_last`].
-pub fn scatter_add_last(
-    dst: &mut CudaStorage,
-    idx: &CudaStorage,
-    src: &CudaStorage,
-    cols: usize,
-) -> Result<()> {
-    let _ = (idx, src, cols);
-    Err(unavailable("scatter_add_last", dst.ordinal))
-}
-
-/// See [`crate::cpu::one_hot`].
-pub fn one_hot(labels: &CudaStorage, classes: usize, dtype: DType) -> Result<CudaStorage> {
-    let _ = (classes, dtype);
-    Err(unavailable("one_hot", labels.ordinal))
-}
-
-/// See [`crate::cpu::cross_entropy`].
-pub fn cross_entropy(
-    logits: &CudaStorage,
-    labels: &CudaStorage,
-    cols: usize,
-    scale: f64,
-) -> Result<(CudaStorage, CudaStorage)> {
-    let _ = (labels, cols, scale);
-    Err(unavailable("cross_entropy", logits.ordinal))
-}
-
-/// See [`crate::cpu::bias_relu`].
-pub fn bias_relu(
-    x: &CudaStorage,
-    b: &CudaStorage,
-    cols: usize,
-    group: usize,
-) -> Result<CudaStorage> {
-    let _ = (b, cols, group);
-    Err(unavailable("bias_relu", x.ordinal))
-}
-
-/// See [`crate::cpu::relu_backward`].
-pub fn relu_backward(dy: &CudaStorage, y: &CudaStorage) -> Result<CudaStorage> {
-    let _ = y;
-    Err(unavailable("relu_backward", dy.ordinal))
-}
-
-/// Always fails: this build has no CUDA support.
-///
-/// # Errors
-/// [`Error::NotCompiledWithCuda`].
-pub fn relu_backward_bias(
-    dy: &CudaStorage,
-    y: &CudaStorage,
-    groups: usize,
-    cols: usize,
-) -> Result<(CudaStorage, CudaStorage)> {
-    let _ = (y, groups, cols);
-    Err(unavailable("relu_backward_bias", dy.ordinal))
-}
-
-/// Always fails: this build has no CUDA support.
-///
-/// # Errors
-/// [`Error::NotCompiledWithCuda`].
-pub fn linear(
-    x: &CudaStorage,
-    w: &CudaStorage,
-    bias: &CudaStorage,
-    shape: &MatmulShape,
-    bias_batch_stride: usize,
-    relu: bool,
-) -> Result<Option<CudaStorage>> {
-    let _ = (w, bias, shape, bias_batch_stride, relu);
-    Err(unavailable("linear", x.ordinal))
-}
-
 /// Never made: this build has no CUDA support.
 #[derive(Debug)]
 pub struct SideGrads;
@@ -471,62 +519,6 @@ impl SideGrads {
     pub fn join(self) -> Result<(CudaStorage, CudaStorage)> {
         Err(unavailable("linear_grads", 0))
     }
-}
-
-/// Always fails: this build has no CUDA support.
-///
-/// # Errors
-/// [`Error::NotCompiledWithCuda`].
-pub fn linear_grads_on_side(
-    x: &CudaStorage,
-    g: &CudaStorage,
-    shape: &MatmulShape,
-) -> Result<Option<SideGrads>> {
-    let _ = (g, shape);
-    Err(unavailable("linear_grads", x.ordinal))
-}
-
-/// Always fails: this build has no CUDA support.
-///
-/// # Errors
-/// [`Error::NotCompiledWithCuda`].
-pub fn cross_entropy_mean(
-    logits: &CudaStorage,
-    labels: &CudaStorage,
-    cols: usize,
-    batch: usize,
-) -> Result<Option<(CudaStorage, CudaStorage)>> {
-    let _ = (labels, cols, batch);
-    Err(unavailable("cross_entropy", logits.ordinal))
-}
-
-/// See [`crate::cpu::fill`].
-pub fn fill(dst: &mut CudaStorage, value: f64) -> Result<()> {
-    let _ = value;
-    Err(unavailable("fill", dst.ordinal))
-}
-
-/// See [`crate::cpu::sgd_step`].
-pub fn sgd_step(
-    param: &mut CudaStorage,
-    grad: &CudaStorage,
-    momentum_buf: Option<&mut CudaStorage>,
-    h: &SgdParams<'_>,
-) -> Result<()> {
-    let _ = (grad, momentum_buf, h);
-    Err(unavailable("sgd_step", param.ordinal))
-}
-
-/// See [`crate::cpu::adam_step`].
-pub fn adam_step(
-    param: &mut CudaStorage,
-    grad: &CudaStorage,
-    m: &mut CudaStorage,
-    v: &mut CudaStorage,
-    h: &AdamParams<'_>,
-) -> Result<()> {
-    let _ = (grad, m, v, h);
-    Err(unavailable("adam_step", param.ordinal))
 }
 
 /// Creates the allocator of device `ordinal` from the environment's configuration.

@@ -1,7 +1,9 @@
-//! The CUDA backend: every op of [`crate::cpu`] on [`CudaStorage`].
+//! The CUDA backend: [`CudaStorage`], which implements every trait of [`crate::backend`], and the
+//! device-wide functions (synchronization, graph capture, uploads, profiling, GEMM tuning).
 //!
-//! With the `cuda` feature the functions run cohort-kernels' CUDA kernels (`imp.rs`); without it
-//! they exist with the same signatures and return [`crate::Error::NotCompiledWithCuda`].
+//! With the `cuda` feature they run cohort-kernels' CUDA kernels (`imp.rs`, `imp/`); without it
+//! they exist with the same signatures and return [`crate::Error::NotCompiledWithCuda`]
+//! (`absent.rs`): the shared traits make the compiler check that the two agree.
 
 #[cfg(not(feature = "cuda"))]
 mod absent;
