@@ -3,6 +3,7 @@
 use cohort_tensor::{AttentionMask, Tensor};
 
 use crate::Result;
+use crate::ops::kept_operands;
 
 /// One recorded operation with what its derivative needs.
 pub(crate) enum Op {
@@ -479,9 +480,14 @@ impl Op {
                 padding,
                 groups,
             } => {
+                // Both passes take the output's gradient as an operand: under a 16-bit policy, cast it once.
+                let g_operand = match need[..2] {
+                    [true, true] => kept_operands(g, w)?.0,
+                    _ => g.clone(),
+                };
                 let gx = if need[0] {
                     Some(Tensor::conv2d_backward_input(
-                        g,
+                        &g_operand,
                         w,
                         x.shape(),
                         *stride,
@@ -494,7 +500,7 @@ impl Op {
                 let gw = if need[1] {
                     Some(Tensor::conv2d_backward_weight(
                         x,
-                        g,
+                        &g_operand,
                         w.shape(),
                         *stride,
                         *padding,

@@ -26,7 +26,7 @@ macro_rules! unary {
 
 /// A product's operands as its backward keeps them: under a mixed policy on CUDA their 16-bit copies (cast once
 /// for the forward and the backward, in half the memory), otherwise themselves.
-fn kept_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+pub(crate) fn kept_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok(match Precision::current().math_for(a, b) {
         Some(m) if !m.f32_operands() => (a.as_operand(m)?, b.as_operand(m)?),
         _ => (a.clone(), b.clone()),

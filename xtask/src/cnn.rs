@@ -16,12 +16,13 @@
 use std::path::Path;
 
 use anyhow::Result;
+use cohort_alloc::TenantId;
 use cohort_autograd::ModelSpec;
 use cohort_tensor::{DType, Device, Precision, Tensor, memory};
 use serde_json::{Value, json};
 
-use crate::cohort::{self, Trainee};
-use crate::workload::{self, Table, Timing, mib};
+use crate::cohort::{self, Captured, Trainee};
+use crate::workload::{self, Measured, Table, Timing, mib};
 
 /// The benchmark's model (PyTorch's is the `nn.Sequential` of `bench/torch_cnn.py`).
 pub(crate) const CNN: &str = r#"layers = [
@@ -75,10 +76,14 @@ pub fn run(device: Device, quick: bool, script: Option<(&str, &Path)>) -> Result
     );
     let ours: Vec<Value> = PRECISIONS
         .into_iter()
-        .map(|p| {
-            measure(device, p, &w).unwrap_or_else(|e| {
-                println!("cohort {p}: failed: {e:#}");
-                json!({ "precision": p.name(), "error": format!("{e:#}") })
+        .flat_map(|p| {
+            let eager = measure(device, p, &w);
+            let graph = measure_graph(device, p, &w);
+            [("eager", eager), ("graph", graph)].map(|(form, row)| {
+                row.unwrap_or_else(|e| {
+                    println!("cohort {p} {form}: failed: {e:#}");
+                    json!({ "precision": p.name(), "form": form, "error": format!("{e:#}") })
+                })
             })
         })
         .collect();
@@ -91,12 +96,9 @@ pub fn run(device: Device, quick: bool, script: Option<(&str, &Path)>) -> Result
     }))
 }
 
-/// One policy's row: a fresh model on the one fixed batch, its steps/s (the median window's), images/s, each
-/// window's rate, and its tenant's peak over the timed steps (none on the CPU, which has no allocator).
-fn measure(device: Device, precision: Precision, w: &Workload) -> Result<Value> {
-    let spec = ModelSpec::from_toml(CNN)?;
-    let tenant = cohort::tenant(device, &format!("cnn-{precision}"))?;
-    let (x, y) = memory::with_tenant(tenant, || -> Result<_> {
+/// The one fixed batch, `[batch, 3, side, side]` uniform images and their labels, charged to `tenant`.
+fn batch(device: Device, tenant: TenantId, w: &Workload) -> Result<(Tensor, Tensor)> {
+    memory::with_tenant(tenant, || -> Result<_> {
         let x = Tensor::rand_uniform(
             &[w.batch, 3, w.side, w.side],
             0.0,
@@ -106,29 +108,61 @@ fn measure(device: Device, precision: Precision, w: &Workload) -> Result<Value> 
             &device,
         )?;
         Ok((x, cohort::labels(w.batch, 10, device)?))
-    })?;
-    let mut t = Trainee::from_spec(&spec, &[3, w.side, w.side], 1, 0, device, tenant)?;
+    })
+}
+
+/// The model, fresh, its memory charged to `tenant`.
+fn trainee(device: Device, tenant: TenantId, w: &Workload) -> Result<Trainee> {
+    let spec = ModelSpec::from_toml(CNN)?;
+    Trainee::from_spec(&spec, &[3, w.side, w.side], 1, 0, device, tenant)
+}
+
+/// One policy's eager row: a fresh model on the one fixed batch, its steps/s (the median window's), images/s, each
+/// window's rate, and its tenant's peak over the timed steps (none on the CPU, which has no allocator).
+fn measure(device: Device, precision: Precision, w: &Workload) -> Result<Value> {
+    let tenant = cohort::tenant(device, &format!("cnn-{precision}"))?;
+    let (x, y) = batch(device, tenant, w)?;
+    let mut t = trainee(device, tenant, w)?;
     let _policy = precision.enter();
     let m = w.timing.measure(device, &[tenant], || t.step(&x, &y))?;
+    Ok(row(precision, "eager", w, &m))
+}
+
+/// One policy's graph row: the same step captured as one CUDA graph ([`Captured`], checked against eager steps)
+/// and replayed, as PyTorch's graph form; no peak (a graph's memory is its capture's pool, outside the tenants).
+fn measure_graph(device: Device, precision: Precision, w: &Workload) -> Result<Value> {
+    anyhow::ensure!(device.is_cuda(), "CUDA graphs need a GPU");
+    let (x, y) = batch(device, TenantId::DEFAULT, w)?;
+    let _policy = precision.enter();
+    let build = || trainee(device, TenantId::DEFAULT, w);
+    let check = vec![(x.clone(), y.clone()); 4];
+    let captured = Captured::new(vec![build()?], [build()?, build()?], &x, &y, &check)?;
+    let m = w.timing.measure(device, &[], || captured.replay())?;
+    Ok(row(precision, "graph", w, &m))
+}
+
+/// A row of ours, printed as it is made.
+fn row(precision: Precision, form: &str, w: &Workload, m: &Measured) -> Value {
     let steps_per_s = m.rate;
     println!(
-        "cohort {precision}: {steps_per_s:8.1} steps/s {:9.0} images/s{}",
+        "cohort {precision} {form}: {steps_per_s:8.1} steps/s {:9.0} images/s{}",
         steps_per_s * w.batch as f64,
         m.peak
             .map(|p| format!("  peak {:.1} MiB", mib(p as f64)))
             .unwrap_or_default()
     );
-    Ok(json!({
-        "precision": precision.name(), "steps_per_s": steps_per_s,
+    json!({
+        "precision": precision.name(), "form": form, "steps_per_s": steps_per_s,
         "images_per_s": steps_per_s * w.batch as f64, "windows": m.windows, "peak_bytes": m.peak,
-    }))
+    })
 }
 
-/// The comparison, one line per policy (see [`Table::render`]); the peak beside PyTorch's eager one.
+/// The comparison, one line per policy and form of ours (see [`Table::render`]); the peak beside PyTorch's eager
+/// one.
 fn table(ours: &[Value], theirs: &Value) -> String {
     Table {
         join: &["precision"],
-        shown: &[],
+        shown: &["form"],
         rate: "steps_per_s",
         rate_header: "cohort steps/s",
         forms: &[("eager", "PyTorch eager"), ("graph", "PyTorch CUDA graph")],
@@ -145,8 +179,8 @@ mod tests {
     #[test]
     fn table_joins_the_reference_by_precision_and_form() {
         let ours = [
-            json!({ "precision": "fp32", "steps_per_s": 200.0, "peak_bytes": 100u64 << 20 }),
-            json!({ "precision": "bf16", "error": "no bf16 kernel" }),
+            json!({ "precision": "fp32", "form": "eager", "steps_per_s": 200.0, "peak_bytes": 100u64 << 20 }),
+            json!({ "precision": "bf16", "form": "eager", "error": "no bf16 kernel" }),
         ];
         let stdout = "torch 2.5\n{\"torch\": \"2.5\", \"rows\": [\
             {\"precision\": \"fp32\", \"form\": \"eager\", \"steps_per_s\": 100.0, \"peak_bytes\": 209715200},\
@@ -159,12 +193,16 @@ mod tests {
         assert_eq!(
             cells,
             [
-                "fp32", "200.0", "100.0", "2.00x", "400.0", "0.50x", "100.0", "200.0", "0.50x"
+                "fp32", "eager", "200.0", "100.0", "2.00x", "400.0", "0.50x", "100.0", "200.0",
+                "0.50x"
             ]
         );
         let bf16 = t.lines().find(|l| l.starts_with("bf16")).unwrap();
         assert_eq!(bf16.split_whitespace().filter(|c| *c == "-").count(), 8);
-        assert!(t.contains("cohort bf16: failed: no bf16 kernel"), "{t}");
+        assert!(
+            t.contains("cohort bf16 eager: failed: no bf16 kernel"),
+            "{t}"
+        );
         assert!(
             t.contains("PyTorch bf16 graph: failed: capture failed"),
             "{t}"
