@@ -24,26 +24,6 @@ impl Storage {
     }
 }
 
-/// The storages as CPU ones, or `None` when any is on a GPU.
-pub(crate) fn on_cpu<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CpuStorage>> {
-    s.iter()
-        .map(|s| match s {
-            Storage::Cpu(c) => Some(c),
-            Storage::Cuda(_) => None,
-        })
-        .collect()
-}
-
-/// The storages as CUDA ones, or `None` when any is on the CPU.
-pub(crate) fn on_cuda<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CudaStorage>> {
-    s.iter()
-        .map(|s| match s {
-            Storage::Cuda(c) => Some(c),
-            Storage::Cpu(_) => None,
-        })
-        .collect()
-}
-
 /// A backend's storage as it sits in a [`Storage`]: lets an op body written once for both backends
 /// take a further operand of its own backend.
 pub(crate) trait OfBackend {
@@ -67,6 +47,16 @@ impl OfBackend for CudaStorage {
             Storage::Cpu(_) => None,
         }
     }
+}
+
+/// The storages as CPU ones, or `None` when any is on a GPU.
+pub(crate) fn on_cpu<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CpuStorage>> {
+    s.iter().map(|&s| CpuStorage::of(s)).collect()
+}
+
+/// The storages as CUDA ones, or `None` when any is on the CPU.
+pub(crate) fn on_cuda<'a>(s: &[&'a Storage]) -> Option<Vec<&'a CudaStorage>> {
+    s.iter().map(|&s| CudaStorage::of(s)).collect()
 }
 
 /// A host buffer of one dtype.
