@@ -151,6 +151,8 @@ pub(crate) enum Op {
     Conv2d {
         x: Tensor,
         w: Tensor,
+        /// The output, where a ReLU ran in the op ([`Var::conv2d_relu`](crate::Var::conv2d_relu)).
+        relu_y: Option<Tensor>,
         stride: usize,
         padding: usize,
         groups: usize,
@@ -476,10 +478,15 @@ impl Op {
             Op::Conv2d {
                 x,
                 w,
+                relu_y,
                 stride,
                 padding,
                 groups,
             } => {
+                let g = &match relu_y {
+                    Some(y) => g.relu_backward(y)?,
+                    None => g.clone(),
+                };
                 // Both passes take the output's gradient as an operand: under a 16-bit policy, cast it once.
                 let g_operand = match need[..2] {
                     [true, true] => kept_operands(g, w)?.0,

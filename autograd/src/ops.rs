@@ -514,11 +514,44 @@ impl Var {
         padding: usize,
         groups: usize,
     ) -> Result<Var> {
+        self.conv2d_act(weight, bias, (stride, padding, groups), false)
+    }
+
+    /// [`conv2d`](Var::conv2d) then a ReLU, in one op ([`Tensor::conv2d_relu`]: one kernel after the convolution
+    /// under a 16-bit policy on CUDA).
+    ///
+    /// # Errors
+    /// When the shapes do not fit.
+    pub fn conv2d_relu(
+        &self,
+        weight: &Var,
+        bias: Option<&Var>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<Var> {
+        self.conv2d_act(weight, bias, (stride, padding, groups), true)
+    }
+
+    fn conv2d_act(
+        &self,
+        weight: &Var,
+        bias: Option<&Var>,
+        (stride, padding, groups): (usize, usize, usize),
+        relu: bool,
+    ) -> Result<Var> {
         let (x, w) = kept_operands(self.value(), weight.value())?;
-        let out = x.conv2d(&w, bias.map(Var::value), stride, padding, groups)?;
+        let b = bias.map(Var::value);
+        let out = if relu {
+            x.conv2d_relu(&w, b, stride, padding, groups)?
+        } else {
+            x.conv2d(&w, b, stride, padding, groups)?
+        };
+        let relu_y = relu.then(|| out.clone());
         let op = || Op::Conv2d {
             x,
             w,
+            relu_y,
             stride,
             padding,
             groups,

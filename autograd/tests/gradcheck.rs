@@ -318,6 +318,15 @@ fn convolution_and_pooling() {
         |v| v[0].conv2d(&v[1], Some(&v[2]), 1, 1, 1),
     );
     check(
+        "conv2d_relu",
+        &[
+            x.clone(),
+            rand(&[3, 4, 3, 3], -1.0, 1.0, 42),
+            rand(&[3], -1.0, 1.0, 43),
+        ],
+        |v| v[0].conv2d_relu(&v[1], Some(&v[2]), 1, 1, 1),
+    );
+    check(
         "conv2d stride 2 no pad",
         &[x.clone(), rand(&[3, 4, 3, 3], -1.0, 1.0, 44)],
         |v| v[0].conv2d(&v[1], None, 2, 0, 1),

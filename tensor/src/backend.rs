@@ -482,6 +482,13 @@ pub trait CudaBackend: BackendStorage {
         p: &ConvParams,
     ) -> Result<Option<Self>>;
 
+    /// A 16-bit forward pass's output `self` (`[N, O, OH, OW]`, bf16 or f16) into f32 in one pass, with the bias
+    /// of each channel (`[O]` f32) added and a ReLU applied when `relu`.
+    ///
+    /// # Errors
+    /// `self` not 16-bit or `bias` not f32, different devices, out of memory, or a launch failure.
+    fn conv_epilogue(&self, bias: Option<&Self>, p: &ConvParams, relu: bool) -> Result<Self>;
+
     /// ReLU's backward from the gradient `self` and the output `y` with the gradient of the bias before
     /// it, in one kernel: `dx` and `db` (`groups · cols`, summed over the rows).
     ///

@@ -670,6 +670,32 @@ impl Tensor {
         padding: usize,
         groups: usize,
     ) -> Result<Tensor> {
+        self.conv2d_act(weight, bias, (stride, padding, groups), false)
+    }
+
+    /// [`conv2d`](Tensor::conv2d) followed by a ReLU: under a 16-bit policy on CUDA the output's cast to f32,
+    /// its bias and the ReLU run as one kernel; otherwise the ReLU is a pass of its own.
+    ///
+    /// # Errors
+    /// As [`conv2d`](Tensor::conv2d).
+    pub fn conv2d_relu(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> Result<Tensor> {
+        self.conv2d_act(weight, bias, (stride, padding, groups), true)
+    }
+
+    fn conv2d_act(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        (stride, padding, groups): (usize, usize, usize),
+        relu: bool,
+    ) -> Result<Tensor> {
         const OP: &str = "conv2d";
         let math = Precision::current().math_for(self, weight);
         self.same_device(OP, weight)?;
@@ -685,7 +711,7 @@ impl Tensor {
                 (ConvPass::Forward { bias: false }, m),
                 self,
                 weight,
-                bias,
+                (bias, relu),
                 &p,
             );
         }
@@ -722,7 +748,8 @@ impl Tensor {
             }
             _ => return Err(self.device_mismatch(OP, weight)),
         };
-        Ok(Tensor::from_storage(s, out))
+        let y = Tensor::from_storage(s, out);
+        if relu { y.relu() } else { Ok(y) }
     }
 
     /// Gradient of [`Tensor::conv2d`] with respect to its input, shape `input_shape`.
@@ -748,7 +775,13 @@ impl Tensor {
             });
         }
         if let Some(m) = math.filter(|m| !m.f32_operands()) {
-            return Tensor::conv_16bit((ConvPass::BackwardData, m), grad_out, weight, None, &p);
+            return Tensor::conv_16bit(
+                (ConvPass::BackwardData, m),
+                grad_out,
+                weight,
+                (None, false),
+                &p,
+            );
         }
         grad_out.same_dtype(OP, weight)?;
         grad_out.require_float(OP)?;
@@ -780,7 +813,13 @@ impl Tensor {
             });
         }
         if let Some(m) = math.filter(|m| !m.f32_operands()) {
-            return Tensor::conv_16bit((ConvPass::BackwardFilter, m), input, grad_out, None, &p);
+            return Tensor::conv_16bit(
+                (ConvPass::BackwardFilter, m),
+                input,
+                grad_out,
+                (None, false),
+                &p,
+            );
         }
         input.same_dtype(OP, grad_out)?;
         input.require_float(OP)?;

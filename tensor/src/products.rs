@@ -74,14 +74,15 @@ impl Tensor {
     }
 
     /// One pass of a convolution under a 16-bit `math`, into f32: the forward from the input `a` and the weight
-    /// `b` (then `bias`), the input's gradient from the output's (`a`) and the weight, or the weight's gradient
-    /// from the input and the output's (`b`). Where cuDNN does not run it (absent, or no algorithm), the pass
-    /// runs in f32 on the own kernels, as it would under fp32.
+    /// `b` (then `bias`, then a ReLU when `relu`), the input's gradient from the output's (`a`) and the weight, or
+    /// the weight's gradient from the input and the output's (`b`). A forward's cast to f32, bias and ReLU run as
+    /// one kernel. Where cuDNN does not run the pass (absent, or no algorithm), it runs in f32 on the own kernels,
+    /// as it would under fp32.
     pub(crate) fn conv_16bit(
         (pass, math): (ConvPass, Math),
         a: &Tensor,
         b: &Tensor,
-        bias: Option<&Tensor>,
+        (bias, relu): (Option<&Tensor>, bool),
         p: &ConvParams,
     ) -> Result<Tensor> {
         let (a16, b16) = (a.as_operand(math)?, b.as_operand(math)?);
@@ -97,6 +98,16 @@ impl Tensor {
             ConvPass::BackwardFilter => weight.to_vec(),
         };
         let y = match ran {
+            Some(s) if matches!(pass, ConvPass::Forward { .. }) => {
+                let y16 = Tensor::from_storage(Storage::Cuda(s), shape.clone());
+                let operands: Vec<&Tensor> = [Some(&y16), bias].into_iter().flatten().collect();
+                let y = Tensor::read_all(&operands, |st| match st {
+                    [Storage::Cuda(y)] => y.conv_epilogue(None, p, relu),
+                    [Storage::Cuda(y), Storage::Cuda(b)] => y.conv_epilogue(Some(b), p, relu),
+                    _ => Err(a.device_mismatch("conv2d", b)),
+                })?;
+                return Ok(Tensor::from_storage(Storage::Cuda(y), shape));
+            }
             Some(s) => Tensor::from_storage(Storage::Cuda(s), shape).to_dtype(DType::F32)?,
             None => {
                 let _fp32 = Precision::Fp32.enter();
@@ -113,9 +124,10 @@ impl Tensor {
                 }
             }
         };
-        match bias {
-            Some(bias) => y.add(&bias.reshape(&[1, p.c_out, 1, 1])?),
-            None => Ok(y),
-        }
+        let y = match bias {
+            Some(bias) => y.add(&bias.reshape(&[1, p.c_out, 1, 1])?)?,
+            None => y,
+        };
+        if relu { y.relu() } else { Ok(y) }
     }
 }

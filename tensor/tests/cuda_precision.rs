@@ -133,10 +133,13 @@ fn convolutions_keep_to_each_policys_tolerance() {
         let w = rand(&[96, 64, 3, 3], 12, dev).mul_scalar(0.1)?;
         let bias = rand(&[96], 13, dev);
         let y = x.conv2d(&w, Some(&bias), 1, 1, 1)?;
+        // The ReLU in the epilogue of a 16-bit pass (the cast, bias and ReLU in one kernel), and without a bias.
+        let rectified = x.conv2d_relu(&w, Some(&bias), 1, 1, 1)?;
+        let plain = x.conv2d_relu(&w, None, 1, 1, 1)?;
         let gy = rand(y.shape(), 14, dev);
         let gx = Tensor::conv2d_backward_input(&gy, &w, x.shape(), 1, 1, 1)?;
         let gw = Tensor::conv2d_backward_weight(&x, &gy, w.shape(), 1, 1, 1)?;
-        Ok(vec![y, gx, gw])
+        Ok(vec![y, rectified, plain, gx, gw])
     });
 }
 

@@ -56,6 +56,30 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
+        self.run(tape, x, false)
+    }
+
+    fn forward_relu(&self, tape: &Tape, x: Features) -> Option<Result<Features>> {
+        Some(self.run(tape, x, true))
+    }
+
+    fn params(&self) -> Vec<(String, Param)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+
+    fn kind(&self) -> &'static str {
+        "conv"
+    }
+}
+
+impl Conv2d {
+    /// The convolution, then a ReLU in the same op when `relu` (under a 16-bit policy the output's cast, bias and
+    /// ReLU are one kernel).
+    fn run(&self, tape: &Tape, x: Features, relu: bool) -> Result<Features> {
         let ws = self.weight.shape().to_vec();
         let (m, o, c, k) = (ws[0], ws[1], ws[2], ws[3]);
         let s = x.var.shape().to_vec();
@@ -81,20 +105,18 @@ impl Module for Conv2d {
             Some(b) => Some(tape.param(b).reshape(&[m * o])?),
             None => None,
         };
-        let y = input.conv2d(&w, b.as_ref(), self.stride, self.padding, groups)?;
+        let y = if relu {
+            input.conv2d_relu(&w, b.as_ref(), self.stride, self.padding, groups)?
+        } else {
+            input.conv2d(&w, b.as_ref(), self.stride, self.padding, groups)?
+        };
         Ok(Features::packed(y))
     }
 
-    fn params(&self) -> Vec<(String, Param)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
-    }
-
-    fn kind(&self) -> &'static str {
-        "conv"
+    /// The same convolution without its bias (before a batch norm, whose shift makes a bias redundant).
+    pub fn without_bias(mut self) -> Conv2d {
+        self.bias = None;
+        self
     }
 }
 
@@ -215,14 +237,6 @@ impl SequenceSpec {
             )),
             _ => Ok(Shape::Dense(vec![self.tokens, n / self.tokens])),
         }
-    }
-}
-
-impl Conv2d {
-    /// The same convolution without its bias (before a batch norm, whose shift makes a bias redundant).
-    pub fn without_bias(mut self) -> Conv2d {
-        self.bias = None;
-        self
     }
 }
 

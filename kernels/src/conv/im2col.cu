@@ -1,4 +1,6 @@
-// Convolution helpers around GEMM. The column matrix of a tile of n images is [C·kh·kw, n·OH·OW]: row (c, ki, kj),
+// Convolution helpers: the own kernels' im2col and col2im around GEMM, and the epilogue of a 16-bit pass.
+//
+// The column matrix of a tile of n images is [C·kh·kw, n·OH·OW]: row (c, ki, kj),
 // column (img, oy, ox), so one GEMM covers the tile and each group's rows are contiguous. The callers pass the
 // tile's first image as x (and out, grad, ...) and its size as nimg.
 
@@ -68,3 +70,19 @@ extern "C" __global__ void conv_grad_cnhw_f32(u64 nimg, u64 cout, u64 hw, const 
 extern "C" __global__ void conv_accumulate_f32(u64 n, const float* src, float* dst) {
     GRID_STRIDE(t, n) { dst[t] += src[t]; }
 }
+
+// A 16-bit forward pass's output into f32 in one pass: the cast, the bias of each channel (none where bias is null)
+// and a ReLU when relu is set (as relu_f32: NaN gives 0). NCHW: channel (i / inner) % channels, inner = OH·OW
+// (in 32 bits where the tensor allows: a 64-bit division costs more than the element's memory traffic).
+#define CONV_EPILOGUE(T, LOAD)                                                                        \
+    extern "C" __global__ void conv_epilogue_##T(u64 n, u64 channels, u64 inner, const u16* y, const float* bias, \
+                                                 u32 relu, float* out) {                              \
+        GRID_STRIDE(i, n) {                                                                           \
+            float v = LOAD(y[i]);                                                                     \
+            if (bias) v += bias[n <= 0xffffffffull ? ((u32)i / (u32)inner) % (u32)channels            \
+                                                   : (i / inner) % channels];                         \
+            out[i] = relu && !(v > 0.0f) ? 0.0f : v;                                                  \
+        }                                                                                             \
+    }
+CONV_EPILOGUE(bf16, bf16_to_f32)
+CONV_EPILOGUE(f16, f16_to_f32)

@@ -417,6 +417,20 @@ impl CudaBackend for CudaStorage {
     /// Always fails: this build has no CUDA support.
     ///
     /// # Errors
+    /// Always [`Error::NotCompiledWithCuda`].
+    fn conv_epilogue(
+        &self,
+        bias: Option<&CudaStorage>,
+        p: &ConvParams,
+        relu: bool,
+    ) -> Result<CudaStorage> {
+        let _ = (bias, p, relu);
+        Err(unavailable("conv2d", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
     /// [`Error::NotCompiledWithCuda`].
     fn relu_backward_bias(
         &self,

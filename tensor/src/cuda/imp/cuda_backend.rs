@@ -201,6 +201,42 @@ impl CudaBackend for CudaStorage {
         Ok(ran.then_some(out))
     }
 
+    /// A 16-bit forward pass's output into f32 with its bias and ReLU, in one kernel.
+    ///
+    /// # Errors
+    /// `self` not 16-bit or `bias` not f32, different devices, out of memory, or a launch failure.
+    fn conv_epilogue(
+        &self,
+        bias: Option<&CudaStorage>,
+        p: &ConvParams,
+        relu: bool,
+    ) -> Result<CudaStorage> {
+        const OP: &str = "conv2d";
+        let from = want(OP, self, &[DType::BF16, DType::F16])?;
+        let b = match bias {
+            Some(b) => {
+                want(OP, b, &[DType::F32])?;
+                same_device(OP, self, b)?;
+                b.device_ptr()
+            }
+            None => 0,
+        };
+        let out = self.sibling(self.len, DType::F32)?;
+        let inner = p.out_h() * p.out_w();
+        // SAFETY: `self` holds the pass's output, `out` as many f32, `bias` (validated by the tensor) `c_out` f32.
+        unsafe {
+            conv_cuda::conv_epilogue_16bit(
+                &out.gpu,
+                from,
+                (self.device_ptr(), b, out.device_ptr()),
+                (p.c_out, inner),
+                self.len,
+                relu,
+            )?;
+        }
+        Ok(out)
+    }
+
     /// ReLU's backward and the gradient of the bias before it, in one kernel: `dy` and `y` hold
     /// `groups · rows · cols` f32; returns `dx` and `db` (`groups · cols`, summed over the rows).
     ///
