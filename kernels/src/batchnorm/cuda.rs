@@ -188,21 +188,6 @@ pub unsafe fn backward(
 mod tests {
     use super::*;
     use crate::batchnorm::{Running, cpu};
-    use crate::cuda::DeviceBuffer;
-
-    fn up(gpu: &Gpu, v: &[f32]) -> DeviceBuffer {
-        let buf = gpu.alloc(v.len().max(1) * 4).unwrap();
-        // SAFETY: the buffer holds at least these bytes.
-        unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
-        buf
-    }
-
-    fn down(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<f32> {
-        let mut v = vec![0f32; n];
-        // SAFETY: the buffer holds n f32.
-        unsafe { gpu.dtoh(b.ptr(), bytemuck::cast_slice_mut(&mut v)).unwrap() };
-        v
-    }
 
     fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
         assert_eq!(got.len(), want.len(), "{what}");
@@ -257,8 +242,8 @@ mod tests {
                 let out = relu.then_some(&y[..]);
                 let (dx, dg, db) = cpu::backward(&x, out, &dy, (&mean, &invstd, &gamma), &s);
 
-                let [gx, gg, gb, gdy] = [&x, &gamma, &beta, &dy].map(|v| up(&gpu, v));
-                let [grm, grv] = [vec![0.5f32; c], vec![2.0f32; c]].map(|v| up(&gpu, &v));
+                let [gx, gg, gb, gdy] = [&x, &gamma, &beta, &dy].map(|v| gpu.upload_f32(v));
+                let [grm, grv] = [vec![0.5f32; c], vec![2.0f32; c]].map(|v| gpu.upload_f32(&v));
                 let [gy, gdx] = [n, n].map(|n| gpu.alloc(n * 4).unwrap());
                 let [gm, gi, gdg, gdb] = [c; 4].map(|c| gpu.alloc(c * 4).unwrap());
                 // SAFETY: every buffer holds what `s` says.
@@ -283,14 +268,14 @@ mod tests {
                     .unwrap();
                 }
                 let what = |v: &str| format!("{s:?} relu {relu}: {v}");
-                close(&what("mean"), &down(&gpu, &gm, c), &mean, 1e-5);
-                close(&what("invstd"), &down(&gpu, &gi, c), &invstd, 1e-4);
-                close(&what("running mean"), &down(&gpu, &grm, c), &rm, 1e-5);
-                close(&what("running var"), &down(&gpu, &grv, c), &rv, 1e-4);
-                close(&what("y"), &down(&gpu, &gy, n), &y, 1e-4);
-                close(&what("dgamma"), &down(&gpu, &gdg, c), &dg, 1e-3);
-                close(&what("dbeta"), &down(&gpu, &gdb, c), &db, 1e-3);
-                close(&what("dx"), &down(&gpu, &gdx, n), &dx, 1e-3);
+                close(&what("mean"), &gpu.download_f32(&gm, c), &mean, 1e-5);
+                close(&what("invstd"), &gpu.download_f32(&gi, c), &invstd, 1e-4);
+                close(&what("running mean"), &gpu.download_f32(&grm, c), &rm, 1e-5);
+                close(&what("running var"), &gpu.download_f32(&grv, c), &rv, 1e-4);
+                close(&what("y"), &gpu.download_f32(&gy, n), &y, 1e-4);
+                close(&what("dgamma"), &gpu.download_f32(&gdg, c), &dg, 1e-3);
+                close(&what("dbeta"), &gpu.download_f32(&gdb, c), &db, 1e-3);
+                close(&what("dx"), &gpu.download_f32(&gdx, n), &dx, 1e-3);
             }
         }
     }

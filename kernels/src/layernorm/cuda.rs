@@ -109,22 +109,7 @@ pub unsafe fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::DeviceBuffer;
     use crate::layernorm::cpu;
-
-    fn up(gpu: &Gpu, v: &[f32]) -> DeviceBuffer {
-        let buf = gpu.alloc(v.len().max(1) * 4).unwrap();
-        // SAFETY: the buffer holds at least these bytes.
-        unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
-        buf
-    }
-
-    fn down(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<f32> {
-        let mut v = vec![0f32; n];
-        // SAFETY: the buffer holds n f32.
-        unsafe { gpu.dtoh(b.ptr(), bytemuck::cast_slice_mut(&mut v)).unwrap() };
-        v
-    }
 
     fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
         assert_eq!(got.len(), want.len(), "{what}");
@@ -167,7 +152,7 @@ mod tests {
             let (y, mean, invstd) = cpu::forward(&x, (&w, &b), (&s, 1e-5));
             let (dx, dw, db) = cpu::backward(&x, &dy, (&mean, &invstd, &w), &s);
 
-            let [gx, gw, gb, gdy] = [&x, &w, &b, &dy].map(|v| up(&gpu, v));
+            let [gx, gw, gb, gdy] = [&x, &w, &b, &dy].map(|v| gpu.upload_f32(v));
             let [gy, gdx] = [n, n].map(|n| gpu.alloc(n * 4).unwrap());
             let [gm, gi] = [s.stat_len(); 2].map(|c| gpu.alloc(c * 4).unwrap());
             let [gdw, gdb] = [p; 2].map(|c| gpu.alloc(c * 4).unwrap());
@@ -190,17 +175,22 @@ mod tests {
                 .unwrap();
             }
             let what = |v: &str| format!("{s:?}: {v}");
-            close(&what("mean"), &down(&gpu, &gm, s.stat_len()), &mean, 1e-5);
+            close(
+                &what("mean"),
+                &gpu.download_f32(&gm, s.stat_len()),
+                &mean,
+                1e-5,
+            );
             close(
                 &what("invstd"),
-                &down(&gpu, &gi, s.stat_len()),
+                &gpu.download_f32(&gi, s.stat_len()),
                 &invstd,
                 1e-4,
             );
-            close(&what("y"), &down(&gpu, &gy, n), &y, 1e-4);
-            close(&what("dx"), &down(&gpu, &gdx, n), &dx, 1e-3);
-            close(&what("dweight"), &down(&gpu, &gdw, p), &dw, 1e-3);
-            close(&what("dbias"), &down(&gpu, &gdb, p), &db, 1e-3);
+            close(&what("y"), &gpu.download_f32(&gy, n), &y, 1e-4);
+            close(&what("dx"), &gpu.download_f32(&gdx, n), &dx, 1e-3);
+            close(&what("dweight"), &gpu.download_f32(&gdw, p), &dw, 1e-3);
+            close(&what("dbias"), &gpu.download_f32(&gdb, p), &db, 1e-3);
         }
     }
 }

@@ -338,13 +338,6 @@ mod tests {
     use super::*;
     use crate::matmul::{cpu, thin};
 
-    fn up(gpu: &Gpu, v: &[f32]) -> crate::cuda::DeviceBuffer {
-        let buf = gpu.alloc(v.len() * 4).unwrap();
-        // SAFETY: the buffer holds exactly these bytes.
-        unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
-        buf
-    }
-
     /// The thread-per-output kernel against the CPU on a head's products: its forward with a
     /// bias, its input gradient (10 contracted terms, batched), and a shared transposed lhs with a
     /// bias per batch entry and a ReLU.
@@ -380,9 +373,13 @@ mod tests {
                 .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
                 .collect();
             let bias: Vec<f32> = (0..s.n * s.batch).map(|i| i as f32 / 10.0 - 1.0).collect();
-            let (da, db, dbias) = (up(&gpu, &a), up(&gpu, &b), up(&gpu, &bias));
+            let (da, db, dbias) = (
+                gpu.upload_f32(&a),
+                gpu.upload_f32(&b),
+                gpu.upload_f32(&bias),
+            );
             let len = s.batch * s.m * s.n;
-            let out = up(&gpu, &vec![f32::NAN; len]);
+            let out = gpu.upload_f32(&vec![f32::NAN; len]);
             let g = plan(&s).unwrap();
             let e = match bias_stride {
                 Some(stride) => Epilogue::Bias {
@@ -455,9 +452,9 @@ mod tests {
         let b: Vec<f32> = (0..s.batch * s.k * s.n)
             .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
             .collect();
-        let (da, db) = (up(&gpu, &a), up(&gpu, &b));
+        let (da, db) = (gpu.upload_f32(&a), gpu.upload_f32(&b));
         let len = s.batch * s.m * s.n;
-        let out = up(&gpu, &vec![f32::NAN; len]);
+        let out = gpu.upload_f32(&vec![f32::NAN; len]);
         let g = plan(&s).unwrap();
         let x = Operands {
             a: db.ptr(),

@@ -32,23 +32,6 @@ fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn up(gpu: &Gpu, v: &[f32]) -> DeviceBuffer {
-    let buf = gpu.alloc(v.len().max(1) * 4).unwrap();
-    // SAFETY: the buffer holds these bytes.
-    unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
-    buf
-}
-
-fn down(gpu: &Gpu, buf: &DeviceBuffer, n: usize) -> Vec<f32> {
-    let mut out = vec![0f32; n];
-    // SAFETY: callers size the buffer for n f32.
-    unsafe {
-        gpu.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
-            .unwrap()
-    };
-    out
-}
-
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -127,10 +110,10 @@ impl Case {
         let dy = rand_vec(p.output_len(), 4);
         Case {
             p,
-            x: up(gpu, &x),
-            w: up(gpu, &w),
-            bias: up(gpu, &bias),
-            dy: up(gpu, &dy),
+            x: gpu.upload_f32(&x),
+            w: gpu.upload_f32(&w),
+            bias: gpu.upload_f32(&bias),
+            dy: gpu.upload_f32(&dy),
             host: (x, w, bias, dy),
         }
     }
@@ -154,7 +137,7 @@ impl Case {
             ConvPass::BackwardData => p.input_len(),
             ConvPass::BackwardFilter => p.weight_len(),
         };
-        let out = up(gpu, &vec![f32::NAN; n]);
+        let out = gpu.upload_f32(&vec![f32::NAN; n]);
         let mut x = Operands {
             x: self.x.ptr(),
             w: self.w.ptr(),
@@ -191,7 +174,7 @@ impl Case {
             "{}: cuDNN has no algorithm for it",
             label_of(pass, &self.p)
         );
-        down(gpu, &out, n)
+        gpu.download_f32(&out, n)
     }
 }
 
@@ -245,7 +228,7 @@ fn every_algorithm_cudnn_offers_matches_the_cpu() {
                 // SAFETY: the operands hold what `p` describes, the workspace what the algorithm needs.
                 unsafe { dnn.launch(&gpu, &key, &desc, v, x, ws.ptr()) }
                     .unwrap_or_else(|e| panic!("{what} on {v:?}: {e}"));
-                let got = down(&gpu, &out, n);
+                let got = gpu.download_f32(&out, n);
                 if let Err(e) = std::panic::catch_unwind(|| {
                     assert_near(&format!("{what} on {v:?}"), &got, &want)
                 }) {
@@ -471,7 +454,7 @@ fn winograd_is_an_fp32_candidate_for_wide_3x3_layers_within_tolerance_and_not_ab
         unsafe { dnn.launch(&gpu, &key, &desc, v, x, ws.ptr()) }.unwrap();
         assert_near(
             &format!("{what} on {v:?}"),
-            &down(&gpu, &out, n),
+            &gpu.download_f32(&out, n),
             &case.want(pass),
         );
 

@@ -421,3 +421,26 @@ impl Gpu {
         })
     }
 }
+
+/// Round trips of f32 data for the kernels' GPU tests.
+#[cfg(test)]
+impl Gpu {
+    /// `v` in a new device buffer (at least one element's worth).
+    pub(crate) fn upload_f32(&self, v: &[f32]) -> super::DeviceBuffer {
+        let buf = self.alloc(v.len().max(1) * 4).unwrap();
+        // SAFETY: the buffer holds at least these bytes.
+        unsafe { self.htod(buf.ptr(), bytemuck::cast_slice(v)).unwrap() };
+        buf
+    }
+
+    /// The first `n` f32 of `buf`.
+    pub(crate) fn download_f32(&self, buf: &super::DeviceBuffer, n: usize) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        // SAFETY: callers size the buffer for n f32.
+        unsafe {
+            self.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut v))
+                .unwrap()
+        };
+        v
+    }
+}
