@@ -125,7 +125,7 @@
 //! arena (transformer-varlen 1.33 % to 0.38 %), large blocks starting on a page boundary (transformer-lm 1.39 % to
 //! 0.30 %, transformer-varlen 0.38 % to 0.17 %, at slack 0), and moving the highest idle page first rather than the
 //! one idle longest (31 % and 47 % fewer moves on the two transformer traces) or the lowest.
-
+//!
 //! Speed (criterion, `cargo bench -p cohort-alloc`, on a 2-core AMD EPYC): a cached alloc + free pair costs about
 //! 34 ns of CPU time in either layout (94 ns before the threaded bins and the parked block); 4 threads contending
 //! for one allocator on 2 cores take about 0.7 µs per pair.
