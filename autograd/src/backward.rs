@@ -241,9 +241,6 @@ fn two(
     Ok(vec![ga, gb])
 }
 
-const GELU_K: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
-const GELU_C: f64 = 0.044_715;
-
 impl Op {
     /// The inputs' gradients for an output gradient of ones, where the op has them without arithmetic (the
     /// cross-entropy's, computed in its forward pass); `None` for the others.
@@ -303,22 +300,7 @@ impl Op {
                     one(need, || Ok(g.relu_backward(y)?))
                 }
             }
-            Op::Gelu { x } => one(need, || {
-                // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3)
-                let x2 = x.square()?;
-                let u = x
-                    .mul(&x2.mul_scalar(GELU_C)?.add_scalar(1.0)?)?
-                    .mul_scalar(GELU_K)?;
-                let t = u.tanh()?;
-                let left = t.add_scalar(1.0)?.mul_scalar(0.5)?;
-                let sech2 = t.square()?.neg()?.add_scalar(1.0)?;
-                let du = x2
-                    .mul_scalar(3.0 * GELU_C)?
-                    .add_scalar(1.0)?
-                    .mul_scalar(0.5 * GELU_K)?;
-                let right = x.mul(&sech2)?.mul(&du)?;
-                Ok(g.mul(&left.add(&right)?)?)
-            }),
+            Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),
             Op::Sigmoid { y } => one(need, || Ok(g.mul(&y.mul(&y.neg()?.add_scalar(1.0)?)?)?)),
             Op::Exp { y } => one(need, || Ok(g.mul(y)?)),
@@ -483,18 +465,29 @@ impl Op {
                 padding,
                 groups,
             } => {
-                let g = &match relu_y {
+                let g = match relu_y {
                     Some(y) => g.relu_backward(y)?,
                     None => g.clone(),
                 };
+                // The bias's gradient first, so that an f32 gradient cast for the passes can go before they run.
+                let gb = if need.get(2) == Some(&true) {
+                    let o = g.shape()[1];
+                    Some(g.sum_to(&[1, o, 1, 1])?.reshape(&[o])?)
+                } else {
+                    None
+                };
                 // Both passes take the output's gradient as an operand: under a 16-bit policy, cast it once.
-                let g_operand = match need[..2] {
-                    [true, true] => kept_operands(g, w)?.0,
-                    _ => g.clone(),
+                let g = match need[..2] {
+                    [true, true] => {
+                        let low = kept_operands(&g, w)?.0;
+                        drop(g);
+                        low
+                    }
+                    _ => g,
                 };
                 let gx = if need[0] {
                     Some(Tensor::conv2d_backward_input(
-                        &g_operand,
+                        &g,
                         w,
                         x.shape(),
                         *stride,
@@ -507,18 +500,12 @@ impl Op {
                 let gw = if need[1] {
                     Some(Tensor::conv2d_backward_weight(
                         x,
-                        &g_operand,
+                        &g,
                         w.shape(),
                         *stride,
                         *padding,
                         *groups,
                     )?)
-                } else {
-                    None
-                };
-                let gb = if need.get(2) == Some(&true) {
-                    let o = g.shape()[1];
-                    Some(g.sum_to(&[1, o, 1, 1])?.reshape(&[o])?)
                 } else {
                     None
                 };

@@ -250,6 +250,16 @@ fn unary_ops_match_the_cpu() {
                 2e-6,
             );
         }
+        let dy = rand_vec(n, 9, -1.0, 1.0);
+        let ddy = up(&g, &dy);
+        // SAFETY: n f32 each.
+        unsafe { un_cuda::gelu_backward(&g, ddy.ptr(), dx.ptr(), out.ptr(), n).unwrap() };
+        assert_close(
+            "gelu_backward",
+            &down::<f32>(&g, &out, n),
+            &un_cpu::gelu_backward(&dy, &x),
+            2e-6,
+        );
     }
 }
 

@@ -177,6 +177,12 @@ pub trait Elementwise: Sized {
     /// # Errors
     /// As [`Elementwise::bias_relu`].
     fn relu_backward(&self, y: &Self) -> Result<Self>;
+
+    /// GELU's (tanh form) backward from its input: the gradient `self` times GELU's derivative at `x`, in one pass.
+    ///
+    /// # Errors
+    /// As [`Elementwise::bias_relu`].
+    fn gelu_backward(&self, x: &Self) -> Result<Self>;
 }
 
 /// Reductions along a dim, and the row-wise softmax family.

@@ -1046,6 +1046,18 @@ impl Tensor {
         map2!(self, OP, y, self.shape.clone(), |a, b| a.relu_backward(b))
     }
 
+    /// GELU's (tanh form, as [`gelu`](Tensor::gelu)) backward from its input `x`: `self` (the incoming gradient)
+    /// times GELU's derivative at `x`, in one pass.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn gelu_backward(&self, x: &Tensor) -> Result<Tensor> {
+        const OP: &str = "gelu_backward";
+        self.same_shape(OP, x)?;
+        self.same_dtype(OP, x)?;
+        map2!(self, OP, x, self.shape.clone(), |a, b| a.gelu_backward(b))
+    }
+
     /// [`relu_backward`](Tensor::relu_backward) with the gradient of the bias of the
     /// [`bias_relu`](Tensor::bias_relu) that made `y`: for `self` and `y` `[G, .., C]` and a bias
     /// `[C]` or `[G, 1, .., 1, C]`, returns `dx` and `db` (the bias's shape), `db` summing `dx`

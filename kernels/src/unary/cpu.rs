@@ -152,3 +152,47 @@ pub fn relu_backward<T: Float>(dy: &[T], y: &[T]) -> Vec<T> {
         out
     }
 }
+
+/// GELU's (tanh form) backward from its input `x`: `dy · gelu'(x)`.
+pub fn gelu_backward<T: Float>(dy: &[T], x: &[T]) -> Vec<T> {
+    let f = |(&g, &v): (&T, &T)| T::from_f64(g.to_f64() * gelu_derivative(v.to_f64()));
+    if dy.len() < PAR_THRESHOLD {
+        dy.iter().zip(x).map(f).collect()
+    } else {
+        let mut out = Vec::with_capacity(dy.len());
+        dy.par_iter()
+            .zip(x.par_iter())
+            .with_min_len(PAR_CHUNK)
+            .map(f)
+            .collect_into_vec(&mut out);
+        out
+    }
+}
+
+/// d/dx of GELU's tanh form, 0.5 x (1 + tanh(u)) with u = c (x + k x^3).
+fn gelu_derivative(x: f64) -> f64 {
+    let (c, k) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+    let t = (c * (x + k * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x * x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gelu_backward_is_the_derivative_of_gelu() {
+        let x: Vec<f64> = (-40..=40).map(|i| f64::from(i) * 0.1 + 0.013).collect();
+        let dy: Vec<f64> = x.iter().map(|v| 1.0 - 0.3 * v).collect();
+        let got = gelu_backward(&dy, &x);
+        let h = 1e-5;
+        for ((&v, &g), &d) in x.iter().zip(&dy).zip(&got) {
+            let f = |t: f64| UnaryOp::Gelu.apply_f64(t);
+            let want = g * (f(v + h) - f(v - h)) / (2.0 * h);
+            assert!(
+                (d - want).abs() <= 1e-8 * (1.0 + want.abs()),
+                "x {v}: {d} vs {want}"
+            );
+        }
+    }
+}

@@ -84,13 +84,36 @@ pub unsafe fn bias_relu(
 /// # Errors
 /// A launch failure.
 pub unsafe fn relu_backward(gpu: &Gpu, dy: u64, y: u64, dx: u64, n: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    unsafe { backward_pass(gpu, "relu_backward_f32", (dy, y, dx), n) }
+}
+
+/// GELU's (tanh form) backward from its input `x`, in one pass: `dx = dy · gelu'(x)`.
+///
+/// # Safety
+/// The three buffers must hold `n` f32 on this device.
+///
+/// # Errors
+/// A launch failure.
+pub unsafe fn gelu_backward(gpu: &Gpu, dy: u64, x: u64, dx: u64, n: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    unsafe { backward_pass(gpu, "gelu_backward_f32", (dy, x, dx), n) }
+}
+
+/// An activation's backward kernel `name(u64 n, const float* dy, const float* saved, float* dx)` over `n` f32.
+unsafe fn backward_pass(
+    gpu: &Gpu,
+    name: &'static str,
+    (dy, saved, dx): (u64, u64, u64),
+    n: usize,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let n64 = n as u64;
-    let mut args = kernel_args![n64, dy, y, dx];
-    // SAFETY: matches `relu_backward_f32(u64, const float*, const float*, float*)`.
-    unsafe { gpu.launch(&SRC, "relu_backward_f32", gpu.grid(n, 256), &mut args) }
+    let mut args = kernel_args![n64, dy, saved, dx];
+    // SAFETY: matches `<name>(u64, const float*, const float*, float*)`; sizes per the caller.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
 }
 
 /// ReLU's backward with its bias's gradient in one kernel: for `dy` and `y` `[groups, rows, cols]`,

@@ -51,6 +51,15 @@ extern "C" __global__ void bias_relu_f32(u64 n, u64 cols, u64 group, const float
     }
 }
 
+// GELU's (tanh form) backward from its input, in one pass: dx = dy * d/dx 0.5 x (1 + tanh(u)), u = c (x + k x^3).
+extern "C" __global__ void gelu_backward_f32(u64 n, const float* dy, const float* x, float* dx) {
+    const float c = 0.7978845608028654f, k = 0.044715f;  // sqrt(2 / pi)
+    GRID_STRIDE(i, n) {
+        const float v = x[i], v2 = v * v, t = tanhf(c * v * (1.0f + k * v2));
+        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * c * (1.0f + 3.0f * k * v2));
+    }
+}
+
 // ReLU's backward from its output: dx = y > 0 ? dy : 0.
 extern "C" __global__ void relu_backward_f32(u64 n, const float* dy, const float* y, float* dx) {
     GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }

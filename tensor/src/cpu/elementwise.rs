@@ -133,4 +133,18 @@ impl Elementwise for CpuStorage {
             (g, _) => return Err(unsupported("relu_backward", g.dtype())),
         })
     }
+
+    /// GELU's backward from its input: `dy · gelu'(x)`.
+    fn gelu_backward(&self, x: &CpuStorage) -> Result<CpuStorage> {
+        Ok(match (self, x) {
+            (CpuStorage::F32(g), CpuStorage::F32(x)) => {
+                CpuStorage::F32(unary_cpu::gelu_backward(g, x))
+            }
+            (CpuStorage::F64(g), CpuStorage::F64(x)) => {
+                CpuStorage::F64(unary_cpu::gelu_backward(g, x))
+            }
+            (g, x) if g.dtype() != x.dtype() => return Err(mismatch("gelu_backward", g, x)),
+            (g, _) => return Err(unsupported("gelu_backward", g.dtype())),
+        })
+    }
 }

@@ -138,6 +138,11 @@ impl Elementwise for CudaStorage {
         let _ = y;
         Err(unavailable("relu_backward", self.ordinal))
     }
+
+    fn gelu_backward(&self, x: &CudaStorage) -> Result<CudaStorage> {
+        let _ = x;
+        Err(unavailable("gelu_backward", self.ordinal))
+    }
 }
 
 impl Reductions for CudaStorage {

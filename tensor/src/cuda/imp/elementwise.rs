@@ -155,16 +155,38 @@ impl Elementwise for CudaStorage {
     /// # Errors
     /// Not f32, different devices, out of memory, or a launch failure.
     fn relu_backward(&self, y: &CudaStorage) -> Result<CudaStorage> {
-        want("relu_backward", self, &[DType::F32])?;
-        want("relu_backward", y, &[DType::F32])?;
-        same_device("relu_backward", self, y)?;
+        self.activation_backward("relu_backward", y, unary_cuda::relu_backward)
+    }
+
+    /// # Errors
+    /// Not f32, different devices, out of memory, or a launch failure.
+    fn gelu_backward(&self, x: &CudaStorage) -> Result<CudaStorage> {
+        self.activation_backward("gelu_backward", x, unary_cuda::gelu_backward)
+    }
+}
+
+/// An activation's backward kernel: the gradient, what the forward saved, the input's gradient, their length.
+type BackwardKernel =
+    unsafe fn(&cohort_kernels::cuda::Gpu, u64, u64, u64, usize) -> cohort_kernels::Result<()>;
+
+impl CudaStorage {
+    /// The gradient `self` through an activation whose forward saved `saved` (its input or output), by `kernel`.
+    fn activation_backward(
+        &self,
+        op: &'static str,
+        saved: &CudaStorage,
+        kernel: BackwardKernel,
+    ) -> Result<CudaStorage> {
+        want(op, self, &[DType::F32])?;
+        want(op, saved, &[DType::F32])?;
+        same_device(op, self, saved)?;
         let dx = self.sibling(self.len, DType::F32)?;
         // SAFETY: all three hold len f32 (same shapes, checked by the caller).
         unsafe {
-            unary_cuda::relu_backward(
+            kernel(
                 &self.gpu,
                 self.device_ptr(),
-                y.device_ptr(),
+                saved.device_ptr(),
                 dx.device_ptr(),
                 self.len,
             )?
