@@ -151,8 +151,6 @@ pub(crate) enum Op {
     Conv2d {
         x: Tensor,
         w: Tensor,
-        /// The output, where a ReLU ran in the op ([`Var::conv2d_relu`](crate::Var::conv2d_relu)).
-        relu_y: Option<Tensor>,
         stride: usize,
         padding: usize,
         groups: usize,
@@ -460,34 +458,18 @@ impl Op {
             Op::Conv2d {
                 x,
                 w,
-                relu_y,
                 stride,
                 padding,
                 groups,
             } => {
-                let g = match relu_y {
-                    Some(y) => g.relu_backward(y)?,
-                    None => g.clone(),
-                };
-                // The bias's gradient first, so that an f32 gradient cast for the passes can go before they run.
-                let gb = if need.get(2) == Some(&true) {
-                    let o = g.shape()[1];
-                    Some(g.sum_to(&[1, o, 1, 1])?.reshape(&[o])?)
-                } else {
-                    None
-                };
                 // Both passes take the output's gradient as an operand: under a 16-bit policy, cast it once.
-                let g = match need[..2] {
-                    [true, true] => {
-                        let low = kept_operands(&g, w)?.0;
-                        drop(g);
-                        low
-                    }
-                    _ => g,
+                let g_operand = match need[..2] {
+                    [true, true] => kept_operands(g, w)?.0,
+                    _ => g.clone(),
                 };
                 let gx = if need[0] {
                     Some(Tensor::conv2d_backward_input(
-                        &g,
+                        &g_operand,
                         w,
                         x.shape(),
                         *stride,
@@ -500,12 +482,18 @@ impl Op {
                 let gw = if need[1] {
                     Some(Tensor::conv2d_backward_weight(
                         x,
-                        &g,
+                        &g_operand,
                         w.shape(),
                         *stride,
                         *padding,
                         *groups,
                     )?)
+                } else {
+                    None
+                };
+                let gb = if need.get(2) == Some(&true) {
+                    let o = g.shape()[1];
+                    Some(g.sum_to(&[1, o, 1, 1])?.reshape(&[o])?)
                 } else {
                     None
                 };

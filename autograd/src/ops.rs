@@ -517,8 +517,8 @@ impl Var {
         self.conv2d_act(weight, bias, (stride, padding, groups), false)
     }
 
-    /// [`conv2d`](Var::conv2d) then a ReLU, in one op ([`Tensor::conv2d_relu`]: one kernel after the convolution
-    /// under a 16-bit policy on CUDA).
+    /// [`conv2d`](Var::conv2d) then a ReLU: forward as one op ([`Tensor::conv2d_relu`]: one kernel after the
+    /// convolution under a 16-bit policy on CUDA), recorded as the two ops it replaces.
     ///
     /// # Errors
     /// When the shapes do not fit.
@@ -547,19 +547,25 @@ impl Var {
         } else {
             x.conv2d(&w, b, stride, padding, groups)?
         };
-        let relu_y = relu.then(|| out.clone());
         let op = || Op::Conv2d {
             x,
             w,
-            relu_y,
             stride,
             padding,
             groups,
         };
-        match bias {
-            Some(b) => Var::record("conv2d", out, &[self, weight, b], op),
-            None => Var::record("conv2d", out, &[self, weight], op),
+        let conv = match bias {
+            Some(b) => Var::record("conv2d", out.clone(), &[self, weight, b], op)?,
+            None => Var::record("conv2d", out.clone(), &[self, weight], op)?,
+        };
+        if !relu {
+            return Ok(conv);
         }
+        // The ReLU ran inside the convolution's forward, but its backward is a node of its own, as unfused: the
+        // incoming gradient is freed before the convolution's backward runs, so no step holds it beside the
+        // ReLU's gradient and its 16-bit copy. No backward reads the convolution node's value, which stands in
+        // for the pre-ReLU output.
+        Var::record("relu", out.clone(), &[&conv], || Op::Relu { y: out })
     }
 
     /// Fused self-attention of a packed projection `[n, L, 3·D]` into `[n, L, D]` ([`Tensor::attention`]): `heads`
