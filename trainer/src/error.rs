@@ -9,8 +9,25 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A config file is not valid: names the file, the key and what is accepted.
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+
+    /// The run names several cards: one process trains on one card for now.
+    #[error(
+        "[run] device = {devices} means {} cards ({}), but one cohort trains on one card for now\n  name one card, \
+         e.g. device = \"cuda:{}\", or run one cohort per card, each its share of the members: \
+         CUDA_VISIBLE_DEVICES=0 cohort train CONFIG --shard 1/{0}, CUDA_VISIBLE_DEVICES=1 ... --shard 2/{0}, ... \
+         (examples/cluster/)",
+        cards.len(),
+        cards.iter().map(|n| format!("cuda:{n}")).collect::<Vec<_>>().join(", "),
+        cards[0]
+    )]
+    SeveralCards {
+        /// `[run] device` as written.
+        devices: String,
+        /// The cards it means.
+        cards: Vec<usize>,
+    },
 
     /// Two members would write to the same directory.
     #[error(
@@ -210,5 +227,29 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_cards_say_how_to_share_the_run_out() {
+        let e = Error::SeveralCards {
+            devices: "cuda".into(),
+            cards: vec![0, 1, 2],
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("[run] device = cuda means 3 cards (cuda:0, cuda:1, cuda:2)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("device = \"cuda:0\"")
+                && text.contains("--shard 1/3")
+                && text.contains("--shard 2/3"),
+            "{text}"
+        );
     }
 }

@@ -17,6 +17,8 @@
 //! - [`tensorboard`], [`metrics`], [`progress`], [`report`], [`plot`]: what a run writes and shows.
 //! - [`control`], [`run_dir`]: the control file and the run directory layout.
 //! - [`tuning`]: the GPU's choices made by timing, saved with the run and reused on resume.
+//! - [`placement`]: which card each member trains on, a pure function of the cards and the members' estimates.
+//! - [`shard`]: a grid or sweep shared among hosts (`--shard I/N`), and the shards' summaries merged.
 //!
 //! ```
 //! use cohort_trainer::config::Config;
@@ -51,10 +53,12 @@ pub mod memory_trace;
 pub mod metrics;
 pub mod models;
 pub mod objective;
+pub mod placement;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod run_dir;
+pub mod shard;
 pub mod sweep;
 pub mod tensorboard;
 pub mod tuning;

@@ -33,9 +33,14 @@ enum Command {
         /// Run name (the directory under [run].dir); overrides [run].name.
         #[arg(long)]
         name: Option<String>,
-        /// Device: auto, cpu, cuda or cuda:N; overrides [run].device.
+        /// Device: auto, cpu, cuda (every visible GPU) or cuda:N; overrides [run].device.
         #[arg(long)]
         device: Option<String>,
+        /// Train only the I-th of N shares of the members (a grid's points, a sweep's trials), one cohort per host:
+        /// every host given the same config and N trains its share, each member in exactly one; `cohort report`
+        /// merges their run directories. Overrides [run].shard.
+        #[arg(long, value_name = "I/N")]
+        shard: Option<String>,
         /// Epochs per member; overrides [run].epochs and the members' own.
         #[arg(long)]
         epochs: Option<u32>,
@@ -57,10 +62,12 @@ enum Command {
     },
     /// A finished run's report, from its summary.json: for a sweep, its trials best first (hyper-parameters,
     /// status, metric, epochs, the best checkpoint), the counts by how they ended, and report.png (the metric
-    /// against each hyper-parameter); for a plain run, its summary table.
+    /// against each hyper-parameter); for a plain run, its summary table. Given the run directories of a sweep's
+    /// shards (`--shard`), one report of all their members.
     Report {
-        /// The run directory (`runs/<run>`).
-        run_dir: PathBuf,
+        /// The run directory (`runs/<run>`), or several: the shards of one grid or sweep.
+        #[arg(required = true, num_args = 1..)]
+        run_dirs: Vec<PathBuf>,
         /// Print the members as JSON instead (name, status, hyper-parameters, metric, best; best first), and
         /// write no plot.
         #[arg(long)]
@@ -202,6 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         config: None,
         name: None,
         device: None,
+        shard: None,
         epochs: None,
         dir: None,
         quiet: false,
@@ -211,6 +219,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             name,
             device,
+            shard,
             epochs,
             dir,
             quiet,
@@ -224,6 +233,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let overrides = [
                 ("name", name.map(toml::Value::String)),
                 ("device", device.map(toml::Value::String)),
+                ("shard", shard.map(toml::Value::String)),
                 (
                     "dir",
                     dir.map(|d| toml::Value::String(d.display().to_string())),
@@ -273,7 +283,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             Ok(conclude(cohort.run()?, t0))
         }
-        Command::Report { run_dir, json } => report(&run_dir, json).map(|()| ExitCode::SUCCESS),
+        Command::Report { run_dirs, json } => match run_dirs.as_slice() {
+            [one] => report(one, json),
+            shards => report_shards(shards, json),
+        }
+        .map(|()| ExitCode::SUCCESS),
         Command::Memory { run_dir, device } => match run_dir {
             Some(dir) => run_memory(&dir).map(|()| ExitCode::SUCCESS),
             None => memory(&device).map(|()| ExitCode::SUCCESS),
@@ -368,12 +382,10 @@ fn memory(device: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cohort report RUN`: what a run's summary.json says. A run writes it at its end, so a run directory without one
-/// has not finished, which the error tells apart from a directory that is no run at all.
-fn report(dir: &Path, json: bool) -> anyhow::Result<()> {
-    use cohort_trainer::leaderboard::{entries, leaderboard};
-    use cohort_trainer::plot::sweep::{REPORT_PLOT_FILE, write_report_plot};
-    use cohort_trainer::run_dir::{MEMORY_PLOT_FILE, RunDir, SUMMARY_FILE};
+/// A run's summary.json. A run writes it at its end, so a run directory without one has not finished, which the
+/// error tells apart from a directory that is no run at all.
+fn read_summary(dir: &Path) -> anyhow::Result<Summary> {
+    use cohort_trainer::run_dir::{RunDir, SUMMARY_FILE};
     let path = dir.join(SUMMARY_FILE);
     if !path.is_file() {
         if !dir.is_dir() {
@@ -390,7 +402,15 @@ fn report(dir: &Path, json: bool) -> anyhow::Result<()> {
             d = dir.display()
         );
     }
-    let summary = Summary::read(&path)?;
+    Ok(Summary::read(&path)?)
+}
+
+/// `cohort report RUN`: what a run's summary.json says.
+fn report(dir: &Path, json: bool) -> anyhow::Result<()> {
+    use cohort_trainer::leaderboard::{entries, leaderboard};
+    use cohort_trainer::plot::sweep::{REPORT_PLOT_FILE, write_report_plot};
+    use cohort_trainer::run_dir::MEMORY_PLOT_FILE;
+    let summary = read_summary(dir)?;
     if json {
         return print_out(&serde_json::to_string_pretty(&entries(&summary))?);
     }
@@ -411,6 +431,22 @@ fn report(dir: &Path, json: bool) -> anyhow::Result<()> {
         print_out(&format!("plots: {}", shown.join("  ")))?;
     }
     Ok(())
+}
+
+/// `cohort report SHARD...`: the shards' summaries merged into one report. Its plot is left out: each shard's
+/// report.png stays its own (`cohort report SHARD` writes it).
+fn report_shards(dirs: &[PathBuf], json: bool) -> anyhow::Result<()> {
+    use cohort_trainer::leaderboard::{entries, leaderboard};
+    let mut summaries = Vec::new();
+    for d in dirs {
+        summaries.push((d.display().to_string(), read_summary(d)?));
+    }
+    let merged = cohort_trainer::shard::merge(summaries).map_err(anyhow::Error::msg)?;
+    if json {
+        return print_out(&serde_json::to_string_pretty(&entries(&merged))?);
+    }
+    print_out(&leaderboard(&merged))?;
+    print_out(&format!("merged from {} run directories", dirs.len()))
 }
 
 /// Prints `text` and a newline. A reader that went away (`cohort report RUN | head`) ends the printing, not the

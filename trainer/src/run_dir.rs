@@ -91,17 +91,21 @@ pub fn check_distinct_dirs<'a>(
 }
 
 impl RunDir {
-    /// Creates a new run directory under `config.run.dir` (named `config.run.name` or a timestamp), checks the
-    /// members' directories are distinct and saves the config text.
+    /// Creates a new run directory under `config.run.dir` (named `config.run.name` or a timestamp, with a shard's
+    /// suffix for a share of a sweep: `sweep-shard2of4`), checks the members' directories are distinct and saves
+    /// the config text.
     ///
     /// # Errors
     /// [`Error::SharedDirectory`], or I/O errors naming the path.
     pub fn create(config: &Config) -> Result<RunDir> {
         let base = &config.run.dir;
-        let name = match &config.run.name {
+        let mut name = match &config.run.name {
             Some(n) => n.clone(),
             None => timestamp(crate::tensorboard::now() as u64),
         };
+        if let Some(shard) = config.run.shard {
+            name = format!("{name}-{}", shard.dir_suffix());
+        }
         let mut root = base.join(&name);
         let mut n = 2;
         while root.join(CONFIG_FILE).exists() {

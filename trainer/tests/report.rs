@@ -272,3 +272,89 @@ fn report_without_a_summary_says_why() {
     ]));
     assert!(e.contains("no such directory"), "{e}");
 }
+
+/// The sweep's trials split between two shard directories, as `--shard 1/2` and `--shard 2/2` would leave them.
+fn shard_dirs(root: &Path) -> [std::path::PathBuf; 2] {
+    let whole = sweep_summary(root);
+    [1, 2].map(|i| {
+        let dir = root.join(format!("sweep-shard{i}of2"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.toml"), "").unwrap();
+        let mut share = whole.clone();
+        share.run_dir = dir.display().to_string();
+        share.members = whole
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| p % 2 == i - 1)
+            .map(|(_, m)| MemberSummary {
+                best: false,
+                ..m.clone()
+            })
+            .collect();
+        let sweep = share.sweep.as_mut().unwrap();
+        // Each shard names its own best; the merged report finds the best of all.
+        sweep.best = share
+            .members
+            .iter()
+            .filter(|m| m.status == Status::Completed)
+            .map(|m| m.name.clone())
+            .next();
+        std::fs::write(
+            dir.join("summary.json"),
+            serde_json::to_vec_pretty(&share).unwrap(),
+        )
+        .unwrap();
+        dir
+    })
+}
+
+#[test]
+fn report_merges_the_shards_of_a_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let [a, b] = shard_dirs(tmp.path());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let out = cohort(&["report", a, b]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let order: Vec<&str> = lines[1..7]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    // As one run's report of the whole sweep: best first, one row per trial, the counts of all of them.
+    assert_eq!(
+        order,
+        ["t-017", "t-041", "t-003", "t-022", "t-050", "t-008"]
+    );
+    assert!(lines[1].ends_with("best"), "{}", lines[1]);
+    assert_eq!(
+        lines[7],
+        "6 trials: 2 completed, 2 pruned, 2 failed (out of memory at batch 8) · wall 3:12 · best t-017"
+    );
+    assert_eq!(lines[8], "merged from 2 run directories");
+
+    let json = cohort(&["report", a, b, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let best: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["best"] == true)
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(best, ["t-017"]);
+
+    // The same shard twice is refused, naming the member and both directories.
+    let twice = cohort(&["report", a, a]);
+    assert!(!twice.status.success());
+    let e = String::from_utf8(twice.stderr).unwrap();
+    assert!(
+        e.contains("is in both") && e.contains("sweep-shard1of2"),
+        "{e}"
+    );
+}

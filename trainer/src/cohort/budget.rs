@@ -19,13 +19,14 @@ use crate::report::{Status, bytes};
 /// How often the process's memory is measured (and a process-wide limit re-applied) while a run trains.
 const MEMORY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Passes `[memory]` to the GPU allocator through its environment variables, unless the user set them.
-pub(super) fn apply_memory_env(config: &Config) {
+/// Passes `[memory]` to the GPU allocator through its environment variables, unless the user set them: the limit
+/// is `card`'s own where `[memory.cards]` gives it one.
+pub(super) fn apply_memory_env(config: &Config, card: Option<usize>) {
     let mut vars: Vec<(&str, String)> = vec![
         ("COHORT_MEMORY_GROWTH", config.memory.growth.to_string()),
         ("COHORT_MEMORY_SCOPE", config.memory.scope.to_string()),
     ];
-    if let Some(l) = config.memory.limit {
+    if let Some(l) = card.map_or(config.memory.limit, |n| config.card_limit(n)) {
         vars.push((
             "COHORT_MEMORY_LIMIT",
             match l {

@@ -12,8 +12,9 @@
 //! `start` (a run started or resumed), `member` (a member's state, status, records and summary), `schedule` (which
 //! units step next, behind one trait), `unit` (building, splitting, stepping and evaluating units), `checkpoints`
 //! (a member's slice written and read back), `budget` (memory: budgets, hand-back, the process-wide limit, the live
-//! snapshot), `oom` (the recovery plan, a pure function), `steer` (the control file). Members are addressed by
-//! `MemberId`, their fixed place in the run; units by `UnitId`, unique to each unit built.
+//! snapshot), `oom` (the recovery plan, a pure function), `place` (members placed on the run's cards), `steer` (the
+//! control file). Members are addressed by `MemberId`, their fixed place in the run; units by `UnitId`, unique to
+//! each unit built.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -46,6 +47,7 @@ mod budget;
 mod checkpoints;
 mod member;
 mod oom;
+mod place;
 mod schedule;
 mod start;
 mod steer;

@@ -12,7 +12,7 @@ use cohort_tensor::Device;
 
 use super::{Cohort, Counters, MemberRun, RunOptions, State, budget, checkpoints, schedule, unit};
 use crate::checkpoint::{Checkpoint, CheckpointDir};
-use crate::config::Config;
+use crate::config::{Config, Devices, Visible};
 use crate::control::ControlFile;
 use crate::dataset::DataSet;
 use crate::error::{Error, Result};
@@ -24,15 +24,16 @@ use crate::tuning::TuningFile;
 
 impl Cohort {
     pub(super) fn start(
-        config: Config,
+        mut config: Config,
         run: RunDir,
         opts: RunOptions,
         resuming: bool,
     ) -> Result<Cohort> {
-        budget::apply_memory_env(&config);
+        let cards = run_cards(&mut config)?;
+        budget::apply_memory_env(&config, cards.first().copied());
         cohort_tensor::set_deterministic(config.run.deterministic);
         crate::kernel_cache::configure();
-        let device = run_device(&config)?;
+        let device = cards.first().map_or(Device::Cpu, |&n| Device::Cuda(n));
         let config_dir = run
             .config_dir()
             .or_else(|| Path::new(&config.file).parent().map(Path::to_path_buf));
@@ -235,6 +236,7 @@ impl Cohort {
             cohort.progress.message(&m);
         }
         cohort.write_hparams()?;
+        cohort.place(&cards)?;
         cohort.build_units(loaded)?;
         cohort.admit()?;
         Ok(cohort)
@@ -290,23 +292,33 @@ fn check_member_set(run: &RunDir, config: &Config) -> Result<()> {
     }
 }
 
-/// The device a run trains on: `COHORT_DEVICE` where set (the environment wins over the config, as for memory),
-/// else `[run] device`; checked to exist. The allocator's other variables (`COHORT_MEMORY_LIMIT`,
-/// `COHORT_MEMORY_SCOPE`, `COHORT_MEMORY_GROWTH`, `COHORT_ALLOCATOR`) are checked here too, on every machine: a
-/// GPU's allocator reads them, and a bad value must not pass unnoticed where there is none.
+/// The cards a run trains on (none: the CPU): `COHORT_DEVICE` where set (the environment wins over the config, as
+/// for memory, and `config` says so from then on), else `[run] device`; checked to exist, with every member's pin.
+/// The allocator's other variables (`COHORT_MEMORY_LIMIT`, `COHORT_MEMORY_SCOPE`, `COHORT_MEMORY_GROWTH`,
+/// `COHORT_ALLOCATOR`) are checked here too, on every machine: a GPU's allocator reads them, and a bad value must
+/// not pass unnoticed where there is none.
 ///
 /// # Errors
-/// A `COHORT_*` value the allocator refuses, naming the variable and the accepted forms; a device that does not
-/// exist.
-fn run_device(config: &Config) -> Result<Device> {
+/// A `COHORT_*` value the allocator refuses, naming the variable and the accepted forms; a card that does not
+/// exist; several cards ([`Error::SeveralCards`]).
+fn run_cards(config: &mut Config) -> Result<Vec<usize>> {
     let env = cohort_alloc::Config::from_env()?;
-    let device = match std::env::var("COHORT_DEVICE") {
-        Ok(_) => match env.device {
-            cohort_alloc::DeviceSelector::Auto => Device::best(),
-            cohort_alloc::DeviceSelector::Cpu => Device::Cpu,
-            cohort_alloc::DeviceSelector::Cuda(n) => Device::Cuda(n),
-        },
-        Err(_) => Device::parse(&config.run.device)?,
-    };
-    Ok(device.verify()?)
+    if std::env::var_os("COHORT_DEVICE").is_some() {
+        config.run.device = match env.device {
+            cohort_alloc::DeviceSelector::Auto => Devices::Auto,
+            cohort_alloc::DeviceSelector::Cpu => Devices::Cpu,
+            cohort_alloc::DeviceSelector::Cuda(n) => {
+                Device::Cuda(n).verify()?;
+                Devices::Cards(vec![n])
+            }
+        };
+    }
+    let cards = config.cards(&Visible::now())?;
+    if cards.len() > 1 {
+        return Err(Error::SeveralCards {
+            devices: config.run.device.to_string(),
+            cards,
+        });
+    }
+    Ok(cards)
 }

@@ -25,20 +25,27 @@ pub(super) struct Validated {
 impl Cohort {
     /// What member `i` is expected to hold while it trains: its limit where it has one, else its parameters,
     /// gradients and optimizer state, one batch's activations and its prefetched batches.
-    fn footprint(&self, i: MemberId, total: u64) -> u64 {
+    pub(super) fn footprint(&self, i: MemberId, total: u64) -> u64 {
         let cfg = &self.members[i].cfg;
         if let Some(l) = cfg.memory.limit {
             return l.bytes(total);
         }
         let d = &self.data[&cfg.data];
-        let params = cfg.model.spec().map_or(0, |s| {
-            s.param_count(&s.input_for(&d.shape)).unwrap_or(0) as u64
-        });
+        let params = self.param_count(i);
         let example = d.shape.iter().product::<usize>() as u64 * 4;
         let prefetch = self.config.data[&cfg.data].prefetch as u64;
         let batch = self.members[i].batch as u64;
         persistent_bytes(cfg, params)
             + batch * (activation_bytes(cfg, &d.shape) + example * prefetch)
+    }
+
+    /// Member `i`'s parameters, from its spec (0 for a model a program builds: its size is known once built).
+    pub(super) fn param_count(&self, i: MemberId) -> u64 {
+        let cfg = &self.members[i].cfg;
+        let shape = &self.data[&cfg.data].shape;
+        cfg.model.spec().map_or(0, |s| {
+            s.param_count(&s.input_for(shape)).unwrap_or(0) as u64
+        })
     }
 
     /// Starts queued trials, in order, while there is room: fewer than `max_concurrent` train, and their estimated

@@ -246,7 +246,6 @@ impl Unit {
 impl Cohort {
     /// Groups members into units (fusing compatible ones) and builds them, from checkpoints where there are some.
     pub(super) fn build_units(&mut self, mut loaded: Vec<Option<Checkpoint>>) -> Result<()> {
-        let fusion = self.config.run.fuse && self.config.run.schedule != ScheduleKind::EpochSliced;
         let mut groups: Vec<(String, Vec<MemberId>)> = Vec::new();
         for i in self.member_ids() {
             let m = &self.members[i];
@@ -255,15 +254,7 @@ impl Cohort {
                 continue;
             }
             // A checkpointed member fuses only with members at the same point (step, data position, batch, device).
-            let mut key = if fusion && m.cfg.fuse && m.cfg.model.spec().is_some() {
-                fusion_key(
-                    &m.cfg,
-                    &self.data[&m.cfg.data],
-                    self.device.is_cuda() && self.config.run.replays_graphs(),
-                )
-            } else {
-                format!("single:{}", i.0)
-            };
+            let mut key = self.fusion_group(i);
             if let Some(ck) = &loaded[i.0] {
                 let mf = &ck.manifest;
                 key.push_str(&format!(
@@ -344,6 +335,22 @@ impl Cohort {
         }
         self.note_fusion();
         Ok(())
+    }
+
+    /// The key members that may fuse share (where they stand, their step and device, apart): their
+    /// [`fusion_key`], or one of their own for a member that trains unfused.
+    pub(super) fn fusion_group(&self, i: MemberId) -> String {
+        let fusion = self.config.run.fuse && self.config.run.schedule != ScheduleKind::EpochSliced;
+        let m = &self.members[i];
+        if fusion && m.cfg.fuse && m.cfg.model.spec().is_some() {
+            fusion_key(
+                &m.cfg,
+                &self.data[&m.cfg.data],
+                self.device.is_cuda() && self.config.run.replays_graphs(),
+            )
+        } else {
+            format!("single:{}", i.0)
+        }
     }
 
     pub(super) fn note_fusion(&mut self) {
@@ -436,7 +443,8 @@ impl Cohort {
                     .map_or(0, |r| r.bytes(total))
             })
             .sum();
-        // A member that moved to the CPU as a last resort has no budget there.
+        // A member on the CPU in a GPU run (pinned there, or moved there as a last resort) has no budget there: its
+        // budget is for the card's memory.
         if device == Device::Cpu && self.device.is_cuda() {
             limit = None;
             reserve = 0;

@@ -1,4 +1,5 @@
 //! The TOML run configuration: `[run]`, `[memory]`, `[search]`, `[data.NAME]` and `[[member]]` tables.
+//! Where the run trains (the CPU, cards, a limit per card, a member pinned to one place): `devices`.
 //!
 //! A config is parsed by hand from a [`toml::Table`] so that every error names the file, the table, the key and what
 //! is accepted. Lists of scalar values inside a `[[member]]` table are a hyper-parameter grid (`grid`); search
@@ -17,11 +18,15 @@ use cohort_tensor::Precision;
 use serde::Serialize;
 use toml::{Table, Value};
 
+use crate::shard::Shard;
+
 mod data;
+mod devices;
 mod grid;
 mod search;
 
 pub use data::{DataConfig, DataSource, Files, NpyFiles, SyntheticData, TokenData};
+pub use devices::{Devices, Pin, Visible};
 pub use grid::grid_value_name;
 pub use search::{EarlyStopping, Metric, Mode, Resource, SchedulerConfig, Score, SearchConfig};
 
@@ -95,8 +100,10 @@ pub struct RunConfig {
     pub epochs: u32,
     /// A cap on each member's optimizer steps, if any.
     pub max_steps: Option<u64>,
-    /// `auto`, `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
+    /// What the run may train on: `auto`, `cpu`, every visible card (`cuda`), or cards.
+    pub device: Devices,
+    /// Train only this share of the members (a grid's points, a sweep's trials), as one of several hosts.
+    pub shard: Option<Shard>,
     /// The run's base seed; a member's own seed is derived from it unless the member sets one.
     pub seed: u64,
     /// The directory runs are created in.
@@ -139,6 +146,8 @@ pub struct MemoryConfig {
     /// What `limit` covers: `"pool"` (the default, as TensorFlow's `memory_limit`) or `"process"` (the CUDA
     /// context, modules and library handles too: what `nvidia-smi` shows for the process stays within it).
     pub scope: Scope,
+    /// Limits of cards of their own (`[memory.cards]`, `"cuda:1" = "20GiB"`), by ordinal, over `limit`.
+    pub cards: BTreeMap<usize, Limit>,
 }
 
 /// How the learning rate changes over a member's steps.
@@ -255,6 +264,9 @@ pub struct MemberConfig {
     pub batch: usize,
     /// The `[data.NAME]` it trains on.
     pub data: String,
+    /// The one place it trains (`device = "cpu"` or `"cuda:N"`), where the placement would otherwise choose.
+    #[serde(rename = "device", skip_serializing_if = "Option::is_none")]
+    pub pin: Option<Pin>,
     /// Its memory budget.
     pub memory: MemberMemory,
     /// Steps per round under the weighted schedule.
@@ -582,6 +594,11 @@ impl Config {
                 ),
             ));
         }
+        if let Some(shard) = run.shard {
+            members = shard
+                .select(members)
+                .map_err(|m| err("[run]", "shard", m))?;
+        }
         Ok(Config {
             file: file.to_string(),
             text: text.to_string(),
@@ -758,22 +775,11 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
     let fuse = s.bool("fuse")?.unwrap_or(true) || fused;
     let epochs = s.u64("epochs", 1)?.unwrap_or(1) as u32;
     let max_steps = s.u64("steps", 1)?;
-    let device = s
-        .str("device", "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")?
-        .unwrap_or("auto")
-        .to_string();
-    let ok_device = device == "auto"
-        || device == "cpu"
-        || device == "cuda"
-        || device
-            .strip_prefix("cuda:")
-            .is_some_and(|n| n.parse::<usize>().is_ok());
-    if !ok_device {
-        return Err(s.error(
-            "device",
-            format!("expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", found \"{device}\""),
-        ));
-    }
+    let device = devices::parse_run_device(s)?;
+    let shard = s
+        .str("shard", Shard::ACCEPTED)?
+        .map(|v| v.parse::<Shard>().map_err(|m| s.error("shard", m)))
+        .transpose()?;
     let seed = s.u64("seed", 0)?.unwrap_or(0);
     let dir = PathBuf::from(s.str("dir", "a directory path")?.unwrap_or("runs"));
     let log_every = s.u64("log_every", 1)?.unwrap_or(20);
@@ -790,6 +796,7 @@ fn parse_run(s: &Section<'_>) -> CResult<RunConfig> {
         epochs,
         max_steps,
         device,
+        shard,
         seed,
         dir,
         log_every,
@@ -830,11 +837,13 @@ fn parse_memory(s: &Section<'_>) -> CResult<MemoryConfig> {
             )
         })?,
     };
+    let cards = devices::parse_card_limits(s, s.table("cards")?)?;
     s.finish()?;
     Ok(MemoryConfig {
         growth,
         limit,
         scope,
+        cards,
     })
 }
 
@@ -937,6 +946,7 @@ fn parse_member(
         .str("data", "the name of a [data.NAME] table")?
         .unwrap_or("mnist")
         .to_string();
+    let pin = devices::parse_pin(s)?;
     let memory = match s.table("memory")? {
         None => MemberMemory {
             limit: None,
@@ -1047,6 +1057,7 @@ fn parse_member(
         lr_schedule,
         batch,
         data,
+        pin,
         memory,
         weight,
         checkpoint,
