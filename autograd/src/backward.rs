@@ -401,15 +401,31 @@ impl Op {
             Op::Linear { x, w, relu_y, bias } => {
                 // The bias's shape was checked by the forward: [n], or [G, 1, n] per product.
                 let per_product = bias.len() == 3;
+                // Both products take the gradient before the bias as an operand: under a 16-bit policy, cast
+                // it once (the bias's gradient sums the f32 one).
+                let operand = |gz: &Tensor| -> Result<Tensor> {
+                    Ok(match need[..2] {
+                        [true, true] => kept_operands(gz, w)?.0,
+                        _ => gz.clone(),
+                    })
+                };
                 // Without a ReLU, the weight's and bias's gradients come from one product, which
-                // runs alongside the input's gradient.
+                // runs alongside the input's gradient (in f32 and TF32; a 16-bit policy has no such product).
                 if relu_y.is_none() && need[1] && need[2] && per_product {
-                    let ((gw, gb), gx) = x.linear_grads_beside(g, || {
-                        need[0]
-                            .then(|| reduce_to(g.matmul_t(w, false, true)?, x.shape()))
-                            .transpose()
-                    })?;
-                    return Ok(vec![gx, Some(reduce_to(gw, w.shape())?), Some(gb)]);
+                    let g16 = operand(g)?;
+                    if g16.dtype() == g.dtype() {
+                        let ((gw, gb), gx) = x.linear_grads_beside(g, || {
+                            need[0]
+                                .then(|| reduce_to(g.matmul_t(w, false, true)?, x.shape()))
+                                .transpose()
+                        })?;
+                        return Ok(vec![gx, Some(reduce_to(gw, w.shape())?), Some(gb)]);
+                    }
+                    let gx = need[0]
+                        .then(|| reduce_to(g16.matmul_t(w, false, true)?, x.shape()))
+                        .transpose()?;
+                    let gw = reduce_to(x.matmul_t(&g16, true, false)?, w.shape())?;
+                    return Ok(vec![gx, Some(gw), Some(g.sum(1, true)?)]);
                 }
                 // The gradient before the bias (and ReLU), and the bias's.
                 let (gz, gb) = match (relu_y, need[2]) {
@@ -423,6 +439,7 @@ impl Op {
                         need_b.then(|| reduce_to(g.clone(), bias)).transpose()?,
                     ),
                 };
+                let gz = operand(&gz)?;
                 let gx = need[0]
                     .then(|| reduce_to(gz.matmul_t(w, false, true)?, x.shape()))
                     .transpose()?;
@@ -433,6 +450,11 @@ impl Op {
             }
             Op::Matmul { lhs, rhs, tl, tr } => {
                 let (tl, tr) = (*tl, *tr);
+                // Both products take the gradient as an operand: under a 16-bit policy, cast it once.
+                let g = &match need[..2] {
+                    [true, true] => kept_operands(g, rhs)?.0,
+                    _ => g.clone(),
+                };
                 two(
                     need,
                     || {

@@ -1,12 +1,12 @@
 //! Fused attention ([`Var::attention`]) against the unfused composition it replaced (scores, mask, softmax,
 //! weighted values) in f64 on the CPU: outputs and gradients, with causal and padding masks, query and key counts
 //! on and off the kernels' tiles, every head-width tier of the CUDA kernels, and widths with and without their
-//! vector reads. On a GPU (f32) the same cases
-//! against that reference, and memory linear in the sequence length:
+//! vector reads. On a GPU (f32) the same cases against that reference, also with the products on tensor cores in
+//! bf16 and f16, and memory linear in the sequence length:
 //! `cargo test -p cohort-autograd --features cohort-tensor/cuda --test attention -- --include-ignored`.
 
 use cohort_autograd::{Result, Tape, Var};
-use cohort_tensor::{DType, Device, Tensor, memory};
+use cohort_tensor::{DType, Device, Precision, Tensor, memory};
 
 const CPU: Device = Device::Cpu;
 
@@ -134,11 +134,26 @@ fn cases() -> Vec<Case> {
 
 /// Fused attention on `dev` (f64 on the CPU, f32 on CUDA) gives the composed ops' output and gradient.
 fn fused_matches_composed(dev: &Device) -> Result<()> {
-    let (dt, tol) = if dev.is_cuda() {
-        (DType::F32, 2e-5)
+    if dev.is_cuda() {
+        matches_composed(dev, DType::F32, Precision::Fp32, 2e-5)
     } else {
-        (DType::F64, 1e-11)
-    };
+        matches_composed(dev, DType::F64, Precision::Fp32, 1e-11)
+    }
+}
+
+/// Under a mixed policy on CUDA, the products on tensor cores in the 16-bit type (heads up to 128 wide; the
+/// 160-wide ones stay fp32): within the type's rounding of the composed f64 ops, relative to the largest value.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_mixed_precision_matches_composed() -> Result<()> {
+    let dev = Device::Cuda(0);
+    matches_composed(&dev, DType::F32, Precision::Bf16, 3e-2)?;
+    matches_composed(&dev, DType::F32, Precision::F16, 5e-3)
+}
+
+/// Fused attention on `dev` in `dt` under `precision` against the composed ops in f64 on the CPU: every output and
+/// gradient within `tol` of the largest.
+fn matches_composed(dev: &Device, dt: DType, precision: Precision, tol: f64) -> Result<()> {
     for (i, c) in cases().into_iter().enumerate() {
         let qkv = Tensor::rand_uniform(
             &[c.seqs, c.len, 3 * c.width()],
@@ -161,16 +176,19 @@ fn fused_matches_composed(dev: &Device) -> Result<()> {
             .keys()
             .map(|k| k.to_dtype(dt)?.to_device(dev))
             .transpose()?;
-        let (out, grad) = run(&qkv.to_dtype(dt)?.to_device(dev)?, &r, |x| {
-            x.attention(c.heads, c.causal, keys.as_ref())
-        })?;
+        let (out, grad) = {
+            let _policy = precision.enter();
+            run(&qkv.to_dtype(dt)?.to_device(dev)?, &r, |x| {
+                x.attention(c.heads, c.causal, keys.as_ref())
+            })?
+        };
         let scale = |v: &[f64]| v.iter().fold(1.0f64, |m, x| m.max(x.abs()));
         for (what, got, want) in [("output", &out, &want_out), ("gradient", &grad, &want_grad)] {
             let s = scale(want);
             for (j, (g, w)) in got.iter().zip(want.iter()).enumerate() {
                 assert!(
                     (g - w).abs() <= tol * s,
-                    "{c:?} on {dev:?}: {what} [{j}]: {g}, composed {w}"
+                    "{c:?} on {dev:?} in {precision}: {what} [{j}]: {g}, composed {w}"
                 );
             }
         }

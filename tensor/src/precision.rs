@@ -1,11 +1,14 @@
-//! The precision policy: in what arithmetic the products (matrix products and convolutions) of the
-//! ops on this thread run, as PyTorch's `allow_tf32` flags and `torch.autocast` choose it.
+//! The precision policy: in what arithmetic the products (matrix products, convolutions and fused
+//! attention's products) of the ops on this thread run, as PyTorch's `allow_tf32` flags and
+//! `torch.autocast` choose it.
 //!
 //! - [`Precision::Fp32`] (the default): fp32 multiply-adds, results the CPU's to rounding.
 //! - [`Precision::Tf32`]: f32 tensors, products on TF32 tensor cores (10-bit mantissas in, fp32
 //!   sums), PyTorch's `torch.backends.{cuda.matmul,cudnn}.allow_tf32 = True`.
 //! - [`Precision::Bf16`], [`Precision::F16`]: mixed precision, `torch.autocast(dtype=...)`: f32
-//!   operands of a product are cast to the low type, the product sums in fp32 and returns f32.
+//!   operands of a product are cast to the low type, the product sums in fp32 and returns f32;
+//!   fused attention rounds its operands to the low type inside the kernel (tensor cores, heads up
+//!   to 128 wide), its softmax and tensors staying f32; TF32 leaves attention in fp32.
 //!   Parameters, their gradients and optimizer state stay f32 (the master weights); the autograd
 //!   ops keep the low copies of what a product's backward needs, which halves that memory. f16's
 //!   narrow range needs loss scaling (`cohort_optim::LossScaler`); bf16's does not.

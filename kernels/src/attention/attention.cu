@@ -10,12 +10,6 @@
 
 #define THREADS 256
 #define FULL 0xffffffffu
-#define LOG2E 1.4426950408889634f
-
-// Does query i see key j? keep: the sequence's row of the key-padding mask, or null.
-__device__ __forceinline__ bool visible(u64 i, u64 j, u64 len, int causal, const float* keep) {
-    return i < len && j < len && !(causal && j > i) && !(keep && keep[j] == 0.0f);
-}
 
 // Max and sum over the 16 threads of a row (lanes differing in their low 4 bits).
 __device__ __forceinline__ float row_max(float v) {

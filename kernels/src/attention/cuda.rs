@@ -1,5 +1,6 @@
-//! CUDA fused attention (`attention.cu`): a forward kernel, then for the gradients one kernel per tile of queries
-//! (their gradient) and one per tile of keys (the keys' and values' gradients), so no element is written twice.
+//! CUDA fused attention: `attention.cu` (fp32 multiply-adds) and `tensor_core.cu` (16-bit tensor cores, fp32
+//! sums): a forward kernel, then for the gradients one kernel per tile of queries (their gradient) and one per tile
+//! of keys (the keys' and values' gradients), so no element is written twice.
 
 use super::AttentionShape;
 use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
@@ -7,70 +8,130 @@ use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "attention",
-    code: include_str!("attention.cu"),
+    code: concat!(include_str!("attention.cuh"), include_str!("attention.cu")),
+};
+
+pub(crate) static TENSOR_CORE_SRC: KernelSource = KernelSource {
+    name: "attention_tensor_core",
+    code: concat!(
+        include_str!("attention.cuh"),
+        include_str!("tensor_core.cu")
+    ),
 };
 
 /// The widest head the kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// The kernels for a head width (`[forward, grad_q, grad_kv]`), compiled for `padded` columns (the width rounded up
-/// to 32, 64, 128 or 256), and the rows of a tile (16 · RA in `attention.cu`): a block's 256 threads each hold a
-/// 4 × 4 (or 2 × 2) patch of a tile's scores.
+/// The widest head the tensor-core kernels take; wider ones run in fp32.
+pub const MAX_TENSOR_CORE_HEAD_DIM: usize = 128;
+
+/// In what arithmetic attention's products run; the softmax and every tensor stay f32 whichever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionMath {
+    /// fp32 multiply-adds.
+    F32,
+    /// bfloat16 operands on tensor cores, fp32 sums (sm_80 and later).
+    Bf16,
+    /// float16 operands on tensor cores, fp32 sums (sm_80 and later).
+    F16,
+}
+
+/// The kernels for a head width and arithmetic (`[forward, grad_q, grad_kv]`), compiled for the width rounded up to
+/// 32, 64, 128 or 256 columns, with the rows of a tile, the threads of a block and each kernel's bytes of shared
+/// memory. In fp32 a block's 256 threads each hold a 4 × 4 (or 2 × 2) patch of a tile's scores, tiles of 64 (or
+/// 32) rows of f32; on tensor cores 4 warps each take 16 of a tile's 64 rows, tiles of 16-bit values.
 struct Tiling {
+    src: &'static KernelSource,
     kernels: [&'static str; 3],
-    padded: usize,
     rows: usize,
+    threads: u32,
+    shared: [usize; 3],
+}
+
+/// The three kernels of one arithmetic and padded width.
+macro_rules! kernels {
+    ($ty:literal, $dp:literal) => {
+        [
+            concat!("attention_forward_", $ty, "_", $dp),
+            concat!("attention_grad_q_", $ty, "_", $dp),
+            concat!("attention_grad_kv_", $ty, "_", $dp),
+        ]
+    };
 }
 
 impl Tiling {
-    fn new(d: usize) -> Result<Tiling> {
-        macro_rules! kernels {
-            ($dp:literal) => {
-                [
-                    concat!("attention_forward_f32_", $dp),
-                    concat!("attention_grad_q_f32_", $dp),
-                    concat!("attention_grad_kv_f32_", $dp),
-                ]
+    /// The kernels `math` asks for, or the fp32 ones where the device (before sm_80) or the head's width does not
+    /// allow tensor cores.
+    fn new(gpu: &Gpu, d: usize, math: AttentionMath) -> Result<Tiling> {
+        if gpu.compute_capability() >= (8, 0) && d <= MAX_TENSOR_CORE_HEAD_DIM {
+            let dp = if d <= 32 {
+                32
+            } else if d <= 64 {
+                64
+            } else {
+                128
             };
+            let kernels = match (math, dp) {
+                (AttentionMath::F32, _) => None,
+                (AttentionMath::Bf16, 32) => Some(kernels!("bf16", 32)),
+                (AttentionMath::Bf16, 64) => Some(kernels!("bf16", 64)),
+                (AttentionMath::Bf16, _) => Some(kernels!("bf16", 128)),
+                (AttentionMath::F16, 32) => Some(kernels!("f16", 32)),
+                (AttentionMath::F16, 64) => Some(kernels!("f16", 64)),
+                (AttentionMath::F16, _) => Some(kernels!("f16", 128)),
+            };
+            if let Some(kernels) = kernels {
+                // 16-bit tiles [64][dp + 8] and transposed ones [dp][64 + 8]; f32 deltas and lse of 64 rows
+                let (tile, transposed, row) = (2 * 64 * (dp + 8), 2 * dp * (64 + 8), 4 * 64);
+                return Ok(Tiling {
+                    src: &TENSOR_CORE_SRC,
+                    kernels,
+                    rows: 64,
+                    threads: 128,
+                    shared: [
+                        2 * tile + transposed,
+                        4 * tile + transposed + row,
+                        4 * tile + 2 * transposed + 2 * row,
+                    ],
+                });
+            }
         }
-        let (kernels, padded, rows) = match d {
-            0..=32 => (kernels!(32), 32, 64),
-            33..=64 => (kernels!(64), 64, 64),
-            65..=128 => (kernels!(128), 128, 32),
-            129..=MAX_HEAD_DIM => (kernels!(256), 256, 32),
+        let (kernels, dp, rows) = match d {
+            0..=32 => (kernels!("f32", 32), 32, 64),
+            33..=64 => (kernels!("f32", 64), 64, 64),
+            65..=128 => (kernels!("f32", 128), 128, 32),
+            129..=MAX_HEAD_DIM => (kernels!("f32", 256), 256, 32),
             _ => {
                 return Err(Error::Cuda(format!(
                     "attention: heads of width {d} exceed the fused kernel's {MAX_HEAD_DIM}; use more heads"
                 )));
             }
         };
+        // f32 tiles [rows][dp + 4], weights [rows][rows + 4], lse and deltas of a tile's rows
+        let (tile, weights, row) = (4 * rows * (dp + 4), 4 * rows * (rows + 4), 4 * rows);
         Ok(Tiling {
+            src: &SRC,
             kernels,
-            padded,
             rows,
+            threads: 256,
+            shared: [
+                3 * tile + weights,
+                4 * tile + weights,
+                4 * tile + 2 * row + 2 * weights,
+            ],
         })
     }
 
-    /// Floats of one tile of rows, `[rows][padded + 4]`.
-    fn tile(&self) -> usize {
-        self.rows * (self.padded + 4)
-    }
-
-    /// Floats of one tile of weights or score gradients, `[rows][rows + 4]`.
-    fn weights(&self) -> usize {
-        self.rows * (self.rows + 4)
-    }
-
-    /// A launch over every group and tile of rows, with `floats` of shared memory.
-    fn launch(&self, shape: &AttentionShape, floats: usize) -> Launch {
+    /// A launch over every group and tile of rows, with `bytes` of shared memory.
+    fn launch(&self, shape: &AttentionShape, bytes: usize) -> Launch {
         Launch {
             grid: (
                 (shape.seqs * shape.heads) as u32,
                 shape.len.div_ceil(self.rows) as u32,
                 1,
             ),
-            block: (256, 1, 1),
-            shared: (4 * floats) as u32,
+            block: (self.threads, 1, 1),
+            shared: bytes as u32,
         }
     }
 }
@@ -88,7 +149,7 @@ fn dims(shape: &AttentionShape) -> (u64, u64, u64, f32, i32, u64) {
 }
 
 /// The forward pass of f32 `qkv` with the f32 key-padding `mask` (0 when `shape.mask_rows` is 0) into `out` and
-/// `lse` (see [`super`]).
+/// `lse` (see [`super`]), its products in `math`.
 ///
 /// # Safety
 /// Each buffer must hold the f32 count `shape` gives it.
@@ -98,23 +159,24 @@ fn dims(shape: &AttentionShape) -> (u64, u64, u64, f32, i32, u64) {
 pub unsafe fn forward(
     gpu: &Gpu,
     shape: &AttentionShape,
+    math: AttentionMath,
     (qkv, mask): (u64, u64),
     (out, lse): (u64, u64),
 ) -> Result<()> {
     if shape.lse_len() == 0 {
         return Ok(());
     }
-    let t = Tiling::new(shape.head_dim)?;
-    let cfg = t.launch(shape, 3 * t.tile() + t.weights());
+    let t = Tiling::new(gpu, shape.head_dim, math)?;
+    let cfg = t.launch(shape, t.shared[0]);
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let mut args = kernel_args![len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse];
-    // SAFETY: matches `attention_forward_f32_*(u64 x3, float, int, u64, const float* x2, float* x2)`; buffers per
-    // the caller.
-    unsafe { gpu.launch(&SRC, t.kernels[0], cfg, &mut args) }
+    // SAFETY: matches `attention_forward_*(u64 x3, float, int, u64, const float* x2, float* x2)`; buffers per the
+    // caller.
+    unsafe { gpu.launch(t.src, t.kernels[0], cfg, &mut args) }
 }
 
 /// The gradient `dqkv` of f32 `qkv` given the forward's `out` and `lse` and the output's gradient `dout`;
-/// `delta` is scratch of `shape.lse_len()` f32.
+/// `delta` is scratch of `shape.lse_len()` f32; the products in `math`.
 ///
 /// # Safety
 /// Each buffer must hold the f32 count `shape` gives it.
@@ -124,6 +186,7 @@ pub unsafe fn forward(
 pub unsafe fn backward(
     gpu: &Gpu,
     shape: &AttentionShape,
+    math: AttentionMath,
     (qkv, mask, out, lse, dout): (u64, u64, u64, u64, u64),
     delta: u64,
     dqkv: u64,
@@ -131,33 +194,20 @@ pub unsafe fn backward(
     if shape.lse_len() == 0 {
         return Ok(());
     }
-    let t = Tiling::new(shape.head_dim)?;
+    let t = Tiling::new(gpu, shape.head_dim, math)?;
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let [_, grad_q, grad_kv] = t.kernels;
+    let [_, q_shared, kv_shared] = t.shared;
     let mut args = kernel_args![
         len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse, dout, delta, dqkv
     ];
-    // SAFETY: matches `attention_grad_q_f32_*(u64 x3, float, int, u64, const float* x5, float* x2)`; it writes
+    // SAFETY: matches `attention_grad_q_*(u64 x3, float, int, u64, const float* x5, float* x2)`; it writes
     // `delta` (read by the next kernel, later on the same stream) and the query third of `dqkv`.
-    unsafe {
-        gpu.launch(
-            &SRC,
-            grad_q,
-            t.launch(shape, 4 * t.tile() + t.weights()),
-            &mut args,
-        )?
-    };
+    unsafe { gpu.launch(t.src, grad_q, t.launch(shape, q_shared), &mut args)? };
     let mut args = kernel_args![
         len, heads, d, scale, causal, mask_rows, qkv, mask, lse, dout, delta, dqkv
     ];
-    // SAFETY: matches `attention_grad_kv_f32_*(u64 x3, float, int, u64, const float* x5, float*)`; it writes the key
+    // SAFETY: matches `attention_grad_kv_*(u64 x3, float, int, u64, const float* x5, float*)`; it writes the key
     // and value thirds of `dqkv`.
-    unsafe {
-        gpu.launch(
-            &SRC,
-            grad_kv,
-            t.launch(shape, 4 * t.tile() + 2 * t.rows + 2 * t.weights()),
-            &mut args,
-        )
-    }
+    unsafe { gpu.launch(t.src, grad_kv, t.launch(shape, kv_shared), &mut args) }
 }

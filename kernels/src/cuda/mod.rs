@@ -68,9 +68,10 @@ pub struct GemmTuning {
 
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 14] {
+fn all_sources() -> [&'static KernelSource; 15] {
     [
         &crate::attention::cuda::SRC,
+        &crate::attention::cuda::TENSOR_CORE_SRC,
         &crate::batchnorm::cuda::SRC,
         &crate::binary::cuda::SRC,
         &crate::layernorm::cuda::SRC,

@@ -1,10 +1,21 @@
-//! Fused self-attention on [`CudaStorage`] ([`Attention`]): f32 only.
+//! Fused self-attention on [`CudaStorage`] ([`Attention`]): f32 tensors, the products in the thread's precision
+//! policy's 16-bit type on tensor cores under a mixed one (as PyTorch's SDPA under autocast), fp32 otherwise.
 
-use cohort_kernels::attention::{AttentionShape, cuda as attention_cuda};
+use cohort_kernels::attention::AttentionShape;
+use cohort_kernels::attention::cuda::{self as attention_cuda, AttentionMath};
 
 use super::{CudaStorage, same_device, want};
 use crate::backend::Attention;
-use crate::{DType, Result};
+use crate::{DType, Precision, Result};
+
+/// The arithmetic of attention's products under this thread's policy.
+fn math() -> AttentionMath {
+    match Precision::current() {
+        Precision::Bf16 => AttentionMath::Bf16,
+        Precision::F16 => AttentionMath::F16,
+        Precision::Fp32 | Precision::Tf32 => AttentionMath::F32,
+    }
+}
 
 /// An f32 key-padding mask on `qkv`'s device: its address, 0 for none.
 fn mask_ptr(op: &'static str, qkv: &CudaStorage, mask: Option<&CudaStorage>) -> Result<u64> {
@@ -35,6 +46,7 @@ impl Attention for CudaStorage {
             attention_cuda::forward(
                 &self.gpu,
                 shape,
+                math(),
                 (self.device_ptr(), m),
                 (out.device_ptr(), lse.device_ptr()),
             )?
@@ -64,6 +76,7 @@ impl Attention for CudaStorage {
             attention_cuda::backward(
                 &self.gpu,
                 shape,
+                math(),
                 (
                     self.device_ptr(),
                     m,

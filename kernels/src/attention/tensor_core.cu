@@ -1,0 +1,390 @@
+// Fused self-attention on tensor cores: attention.cu's three kernels with their products in a 16-bit type (bf16 or
+// f16) summed in fp32, as PyTorch's flash SDPA runs under autocast. Inputs, outputs, log-sum-exps and the softmax
+// stay f32: rows are rounded to the 16-bit type as they are staged in shared memory, and probabilities and score
+// gradients as they become the next product's operand.
+//
+// A block of 4 warps takes a tile of 64 rows (queries in the forward pass and dq, keys in dk and dv) of one
+// (sequence, head), 16 rows a warp, and walks the other side's tiles of 64 rows, 32 columns at a time. Products are
+// mma.sync m16n8k16: lane holds rows lane/4 and lane/4 + 8 and columns 2(lane%4) and +1 of each block of 8, in the
+// accumulators as in the A operand, so one product's probabilities are the next one's operand without a trip
+// through shared memory. Tiles are [64][DP + 8] (DP: d padded with zeros), and [DP][64 + 8] where a product needs
+// the rows as its reduced side; the pad of 8 puts a fragment's 32 reads on 32 banks. No atomics: one writer per
+// output element, so results are the same from run to run. mma.sync on 16-bit types needs sm_80.
+
+#if __CUDA_ARCH__ >= 800
+
+#define TC_ROWS 64
+#define TC_CHUNK 32
+#define TC_THREADS 128
+#define TC_LDT (TC_ROWS + 8)
+
+struct Bf16 {
+    // (lo, hi) rounded to nearest into one register, lo in the low half (the lower column).
+    static __device__ __forceinline__ u32 pack(float lo, float hi) {
+        u32 d;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+        return d;
+    }
+    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+struct F16 {
+    static __device__ __forceinline__ u32 pack(float lo, float hi) {
+        u32 d;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+        return d;
+    }
+    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Rows [r0, r0 + 64) of a buffer whose rows are `stride` apart, d columns each, in T into a tile [64][DP + 8];
+// rows past len and columns past d are zero.
+template <class T, int DP>
+__device__ __forceinline__ void stage(u16* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+    for (int e = threadIdx.x; e < TC_ROWS * DP / 2; e += TC_THREADS) {
+        const int r = e / (DP / 2), c = 2 * (e % (DP / 2));
+        const bool in = r0 + r < len;
+        const float* p = src + (r0 + r) * stride + c;
+        const float x = in && c < d ? p[0] : 0.0f, y = in && c + 1 < d ? p[1] : 0.0f;
+        *reinterpret_cast<u32*>(tile + r * (DP + 8) + c) = T::pack(x, y);
+    }
+}
+
+// The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows.
+template <class T, int DP>
+__device__ __forceinline__ void stage_t(u16* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+    for (int e = threadIdx.x; e < TC_ROWS / 2 * DP; e += TC_THREADS) {
+        const int c = e % DP, r = 2 * (e / DP);
+        const bool in = c < d;
+        const float x = in && r0 + r < len ? src[(r0 + r) * stride + c] : 0.0f;
+        const float y = in && r0 + r + 1 < len ? src[(r0 + r + 1) * stride + c] : 0.0f;
+        *reinterpret_cast<u32*>(tile + c * TC_LDT + r) = T::pack(x, y);
+    }
+}
+
+// The lane's share of an A operand (16 x 16): rows [r0, r0 + 16), columns [k0, k0 + 16) of a tile `ld` wide.
+__device__ __forceinline__ void operand_a(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x % 32;
+    const u16* p = tile + (r0 + lane / 4) * ld + k0 + 2 * (lane % 4);
+    a[0] = *reinterpret_cast<const u32*>(p);
+    a[1] = *reinterpret_cast<const u32*>(p + 8 * ld);
+    a[2] = *reinterpret_cast<const u32*>(p + 8);
+    a[3] = *reinterpret_cast<const u32*>(p + 8 * ld + 8);
+}
+
+// The lane's share of a B operand (16 x 8) whose column n is row n0 + n of a tile `ld` wide, over its columns
+// [k0, k0 + 16).
+__device__ __forceinline__ void operand_b(u32& b0, u32& b1, const u16* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    const u16* p = tile + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
+    b0 = *reinterpret_cast<const u32*>(p);
+    b1 = *reinterpret_cast<const u32*>(p + 8);
+}
+
+// s = rows [r0, r0 + 16) of tile x · rows [n0, n0 + 32) of tile y (both [64][DP + 8]), as four 16 x 8 blocks.
+template <class T, int DP>
+__device__ __forceinline__ void dots(float (&s)[4][4], const u16* x, int r0, const u16* y, int n0) {
+#pragma unroll
+    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DP; k += 16) {
+        u32 a[4];
+        operand_a(a, x, DP + 8, r0, k);
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            u32 b0, b1;
+            operand_b(b0, b1, y, DP + 8, n0 + 8 * n, k);
+            T::mma(s[n], a, b0, b1);
+        }
+    }
+}
+
+// acc (16 x DP) += w · rows [k0, k0 + 32) of the other side, w the 16 x 32 weights from `dots`' layout and vt
+// those rows transposed ([DP][64 + 8]).
+template <class T, int DP>
+__device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float (&w)[4][4], const u16* vt, int k0) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const u32 a[4] = {T::pack(w[2 * k][0], w[2 * k][1]), T::pack(w[2 * k][2], w[2 * k][3]),
+                          T::pack(w[2 * k + 1][0], w[2 * k + 1][1]), T::pack(w[2 * k + 1][2], w[2 * k + 1][3])};
+#pragma unroll
+        for (int n = 0; n < DP / 8; ++n) {
+            u32 b0, b1;
+            operand_b(b0, b1, vt, TC_LDT, 8 * n, k0 + 16 * k);
+            T::mma(acc[n], a, b0, b1);
+        }
+    }
+}
+
+// Rows r0 + lane/4 (times f0) and r0 + lane/4 + 8 (times f1) of acc into dst (rows `stride` apart, first len
+// rows and d columns only).
+template <int DP>
+__device__ __forceinline__ void store(float* dst, u64 stride, u64 r0, u64 len, u64 d, const float (&acc)[DP / 8][4],
+                                      float f0, float f1) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u64 r = r0 + lane / 4 + 8 * h;
+        if (r >= len) continue;
+#pragma unroll
+        for (int n = 0; n < DP / 8; ++n) {
+            const u64 c = 8 * n + 2 * (lane % 4);
+            if (c < d) dst[r * stride + c] = acc[n][2 * h] * (h ? f1 : f0);
+            if (c + 1 < d) dst[r * stride + c + 1] = acc[n][2 * h + 1] * (h ? f1 : f0);
+        }
+    }
+}
+
+// Max and sum over the 4 lanes that share a row.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Does any of the warp's 16 rows from r0 on meet a column of [c0, c0 + 32), given who sees whom? For the rows as
+// queries (`queries`) or as keys.
+__device__ __forceinline__ bool meets(u64 r0, u64 c0, u64 len, int causal, bool queries) {
+    if (r0 >= len || c0 >= len) return false;
+    if (!causal) return true;
+    return queries ? c0 <= r0 + 15 : c0 + TC_CHUNK - 1 >= r0;
+}
+
+extern __shared__ uint4 tc_smem[];
+
+// Grid (groups, query tiles); shared: the q and k tiles, the v tile transposed.
+template <class T, int DP>
+__device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
+                        const float* mask, float* out, float* lse) {
+    u16* qs = reinterpret_cast<u16*>(tc_smem);
+    u16* ks = qs + TC_ROWS * (DP + 8);
+    u16* vt = ks + TC_ROWS * (DP + 8);
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
+    const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;  // causal: longest tiles first
+    const float* base = qkv + seq * len * stride + head * d;
+    const float* keep = mask_rows ? mask + (seq % mask_rows) * len : nullptr;
+    const float c2 = scale * LOG2E;  // scores in base 2
+    stage<T, DP>(qs, base, stride, i0, len, d);
+    float acc[DP / 8][4] = {}, m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    const u64 kend = causal ? min(len, i0 + TC_ROWS) : len;
+    for (u64 j0 = 0; j0 < kend; j0 += TC_ROWS) {
+        __syncthreads();  // the last tiles are read
+        stage<T, DP>(ks, base + width, stride, j0, len, d);
+        stage_t<T, DP>(vt, base + 2 * width, stride, j0, len, d);
+        __syncthreads();
+#pragma unroll
+        for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
+            if (!meets(r0, j0 + c0, len, causal, true)) continue;
+            float s[4][4], mx[2] = {NEG_INF, NEG_INF};
+            dots<T, DP>(s, qs, 16 * w, ks, c0);
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u64 i = r0 + lane / 4 + 8 * (e / 2), j = j0 + c0 + 8 * n + 2 * (lane % 4) + e % 2;
+                    s[n][e] = visible(i, j, len, causal, keep) ? s[n][e] * c2 : NEG_INF;
+                    mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float mn = fmaxf(m[h], quad_max(mx[h]));
+                // nothing seen yet (the same for the row's 4 lanes): no weight, nothing to rescale
+                const float alpha = mn == NEG_INF ? 1.0f : exp2f(m[h] - mn);
+                m[h] = mn;
+                l[h] *= alpha;
+#pragma unroll
+                for (int n = 0; n < DP / 8; ++n) acc[n][2 * h] *= alpha, acc[n][2 * h + 1] *= alpha;
+            }
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e / 2;
+                    s[n][e] = s[n][e] == NEG_INF ? 0.0f : exp2f(s[n][e] - m[h]);
+                    l[h] += s[n][e];  // this lane's share; the row's is summed at the end
+                }
+            accumulate<T, DP>(acc, s, vt, c0);
+        }
+    }
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float total = quad_sum(l[h]);
+        const u64 i = r0 + lane / 4 + 8 * h;
+        if (lane % 4 == 0 && i < len) lse[g * len + i] = total > 0.0f ? (m[h] + log2f(total)) / LOG2E : NEG_INF;
+        inv[h] = total > 0.0f ? 1.0f / total : 0.0f;
+    }
+    store<DP>(out + seq * len * width + head * d, width, r0, len, d, acc, inv[0], inv[1]);
+}
+
+// The query gradient, and delta = rowsum(dO ∘ O) for grad_kv. Grid as the forward's; shared: the q, dO, k and v
+// tiles, the k tile transposed, the tile's deltas.
+template <class T, int DP>
+__device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
+                       const float* mask, const float* out, const float* lse, const float* dout, float* delta,
+                       float* dqkv) {
+    constexpr int TILE = TC_ROWS * (DP + 8);
+    u16* qs = reinterpret_cast<u16*>(tc_smem);
+    u16* dos = qs + TILE;
+    u16* ks = dos + TILE;
+    u16* vs = ks + TILE;
+    u16* kt = vs + TILE;
+    float* dls = reinterpret_cast<float*>(kt + DP * TC_LDT);
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
+    const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;
+    const float* base = qkv + seq * len * stride + head * d;
+    const float* keep = mask_rows ? mask + (seq % mask_rows) * len : nullptr;
+    const u64 orow = seq * len * width + head * d;  // this head's column block of out and dout
+    const float c2 = scale * LOG2E;
+    stage<T, DP>(qs, base, stride, i0, len, d);
+    stage<T, DP>(dos, dout + orow, width, i0, len, d);
+    // The warp's rows' deltas in f32, a row at a time across the warp.
+    for (int r = 0; r < 16; ++r) {
+        const u64 i = r0 + r;
+        float part = 0.0f;
+        if (i < len)
+            for (u64 c = lane; c < d; c += 32) part = fmaf(dout[orow + i * width + c], out[orow + i * width + c], part);
+        part = warp_sum(part);
+        if (lane == 0) {
+            dls[16 * w + r] = part;
+            if (i < len) delta[g * len + i] = part;
+        }
+    }
+    __syncwarp();
+    float dl[2], l2[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u64 i = r0 + lane / 4 + 8 * h;
+        dl[h] = dls[16 * w + lane / 4 + 8 * h];
+        l2[h] = i < len ? lse[g * len + i] * LOG2E : 0.0f;
+    }
+    float acc[DP / 8][4] = {};
+    const u64 kend = causal ? min(len, i0 + TC_ROWS) : len;
+    for (u64 j0 = 0; j0 < kend; j0 += TC_ROWS) {
+        __syncthreads();
+        stage<T, DP>(ks, base + width, stride, j0, len, d);
+        stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
+        stage_t<T, DP>(kt, base + width, stride, j0, len, d);
+        __syncthreads();
+#pragma unroll
+        for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
+            if (!meets(r0, j0 + c0, len, causal, true)) continue;
+            float s[4][4], dp[4][4];
+            dots<T, DP>(s, qs, 16 * w, ks, c0);
+            dots<T, DP>(dp, dos, 16 * w, vs, c0);
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e / 2;
+                    const u64 i = r0 + lane / 4 + 8 * h, j = j0 + c0 + 8 * n + 2 * (lane % 4) + e % 2;
+                    s[n][e] = visible(i, j, len, causal, keep) ? exp2f(s[n][e] * c2 - l2[h]) * (dp[n][e] - dl[h])
+                                                               : 0.0f;
+                }
+            accumulate<T, DP>(acc, s, kt, c0);
+        }
+    }
+    store<DP>(dqkv + seq * len * stride + head * d, stride, r0, len, d, acc, scale, scale);
+}
+
+// The key and value gradients. Grid (groups, key tiles); shared: the k, v, q and dO tiles, the q and dO tiles
+// transposed, the query tile's lse (base 2) and delta.
+template <class T, int DP>
+__device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
+                        const float* mask, const float* lse, const float* dout, const float* delta, float* dqkv) {
+    constexpr int TILE = TC_ROWS * (DP + 8);
+    u16* ks = reinterpret_cast<u16*>(tc_smem);
+    u16* vs = ks + TILE;
+    u16* qs = vs + TILE;
+    u16* dos = qs + TILE;
+    u16* qt = dos + TILE;
+    u16* dot = qt + DP * TC_LDT;
+    float* ls = reinterpret_cast<float*>(dot + DP * TC_LDT);
+    float* dls = ls + TC_ROWS;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
+    const u64 j0 = (u64)blockIdx.y * TC_ROWS, r0 = j0 + 16 * w;  // causal: the first key tiles see the most queries
+    const float* base = qkv + seq * len * stride + head * d;
+    const float* douts = dout + seq * len * width + head * d;
+    const float* keep = mask_rows ? mask + (seq % mask_rows) * len : nullptr;
+    const float c2 = scale * LOG2E;
+    stage<T, DP>(ks, base + width, stride, j0, len, d);
+    stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
+    float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
+    for (u64 q0 = causal ? j0 : 0; q0 < len; q0 += TC_ROWS) {
+        __syncthreads();
+        stage<T, DP>(qs, base, stride, q0, len, d);
+        stage<T, DP>(dos, douts, width, q0, len, d);
+        stage_t<T, DP>(qt, base, stride, q0, len, d);
+        stage_t<T, DP>(dot, douts, width, q0, len, d);
+        for (int t = threadIdx.x; t < TC_ROWS; t += TC_THREADS) {
+            ls[t] = q0 + t < len ? lse[g * len + q0 + t] * LOG2E : 0.0f;
+            dls[t] = q0 + t < len ? delta[g * len + q0 + t] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
+            if (!meets(r0, q0 + c0, len, causal, false)) continue;
+            float s[4][4], dp[4][4];
+            dots<T, DP>(s, ks, 16 * w, qs, c0);  // transposed scores: keys as rows
+            dots<T, DP>(dp, vs, 16 * w, dos, c0);
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int qi = c0 + 8 * n + 2 * (lane % 4) + e % 2;
+                    const u64 j = r0 + lane / 4 + 8 * (e / 2);
+                    const float p = visible(q0 + qi, j, len, causal, keep) ? exp2f(s[n][e] * c2 - ls[qi]) : 0.0f;
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - dls[qi]);
+                }
+            accumulate<T, DP>(av, s, dot, c0);
+            accumulate<T, DP>(ak, dp, qt, c0);
+        }
+    }
+    float* dk = dqkv + seq * len * stride + width + head * d;
+    store<DP>(dk, stride, r0, len, d, ak, scale, scale);
+    store<DP>(dk + width, stride, r0, len, d, av, 1.0f, 1.0f);
+}
+
+// Entry points per 16-bit type and padded head width DP (32, 64, 128).
+#define TENSOR_CORE_KERNELS(TY, T, DP)                                                                              \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_forward_##TY##_##DP(                      \
+        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
+        float* out, float* lse) {                                                                                \
+        forward<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse);                            \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_grad_q_##TY##_##DP(                       \
+        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
+        const float* out, const float* lse, const float* dout, float* delta, float* dqkv) {                     \
+        grad_q<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse, dout, delta, dqkv);          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_grad_kv_##TY##_##DP(                      \
+        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
+        const float* lse, const float* dout, const float* delta, float* dqkv) {                                 \
+        grad_kv<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, lse, dout, delta, dqkv);              \
+    }
+
+TENSOR_CORE_KERNELS(bf16, Bf16, 32)
+TENSOR_CORE_KERNELS(bf16, Bf16, 64)
+TENSOR_CORE_KERNELS(bf16, Bf16, 128)
+TENSOR_CORE_KERNELS(f16, F16, 32)
+TENSOR_CORE_KERNELS(f16, F16, 64)
+TENSOR_CORE_KERNELS(f16, F16, 128)
+
+#endif
