@@ -264,6 +264,39 @@ fn reductions_and_softmax() {
     assert!(ls.iter().all(|v| v.is_finite()), "{ls:?}");
 }
 
+/// Fused members' logits `[4, 256, 10]` against shared labels split across threads (as one member's `[256, 10]`
+/// does not): each member's losses and gradient are the bits it gets on its own.
+#[test]
+fn cross_entropy_of_fused_members_is_each_members_own() {
+    let (members, rows, cols) = (4, 256, 10);
+    let logits: Vec<f32> = data(members * rows * cols, 11)
+        .iter()
+        .map(|&v| (v * 8.0) as f32)
+        .collect();
+    let labels: Vec<i32> = (0..rows).map(|r| (r * 7 % cols) as i32).collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let (loss, grad) = pool
+        .install(|| softmax::cross_entropy(&logits, cols, &labels, 1.0 / rows as f32))
+        .unwrap();
+    for m in 0..members {
+        let one = &logits[m * rows * cols..][..rows * cols];
+        let (l, g) = softmax::cross_entropy(one, cols, &labels, 1.0 / rows as f32).unwrap();
+        assert_eq!(&loss[m * rows..][..rows], &l[..], "member {m}: losses");
+        assert_eq!(
+            &grad[m * rows * cols..][..rows * cols],
+            &g[..],
+            "member {m}: gradient"
+        );
+    }
+    assert!(
+        loss.iter().all(|&l| l > 0.0),
+        "logsumexp exceeds every logit"
+    );
+}
+
 #[test]
 fn copies_and_indices() {
     let src: Vec<i32> = (0..12).collect();
