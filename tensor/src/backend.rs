@@ -166,11 +166,12 @@ pub trait Elementwise: Sized {
     /// device failure.
     fn where_cond(&self, on_true: &Self, on_false: &Self) -> Result<Self>;
 
-    /// `max(self + b, 0)` with `b` `[groups, cols]` broadcast over `group`-element blocks of `self`.
+    /// `self + b`, then a ReLU when `relu`, with `b` `[groups, cols]` broadcast over `group`-element blocks of
+    /// `self`.
     ///
     /// # Errors
     /// Different dtypes or devices, a dtype without kernels, out of memory, or a device failure.
-    fn bias_relu(&self, b: &Self, cols: usize, group: usize) -> Result<Self>;
+    fn bias_act(&self, b: &Self, cols: usize, group: usize, relu: bool) -> Result<Self>;
 
     /// ReLU's backward from its output: the gradient `self` where `y > 0`, else 0.
     ///

@@ -442,9 +442,12 @@ impl Tensor {
     /// Another bias shape, or as [`matmul`](Tensor::matmul).
     pub fn linear(&self, w: &Tensor, bias: &Tensor, relu: bool) -> Result<Tensor> {
         if Precision::current().math_for(self, w).is_some() {
-            // The product in the policy's math (cuBLAS GemmEx), then the bias and ReLU in f32.
+            // The product in the policy's math (cuBLAS GemmEx), then the bias and ReLU in f32, in one pass.
             let y = self.matmul(w)?;
-            return if relu { y.bias_relu(bias) } else { y.add(bias) };
+            return match (relu, bias_groups(&y.shape, &bias.shape)) {
+                (false, None) => y.add(bias),
+                _ => y.bias_act(bias, relu),
+            };
         }
         let (shape, out) = self.matmul_shape(w, false, false)?;
         let n = out.last().copied().unwrap_or(0);
@@ -493,8 +496,7 @@ impl Tensor {
                 return Ok(Tensor::from_storage(Storage::Cuda(y), out));
             }
         }
-        let y = self.matmul(w)?;
-        if relu { y.bias_relu(bias) } else { y.add(bias) }
+        self.matmul(w)?.bias_act(bias, relu)
     }
 
     /// A Linear layer's weight and bias gradients from its input `self` (`[.., m, k]`, or `[m, k]`
@@ -1023,16 +1025,29 @@ impl Tensor {
     /// # Errors
     /// Other bias shapes; dtype or device mismatches; non-float dtypes.
     pub fn bias_relu(&self, bias: &Tensor) -> Result<Tensor> {
-        const OP: &str = "bias_relu";
-        self.same_dtype(OP, bias)?;
-        self.require_float(OP)?;
+        self.bias_act(bias, true)
+    }
+
+    /// `self + bias` for a Linear layer's bias (shapes as [`bias_relu`](Tensor::bias_relu)'s): one pass that reads
+    /// each bias row in place of a general broadcast's per-element strides.
+    ///
+    /// # Errors
+    /// As [`bias_relu`](Tensor::bias_relu).
+    pub fn bias_add(&self, bias: &Tensor) -> Result<Tensor> {
+        self.bias_act(bias, false)
+    }
+
+    fn bias_act(&self, bias: &Tensor, relu: bool) -> Result<Tensor> {
+        let op = if relu { "bias_relu" } else { "bias_add" };
+        self.same_dtype(op, bias)?;
+        self.require_float(op)?;
         let Some(groups) = bias_groups(&self.shape, &bias.shape) else {
-            return Err(self.shape_mismatch(OP, bias));
+            return Err(self.shape_mismatch(op, bias));
         };
         let c = self.shape.last().copied().unwrap_or(0);
         let group = self.elem_count().checked_div(groups).unwrap_or(0);
-        map2!(self, OP, bias, self.shape.clone(), |x, b| x
-            .bias_relu(b, c, group))
+        map2!(self, op, bias, self.shape.clone(), |x, b| x
+            .bias_act(b, c, group, relu))
     }
 
     /// ReLU's backward from its output `y`: `self` (the incoming gradient) where `y > 0`, else 0.

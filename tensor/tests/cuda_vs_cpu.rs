@@ -191,6 +191,8 @@ fn fused_relu_backward_with_bias_gradient_agrees() {
     agree("relu backward with bias", 1e-5, |dev| {
         let (m, b, n) = (3, 45, 70);
         let y = rand(&[m, b, n], 20, dev)?.bias_relu(&rand(&[m, 1, n], 21, dev)?)?;
+        let shifted = rand(&[m, b, n], 27, dev)?.bias_add(&rand(&[n], 28, dev)?)?;
+        let shifted4 = rand(&[160, 20, 256], 29, dev)?.bias_add(&rand(&[160, 1, 256], 30, dev)?)?;
         let dy = rand(&[m, b, n], 22, dev)?;
         let (dx, db) = dy.relu_backward_bias(&y, &[m, 1, n])?;
         let (dx4, db4) = dy
@@ -203,7 +205,9 @@ fn fused_relu_backward_with_bias_gradient_agrees() {
         // One bias shared by 2,000 rows: the element-wise backward and a split reduction.
         let y = rand(&[2000, 64], 25, dev)?.relu()?;
         let (dxs, dbs) = rand(&[2000, 64], 26, dev)?.relu_backward_bias(&y, &[64])?;
-        Ok(vec![dx, db, dx4, db4, dxw, dbw, dxs, dbs])
+        Ok(vec![
+            dx, db, dx4, db4, dxw, dbw, dxs, dbs, shifted, shifted4,
+        ])
     });
 }
 

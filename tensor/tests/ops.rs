@@ -145,7 +145,19 @@ fn unary(dev: &Device) -> Result<()> {
         for bias in [rand(&[3, 1, 4], 131, dt, dev)?, rand(&[4], 132, dt, dev)?] {
             let want = host(&x.add(&bias)?.relu()?);
             assert_close("bias_relu", &x.bias_relu(&bias)?, &[3, 5, 4], &want, 0.0);
+            let want = host(&x.add(&bias)?);
+            assert_close("bias_add", &x.bias_add(&bias)?, &[3, 5, 4], &want, 0.0);
         }
+        // Rows of three: no four-wide kernel.
+        let (odd, odd_bias) = (rand(&[2, 3, 3], 137, dt, dev)?, rand(&[3], 138, dt, dev)?);
+        let want = host(&odd.add(&odd_bias)?.relu()?);
+        assert_close(
+            "bias_relu of 3",
+            &odd.bias_relu(&odd_bias)?,
+            &[2, 3, 3],
+            &want,
+            0.0,
+        );
         let g = rand(&[3, 5, 4], 133, dt, dev)?;
         let want = host(&g.mul(&x.gt_scalar(0.0)?)?);
         assert_close(
@@ -175,7 +187,12 @@ fn unary(dev: &Device) -> Result<()> {
 
 fn reductions(dev: &Device) -> Result<()> {
     for dt in float_dtypes(dev) {
-        for shape in [&[3usize, 4, 5][..], &[70, 600][..], &[6][..]] {
+        for shape in [
+            &[3usize, 4, 5][..],
+            &[70, 600][..],
+            &[2048, 40][..],
+            &[6][..],
+        ] {
             let x = rand(shape, 300 + shape.len() as u64, dt, dev)?;
             let hx = host(&x);
             for dim in 0..shape.len() {

@@ -24,11 +24,11 @@ fn check(s: &LayerNormShape) -> Result<()> {
     Ok(())
 }
 
-/// A warp per row, grid-stride.
-fn per_row(gpu: &Gpu, s: &LayerNormShape) -> Launch {
+/// A warp per item (a row, a parameter), grid-stride.
+fn warp_each(gpu: &Gpu, items: usize) -> Launch {
     Launch {
         block: (256, 1, 1),
-        ..gpu.grid(s.stat_len().div_ceil(ROWS_PER_BLOCK), 1)
+        ..gpu.grid(items.div_ceil(ROWS_PER_BLOCK), 1)
     }
 }
 
@@ -53,7 +53,14 @@ pub unsafe fn forward(
     let (total, rows, dim, eps) = (s.stat_len() as u64, s.rows as u64, s.dim as u64, eps as f32);
     let mut args = kernel_args![total, rows, dim, eps, x, weight, bias, y, mean, invstd];
     // SAFETY: matches `layer_norm_forward_f32(u64 x3, float, const float* x3, float* x3)`.
-    unsafe { gpu.launch(&SRC, "layer_norm_forward_f32", per_row(gpu, s), &mut args) }
+    unsafe {
+        gpu.launch(
+            &SRC,
+            "layer_norm_forward_f32",
+            warp_each(gpu, s.stat_len()),
+            &mut args,
+        )
+    }
 }
 
 /// The backward pass of [`forward`]: `dx`, `dweight` and `dbias` from its input `x`, the output's gradient `dy`,
@@ -83,7 +90,7 @@ pub unsafe fn backward(
         gpu.launch(
             &SRC,
             "layer_norm_grad_input_f32",
-            per_row(gpu, s),
+            warp_each(gpu, s.stat_len()),
             &mut args,
         )?
     };
@@ -100,7 +107,7 @@ pub unsafe fn backward(
         unsafe { gpu.launch(&SRC, "layer_norm_grad_params_f32", cfg, &mut args)? };
         let (members, blocks) = (s.members as u64, blocks as u64);
         let mut args = kernel_args![members, dim, blocks, partial, dweight, dbias];
-        let cfg = gpu.grid(s.param_len(), 256);
+        let cfg = warp_each(gpu, s.param_len());
         // SAFETY: matches `layer_norm_grad_finish_f32(u64 x3, const float*, float* x2)`.
         unsafe { gpu.launch(&SRC, "layer_norm_grad_finish_f32", cfg, &mut args) }
     })

@@ -83,16 +83,21 @@ extern "C" __global__ void layer_norm_grad_params_f32(u64 rows, u64 dim, const f
     }
 }
 
-// dw, db [members, dim]: the partials of each member's blocks added in order.
+// dw, db [members, dim]: a warp per (member, column) adds the partials of the member's blocks, its lanes taking
+// every 32nd block, in a fixed order (the same sums from run to run). A thread per column, walking all the blocks
+// alone, waited on one load after another: 15 us for 64 blocks of a 256-wide norm on an H200.
 extern "C" __global__ void layer_norm_grad_finish_f32(u64 members, u64 dim, u64 blocks, const float* partial,
                                                       float* dw, float* db) {
-    GRID_STRIDE(i, members * dim) {
+    const u64 lane = threadIdx.x % 32;
+    for (u64 i = (u64)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32; i < members * dim;
+         i += (u64)gridDim.x * ROWS_PER_BLOCK) {
         const u64 g = i / dim, c = i % dim;
         float aw = 0.0f, ab = 0.0f;
-        for (u64 k = 0; k < blocks; ++k) {
+        for (u64 k = lane; k < blocks; k += 32) {
             const float* p = partial + ((g * blocks + k) * dim + c) * 2;
             aw += p[0], ab += p[1];
         }
-        dw[i] = aw, db[i] = ab;
+        aw = warp_sum(aw), ab = warp_sum(ab);
+        if (lane == 0) dw[i] = aw, db[i] = ab;
     }
 }

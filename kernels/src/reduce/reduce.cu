@@ -1,8 +1,8 @@
 // Reductions of a tensor seen as [outer, d, inner] along d.
 // rows kernels (inner == 1): grid (rows, splits), one block per (row, split), out[row * splits + split].
 // cols kernels (inner > 1): grid (ceil(outer*inner / block), splits), one thread per (o, i) and
-// split, out[(split * outer + o) * inner + i]. `chunk` is the span of d one split covers.
-// A second pass over the partial results (splits > 1) finishes; `scale` multiplies the final value.
+// split, out[(o * inner + i) * splits + split]. `chunk` is the span of d one split covers.
+// A second pass over the partial results (splits > 1), a rows one, finishes; `scale` multiplies the final value.
 
 struct SumOp {
     template <typename T> __device__ static T init() { return (T)0; }
@@ -75,7 +75,7 @@ __device__ void reduce_cols(u64 outer, u64 d, u64 inner, u64 chunk, const T* x, 
     }
     for (; j < end; ++j) a0 = Op::apply(a0, base[j * inner]);
     const T acc = Op::apply(Op::apply(a0, a1), Op::apply(a2, a3));
-    out[(split * outer + o) * inner + i] = scaled<T>(acc, scale);
+    out[(o * inner + i) * gridDim.y + split] = scaled<T>(acc, scale);
 }
 
 #define REDUCE(NAME, OP, TNAME, T)                                                                      \

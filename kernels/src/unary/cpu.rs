@@ -118,15 +118,15 @@ fn map_inplace<T: Float, F: Fn(T) -> T + Sync + Send>(x: &mut [T], f: F) {
     }
 }
 
-/// `max(x + b, 0)` with `b` `[groups, cols]` broadcast over `group`-element blocks of `x` (`[groups, rows, cols]`,
-/// `group = rows · cols`): element `i` takes `b[(i / group) · cols + i % cols]`.
-pub fn bias_relu<T: Float>(x: &[T], b: &[T], cols: usize, group: usize) -> Vec<T> {
+/// `x + b`, then a ReLU when `relu`, with `b` `[groups, cols]` broadcast over `group`-element blocks of `x`
+/// (`[groups, rows, cols]`, `group = rows · cols`): element `i` takes `b[(i / group) · cols + i % cols]`.
+pub fn bias_act<T: Float>(x: &[T], b: &[T], cols: usize, group: usize, relu: bool) -> Vec<T> {
     let mut y = x.to_vec();
     let row = |(k, r): (usize, &mut [T])| {
         let bias = &b[(k * cols / group) * cols..][..cols];
         for (v, &bv) in r.iter_mut().zip(bias) {
             let s = *v + bv;
-            *v = if s > T::ZERO { s } else { T::ZERO };
+            *v = if !relu || s > T::ZERO { s } else { T::ZERO };
         }
     };
     if x.len() < PAR_THRESHOLD {

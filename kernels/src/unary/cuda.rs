@@ -50,30 +50,37 @@ pub unsafe fn unary(gpu: &Gpu, op: UnaryOp, x: u64, out: u64, n: usize) -> Resul
     unsafe { gpu.launch(&SRC, name, gpu.grid(work, 256), &mut args) }
 }
 
-/// `y = max(x + b, 0)` for `n` f32 with `b` `[groups, cols]` broadcast over `group`-element blocks of `x`
-/// (`[groups, rows, cols]`, `group = rows · cols`).
+/// `y = x + b`, then `max(y, 0)` when `relu`, for `n` f32 with `b` `[groups, cols]` broadcast over
+/// `group`-element blocks of `x` (`[groups, rows, cols]`, `group = rows · cols`).
 ///
 /// # Safety
 /// `x` and `y` must hold `n` f32, `b` `n / group · cols` f32, on this device.
 ///
 /// # Errors
 /// A launch failure.
-pub unsafe fn bias_relu(
+pub unsafe fn bias_act(
     gpu: &Gpu,
-    x: u64,
-    b: u64,
-    y: u64,
+    (x, b, y): (u64, u64, u64),
     n: usize,
     cols: usize,
     group: usize,
+    relu: bool,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
+    let wide = cols % 4 == 0 && aligned16(&[x, b, y]);
+    let name = match (relu, wide) {
+        (true, false) => "bias_relu_f32",
+        (true, true) => "bias_relu_f32x4",
+        (false, false) => "bias_add_f32",
+        (false, true) => "bias_add_f32x4",
+    };
     let (n64, cols, group) = (n as u64, cols.max(1) as u64, group.max(1) as u64);
     let mut args = kernel_args![n64, cols, group, x, b, y];
-    // SAFETY: matches `bias_relu_f32(u64, u64, u64, const float*, const float*, float*)`.
-    unsafe { gpu.launch(&SRC, "bias_relu_f32", gpu.grid(n, 256), &mut args) }
+    let work = if wide { n / 4 } else { n };
+    // SAFETY: matches `bias_{relu,add}_f32{,x4}(u64, u64, u64, const float*, const float*, float*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(work, 256), &mut args) }
 }
 
 /// `dx = y > 0 ? dy : 0` for `n` f32.

@@ -106,17 +106,23 @@ impl Elementwise for CpuStorage {
         })
     }
 
-    /// `max(x + b, 0)` with `b` `[groups, cols]` broadcast over `group`-element blocks of `x`.
-    fn bias_relu(&self, b: &CpuStorage, cols: usize, group: usize) -> Result<CpuStorage> {
+    /// `x + b`, then a ReLU when `relu`, with `b` `[groups, cols]` broadcast over `group`-element blocks of `x`.
+    fn bias_act(
+        &self,
+        b: &CpuStorage,
+        cols: usize,
+        group: usize,
+        relu: bool,
+    ) -> Result<CpuStorage> {
         Ok(match (self, b) {
             (CpuStorage::F32(x), CpuStorage::F32(b)) => {
-                CpuStorage::F32(unary_cpu::bias_relu(x, b, cols, group))
+                CpuStorage::F32(unary_cpu::bias_act(x, b, cols, group, relu))
             }
             (CpuStorage::F64(x), CpuStorage::F64(b)) => {
-                CpuStorage::F64(unary_cpu::bias_relu(x, b, cols, group))
+                CpuStorage::F64(unary_cpu::bias_act(x, b, cols, group, relu))
             }
-            (x, b) if x.dtype() != b.dtype() => return Err(mismatch("bias_relu", x, b)),
-            (x, _) => return Err(unsupported("bias_relu", x.dtype())),
+            (x, b) if x.dtype() != b.dtype() => return Err(mismatch("bias_act", x, b)),
+            (x, _) => return Err(unsupported("bias_act", x.dtype())),
         })
     }
 

@@ -129,9 +129,15 @@ impl Elementwise for CudaStorage {
         Err(unavailable("where_cond", self.ordinal))
     }
 
-    fn bias_relu(&self, b: &CudaStorage, cols: usize, group: usize) -> Result<CudaStorage> {
-        let _ = (b, cols, group);
-        Err(unavailable("bias_relu", self.ordinal))
+    fn bias_act(
+        &self,
+        b: &CudaStorage,
+        cols: usize,
+        group: usize,
+        relu: bool,
+    ) -> Result<CudaStorage> {
+        let _ = (b, cols, group, relu);
+        Err(unavailable("bias_act", self.ordinal))
     }
 
     fn relu_backward(&self, y: &CudaStorage) -> Result<CudaStorage> {

@@ -132,21 +132,26 @@ impl Elementwise for CudaStorage {
 
     /// # Errors
     /// Not f32, different devices, out of memory, or a launch failure.
-    fn bias_relu(&self, b: &CudaStorage, cols: usize, group: usize) -> Result<CudaStorage> {
-        want("bias_relu", self, &[DType::F32])?;
-        want("bias_relu", b, &[DType::F32])?;
-        same_device("bias_relu", self, b)?;
+    fn bias_act(
+        &self,
+        b: &CudaStorage,
+        cols: usize,
+        group: usize,
+        relu: bool,
+    ) -> Result<CudaStorage> {
+        want("bias_act", self, &[DType::F32])?;
+        want("bias_act", b, &[DType::F32])?;
+        same_device("bias_act", self, b)?;
         let y = self.sibling(self.len, DType::F32)?;
         // SAFETY: self and y hold len f32, b len / group · cols (checked by the caller's shapes).
         unsafe {
-            unary_cuda::bias_relu(
+            unary_cuda::bias_act(
                 &self.gpu,
-                self.device_ptr(),
-                b.device_ptr(),
-                y.device_ptr(),
+                (self.device_ptr(), b.device_ptr(), y.device_ptr()),
                 self.len,
                 cols,
                 group,
+                relu,
             )?
         };
         Ok(y)
