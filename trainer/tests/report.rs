@@ -193,18 +193,7 @@ fn report_prints_the_leaderboard_best_first_and_writes_report_png() {
             "best"
         ]
     );
-    let order: Vec<&str> = lines[1..7]
-        .iter()
-        .map(|l| l.split_whitespace().next().unwrap())
-        .collect();
-    assert_eq!(
-        order,
-        ["t-017", "t-041", "t-003", "t-022", "t-050", "t-008"]
-    );
-    assert_eq!(
-        lines[7],
-        "6 trials: 2 completed, 2 pruned, 2 failed (out of memory at batch 8) · wall 3:12 · best t-017"
-    );
+    assert_the_sweeps_rows(&lines);
     let png = dir.join("report.png");
     assert_eq!(lines[8], format!("plots: {}", png.display()));
     assert_eq!(lines.len(), 9, "{stdout}");
@@ -322,20 +311,9 @@ fn report_merges_the_shards_of_a_sweep() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lines: Vec<&str> = stdout.lines().collect();
-    let order: Vec<&str> = lines[1..7]
-        .iter()
-        .map(|l| l.split_whitespace().next().unwrap())
-        .collect();
     // As one run's report of the whole sweep: best first, one row per trial, the counts of all of them.
-    assert_eq!(
-        order,
-        ["t-017", "t-041", "t-003", "t-022", "t-050", "t-008"]
-    );
+    assert_the_sweeps_rows(&lines);
     assert!(lines[1].ends_with("best"), "{}", lines[1]);
-    assert_eq!(
-        lines[7],
-        "6 trials: 2 completed, 2 pruned, 2 failed (out of memory at batch 8) · wall 3:12 · best t-017"
-    );
     assert_eq!(lines[8], "merged from 2 run directories");
 
     let json = cohort(&["report", a, b, "--json"]);
@@ -356,5 +334,21 @@ fn report_merges_the_shards_of_a_sweep() {
     assert!(
         e.contains("is in both") && e.contains("sweep-shard1of2"),
         "{e}"
+    );
+}
+
+/// The trial rows of the test sweep's report, best first, and its closing count.
+fn assert_the_sweeps_rows(lines: &[&str]) {
+    let order: Vec<&str> = lines[1..7]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        ["t-017", "t-041", "t-003", "t-022", "t-050", "t-008"]
+    );
+    assert_eq!(
+        lines[7],
+        "6 trials: 2 completed, 2 pruned, 2 failed (out of memory at batch 8) · wall 3:12 · best t-017"
     );
 }

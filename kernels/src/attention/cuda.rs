@@ -81,7 +81,7 @@ impl Tiling {
                 (AttentionMath::F16, _) => Some(kernels!("f16", 128)),
             };
             if let Some(kernels) = kernels {
-                // 16-bit tiles [64][dp + 8] and transposed ones [dp][64 + 8]; f32 deltas and lse of 64 rows
+                // 16-bit tiles [64][dp + 8] and transposed ones [dp][64 + 8]; grad_kv's f32 deltas and lse of 64 rows
                 let (tile, transposed, row) = (2 * 64 * (dp + 8), 2 * dp * (64 + 8), 4 * 64);
                 return Ok(Tiling {
                     src: &TENSOR_CORE_SRC,
@@ -90,7 +90,7 @@ impl Tiling {
                     threads: 128,
                     shared: [
                         2 * tile + transposed,
-                        4 * tile + transposed + row,
+                        4 * tile + transposed,
                         4 * tile + 2 * transposed + 2 * row,
                     ],
                 });

@@ -18,57 +18,73 @@
 #define TC_THREADS 128
 #define TC_LDT (TC_ROWS + 8)
 
-struct Bf16 {
-    // (lo, hi) rounded to nearest into one register, lo in the low half (the lower column).
-    static __device__ __forceinline__ u32 pack(float lo, float hi) {
-        u32 d;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-        return d;
-    }
-    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+// A 16-bit type's conversion and product, `name` as PTX spells it (bf16, f16).
+#define SIXTEEN_BIT(T, name)                                                                                      \
+    struct T {                                                                                                   \
+        /* (lo, hi) rounded to nearest into one register, lo in the low half (the lower column) */               \
+        static __device__ __forceinline__ u32 pack(float lo, float hi) {                                         \
+            u32 d;                                                                                               \
+            asm("cvt.rn." name "x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));                             \
+            return d;                                                                                            \
+        }                                                                                                        \
+        static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {          \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." name "." name ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "   \
+                "{%8,%9}, {%0,%1,%2,%3};"                                                                        \
+                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                 \
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                 \
+        }                                                                                                        \
+    };
+SIXTEEN_BIT(Bf16, "bf16")
+SIXTEEN_BIT(F16, "f16")
 
-struct F16 {
-    static __device__ __forceinline__ u32 pack(float lo, float hi) {
-        u32 d;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-        return d;
-    }
-    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+// Loads in flight per thread while a tile is staged (pairs of columns).
+#define TC_BATCH 8
 
 // Rows [r0, r0 + 64) of a buffer whose rows are `stride` apart, d columns each, in T into a tile [64][DP + 8];
-// rows past len and columns past d are zero.
+// rows past len and columns past d are zero. Pairs of columns are read as one 8-byte load where d is even (every
+// pair is then aligned: strides and head offsets are multiples of d) and src is.
 template <class T, int DP>
 __device__ __forceinline__ void stage(u16* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
-    for (int e = threadIdx.x; e < TC_ROWS * DP / 2; e += TC_THREADS) {
-        const int r = e / (DP / 2), c = 2 * (e % (DP / 2));
-        const bool in = r0 + r < len;
-        const float* p = src + (r0 + r) * stride + c;
-        const float x = in && c < d ? p[0] : 0.0f, y = in && c + 1 < d ? p[1] : 0.0f;
-        *reinterpret_cast<u32*>(tile + r * (DP + 8) + c) = T::pack(x, y);
+    constexpr int PER = TC_ROWS * DP / 2 / TC_THREADS, BATCH = TC_BATCH;
+    const bool pairs = d % 2 == 0 && reinterpret_cast<u64>(src) % 8 == 0;
+    for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        float2 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, r = e / (DP / 2), c = 2 * (e % (DP / 2));
+            const bool in = r0 + r < len;
+            const float* p = src + (r0 + r) * stride + c;
+            if (pairs)
+                v[b] = in && c < d ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
+            else
+                v[b] = make_float2(in && c < d ? p[0] : 0.0f, in && c + 1 < d ? p[1] : 0.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, r = e / (DP / 2), c = 2 * (e % (DP / 2));
+            *reinterpret_cast<u32*>(tile + r * (DP + 8) + c) = T::pack(v[b].x, v[b].y);
+        }
     }
 }
 
 // The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows.
 template <class T, int DP>
 __device__ __forceinline__ void stage_t(u16* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
-    for (int e = threadIdx.x; e < TC_ROWS / 2 * DP; e += TC_THREADS) {
-        const int c = e % DP, r = 2 * (e / DP);
-        const bool in = c < d;
-        const float x = in && r0 + r < len ? src[(r0 + r) * stride + c] : 0.0f;
-        const float y = in && r0 + r + 1 < len ? src[(r0 + r + 1) * stride + c] : 0.0f;
-        *reinterpret_cast<u32*>(tile + c * TC_LDT + r) = T::pack(x, y);
+    constexpr int PER = TC_ROWS / 2 * DP / TC_THREADS, BATCH = TC_BATCH;
+    for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        float2 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
+            const bool in = c < d;
+            v[b] = make_float2(in && r0 + r < len ? src[(r0 + r) * stride + c] : 0.0f,
+                               in && r0 + r + 1 < len ? src[(r0 + r + 1) * stride + c] : 0.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
+            *reinterpret_cast<u32*>(tile + c * TC_LDT + r) = T::pack(v[b].x, v[b].y);
+        }
     }
 }
 
@@ -232,7 +248,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 }
 
 // The query gradient, and delta = rowsum(dO ∘ O) for grad_kv. Grid as the forward's; shared: the q, dO, k and v
-// tiles, the k tile transposed, the tile's deltas.
+// tiles, the k tile transposed.
 template <class T, int DP>
 __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                        const float* mask, const float* out, const float* lse, const float* dout, float* delta,
@@ -243,7 +259,6 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     u16* ks = dos + TILE;
     u16* vs = ks + TILE;
     u16* kt = vs + TILE;
-    float* dls = reinterpret_cast<float*>(kt + DP * TC_LDT);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;
@@ -253,24 +268,20 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     const float c2 = scale * LOG2E;
     stage<T, DP>(qs, base, stride, i0, len, d);
     stage<T, DP>(dos, dout + orow, width, i0, len, d);
-    // The warp's rows' deltas in f32, a row at a time across the warp.
-    for (int r = 0; r < 16; ++r) {
-        const u64 i = r0 + r;
-        float part = 0.0f;
-        if (i < len)
-            for (u64 c = lane; c < d; c += 32) part = fmaf(dout[orow + i * width + c], out[orow + i * width + c], part);
-        part = warp_sum(part);
-        if (lane == 0) {
-            dls[16 * w + r] = part;
-            if (i < len) delta[g * len + i] = part;
-        }
-    }
-    __syncwarp();
+    // The lane's rows' deltas in f32: the 4 lanes of a row take every fourth column, all loads in flight at once.
     float dl[2], l2[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const u64 i = r0 + lane / 4 + 8 * h;
-        dl[h] = dls[16 * w + lane / 4 + 8 * h];
+        const float *o = out + orow + i * width, *dr = dout + orow + i * width;
+        float part = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DP / 4; ++k) {
+            const int c = 4 * k + lane % 4;
+            if (i < len && c < d) part = fmaf(dr[c], o[c], part);
+        }
+        dl[h] = quad_sum(part);
+        if (lane % 4 == 0 && i < len) delta[g * len + i] = dl[h];
         l2[h] = i < len ? lse[g * len + i] * LOG2E : 0.0f;
     }
     float acc[DP / 8][4] = {};
