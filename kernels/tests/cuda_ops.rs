@@ -304,6 +304,12 @@ fn reductions_match_the_cpu() {
             dim: 300,
             inner: 10,
         },
+        // a conv bias's gradient summed over the batch: a few splits of many outputs, finished a thread each
+        ReduceShape {
+            outer: 1,
+            dim: 64,
+            inner: 1 << 16,
+        },
     ];
     for s in shapes {
         let n = s.outer * s.dim * s.inner;
@@ -689,6 +695,89 @@ fn copies_transposes_and_casts_match_the_cpu() {
         down::<u8>(&g, &o8, n),
         ints.iter().map(|&v| (v as f64) as u8).collect::<Vec<_>>()
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn float_casts_agree_four_wide_with_a_tail_and_one_at_a_time_when_unaligned() {
+    let g = gpu();
+    // 1003 = 250 four-wide groups and a tail of 3; from offset 1 no access is aligned.
+    let n = 1003;
+    let mut vals = rand_vec(n + 1, 34, -70_000.0, 70_000.0);
+    vals[5] = f32::NAN;
+    vals[6] = f32::INFINITY;
+    vals[7] = 1e-6;
+    let dv = up(&g, &vals);
+    let (o16, o32, b16) = (
+        zeros(&g, (n + 1) * 2),
+        zeros(&g, (n + 1) * 4),
+        zeros(&g, (n + 1) * 2),
+    );
+    for start in [0usize, 1] {
+        let src = &vals[start..start + n];
+        // SAFETY: n elements from `start` fit in each buffer of n + 1.
+        unsafe {
+            copy_cuda::cast(
+                &g,
+                CudaType::F32,
+                CudaType::BF16,
+                dv.ptr() + 4 * start as u64,
+                o16.ptr() + 2 * start as u64,
+                n,
+            )
+            .unwrap();
+            copy_cuda::cast(
+                &g,
+                CudaType::BF16,
+                CudaType::F16,
+                o16.ptr() + 2 * start as u64,
+                b16.ptr() + 2 * start as u64,
+                n,
+            )
+            .unwrap();
+            copy_cuda::cast(
+                &g,
+                CudaType::F16,
+                CudaType::F32,
+                b16.ptr() + 2 * start as u64,
+                o32.ptr() + 4 * start as u64,
+                n,
+            )
+            .unwrap();
+        }
+        let bf = &down::<u16>(&g, &o16, n + 1)[start..start + n];
+        let hf = &down::<u16>(&g, &b16, n + 1)[start..start + n];
+        let back = &down::<f32>(&g, &o32, n + 1)[start..start + n];
+        for i in 0..n {
+            let want_bf = half::bf16::from_f32(src[i]);
+            let want_h = half::f16::from_f32(want_bf.to_f32());
+            if src[i].is_nan() {
+                assert!(
+                    half::bf16::from_bits(bf[i]).is_nan() && back[i].is_nan(),
+                    "NaN at {i}"
+                );
+                continue;
+            }
+            assert_eq!(
+                bf[i],
+                want_bf.to_bits(),
+                "f32->bf16 of {} (start {start})",
+                src[i]
+            );
+            assert_eq!(
+                hf[i],
+                want_h.to_bits(),
+                "bf16->f16 of {} (start {start})",
+                src[i]
+            );
+            assert_eq!(
+                back[i],
+                want_h.to_f32(),
+                "f16->f32 of {} (start {start})",
+                src[i]
+            );
+        }
+    }
 }
 
 #[test]

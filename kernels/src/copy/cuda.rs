@@ -238,11 +238,52 @@ pub unsafe fn cast(
         // SAFETY: same size, per the caller.
         return unsafe { gpu.dtod(dst, src, n * from.size()) };
     }
+    // Four at a time where both sides allow a whole-vector access (16 bytes of f32, 8 of a 16-bit type); the
+    // last n % 4 elements, if any, one at a time.
+    let wide = n / 4 * 4;
+    if let Some(name) = cast4_name(from, to)
+        && wide > 0
+        && src % (4 * from.size() as u64) == 0
+        && dst % (4 * to.size() as u64) == 0
+    {
+        let n4 = (wide / 4) as u64;
+        let mut args = kernel_args![n4, src, dst];
+        // SAFETY: matches `cast4_<from>_<to>(u64, const F*, T*)`; both buffers hold `wide` elements, aligned above.
+        unsafe { gpu.launch(&CAST_SRC, name, gpu.grid(wide / 4, 256), &mut args)? };
+        if wide == n {
+            return Ok(());
+        }
+        // SAFETY: the tail lies inside both buffers.
+        return unsafe {
+            cast(
+                gpu,
+                from,
+                to,
+                src + (wide * from.size()) as u64,
+                dst + (wide * to.size()) as u64,
+                n - wide,
+            )
+        };
+    }
     let name = cast_name(from, to);
     let nn = n as u64;
     let mut args = kernel_args![nn, src, dst];
     // SAFETY: matches `cast_<from>_<to>(u64, const F*, T*)`.
     unsafe { gpu.launch(&CAST_SRC, name, gpu.grid(n, 256), &mut args) }
+}
+
+/// The four-wide kernel between two float types, if `(from, to)` is such a pair.
+fn cast4_name(from: CudaType, to: CudaType) -> Option<&'static str> {
+    use CudaType::*;
+    Some(match (from, to) {
+        (F32, F16) => "cast4_f32_f16",
+        (F32, BF16) => "cast4_f32_bf16",
+        (F16, F32) => "cast4_f16_f32",
+        (BF16, F32) => "cast4_bf16_f32",
+        (F16, BF16) => "cast4_f16_bf16",
+        (BF16, F16) => "cast4_bf16_f16",
+        _ => return None,
+    })
 }
 
 fn cast_name(from: CudaType, to: CudaType) -> &'static str {

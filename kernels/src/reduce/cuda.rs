@@ -78,16 +78,16 @@ pub unsafe fn reduce(
         target.div_ceil(pieces).min(max_splits).min(65_535)
     };
     let elem = ty.size();
+    // `by_rows`: a block per row (inner must be 1); else a thread per output.
     let run = |x: u64,
                out: u64,
-               outer: usize,
-               dim: usize,
-               inner: usize,
+               (outer, dim, inner): (usize, usize, usize),
                splits: usize,
-               scale: f32|
+               scale: f32,
+               by_rows: bool|
      -> Result<()> {
         let chunk = dim.div_ceil(splits).max(1) as u64;
-        if inner == 1 {
+        if by_rows {
             let cfg = Launch {
                 grid: (grid_limit("reduce", outer)?, splits as u32, 1),
                 block: (BLOCK, 1, 1),
@@ -113,14 +113,18 @@ pub unsafe fn reduce(
             unsafe { gpu.launch(&SRC, cols_k, cfg, &mut args) }
         }
     };
+    let shape = (s.outer, s.dim, s.inner);
     if splits == 1 {
-        return run(x, out, s.outer, s.dim, s.inner, 1, scale);
+        return run(x, out, shape, 1, scale, s.inner == 1);
     }
     gpu.with_scratch(outputs * splits * elem, |partial| {
-        run(x, partial, s.outer, s.dim, s.inner, splits, 1.0)?;
-        // partial is [outer * inner, splits]: a block per output adds its splits (a thread per output walking
-        // them alone waited on one load after another, 16 µs for 128 splits of 256 outputs on an H200)
-        run(partial, out, outputs, splits, 1, 1, scale)
+        run(x, partial, shape, splits, 1.0, s.inner == 1)?;
+        // partial is [outer * inner, splits]. Few outputs: a block per output adds its splits (a thread per output
+        // walking them alone waited on one load after another, 16 µs for 128 splits of 256 outputs on an H200).
+        // Enough outputs to fill the device a thread each: a thread per output, where a block per output left
+        // 254 of 256 threads idle (270 µs for 2 splits of 262,144 outputs, a conv bias's gradient, on an H100).
+        let by_rows = outputs < gpu.sm_count() as usize * BLOCK as usize;
+        run(partial, out, (outputs, splits, 1), 1, scale, by_rows)
     })
 }
 
