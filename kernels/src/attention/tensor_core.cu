@@ -88,23 +88,33 @@ __device__ __forceinline__ void stage_t(u16* tile, const float* src, u64 stride,
     }
 }
 
-// The lane's share of an A operand (16 x 16): rows [r0, r0 + 16), columns [k0, k0 + 16) of a tile `ld` wide.
-__device__ __forceinline__ void operand_a(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
-    const int lane = threadIdx.x % 32;
-    const u16* p = tile + (r0 + lane / 4) * ld + k0 + 2 * (lane % 4);
-    a[0] = *reinterpret_cast<const u32*>(p);
-    a[1] = *reinterpret_cast<const u32*>(p + 8 * ld);
-    a[2] = *reinterpret_cast<const u32*>(p + 8);
-    a[3] = *reinterpret_cast<const u32*>(p + 8 * ld + 8);
+// A shared-memory address as ldmatrix takes it.
+__device__ __forceinline__ u32 shared_address(const u16* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
 
-// The lane's share of a B operand (16 x 8) whose column n is row n0 + n of a tile `ld` wide, over its columns
-// [k0, k0 + 16).
-__device__ __forceinline__ void operand_b(u32& b0, u32& b1, const u16* tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x % 32;
-    const u16* p = tile + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
-    b0 = *reinterpret_cast<const u32*>(p);
-    b1 = *reinterpret_cast<const u32*>(p + 8);
+// Four 8 x 8 blocks of 16-bit values, the rows of block b at the addresses lanes 8b to 8b + 7 give: a lane gets
+// the pair at row lane/4, columns 2(lane%4) and +1 of each, the layout of mma's operands. One instruction where
+// 32-bit loads took four.
+__device__ __forceinline__ void load_blocks(u32 (&r)[4], const u16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+}
+
+// The lane's share of an A operand (16 x 16): rows [r0, r0 + 16), columns [k0, k0 + 16) of a tile `ld` wide.
+__device__ __forceinline__ void operand_a(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
+    const int lane = threadIdx.x % 32, b = lane / 8;  // blocks: rows +0 / +8 (b % 2), columns +0 / +8 (b / 2)
+    load_blocks(a, tile + (r0 + lane % 8 + 8 * (b % 2)) * ld + k0 + 8 * (b / 2));
+}
+
+// The lane's share of two B operands (16 x 8) whose columns n are rows n0 + n and n0 + 8 + n of a tile `ld` wide,
+// over its columns [k0, k0 + 16): {b0, b1} of the first in b[0], b[1], of the second in b[2], b[3].
+__device__ __forceinline__ void operand_b2(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x % 32, m = lane / 8;  // blocks: columns +0 / +8 (m % 2), rows +0 / +8 (m / 2)
+    load_blocks(b, tile + (n0 + lane % 8 + 8 * (m / 2)) * ld + k0 + 8 * (m % 2));
 }
 
 // s = rows [r0, r0 + 16) of tile x · rows [n0, n0 + 32) of tile y (both [64][DP + 8]), as four 16 x 8 blocks.
@@ -117,10 +127,11 @@ __device__ __forceinline__ void dots(float (&s)[4][4], const u16* x, int r0, con
         u32 a[4];
         operand_a(a, x, DP + 8, r0, k);
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            u32 b0, b1;
-            operand_b(b0, b1, y, DP + 8, n0 + 8 * n, k);
-            T::mma(s[n], a, b0, b1);
+        for (int n = 0; n < 4; n += 2) {
+            u32 b[4];
+            operand_b2(b, y, DP + 8, n0 + 8 * n, k);
+            T::mma(s[n], a, b[0], b[1]);
+            T::mma(s[n + 1], a, b[2], b[3]);
         }
     }
 }
@@ -134,10 +145,11 @@ __device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float 
         const u32 a[4] = {T::pack(w[2 * k][0], w[2 * k][1]), T::pack(w[2 * k][2], w[2 * k][3]),
                           T::pack(w[2 * k + 1][0], w[2 * k + 1][1]), T::pack(w[2 * k + 1][2], w[2 * k + 1][3])};
 #pragma unroll
-        for (int n = 0; n < DP / 8; ++n) {
-            u32 b0, b1;
-            operand_b(b0, b1, vt, TC_LDT, 8 * n, k0 + 16 * k);
-            T::mma(acc[n], a, b0, b1);
+        for (int n = 0; n < DP / 8; n += 2) {
+            u32 b[4];
+            operand_b2(b, vt, TC_LDT, 8 * n, k0 + 16 * k);
+            T::mma(acc[n], a, b[0], b[1]);
+            T::mma(acc[n + 1], a, b[2], b[3]);
         }
     }
 }
@@ -179,6 +191,28 @@ __device__ __forceinline__ bool meets(u64 r0, u64 c0, u64 len, int causal, bool 
     return queries ? c0 <= r0 + 15 : c0 + TC_CHUNK - 1 >= r0;
 }
 
+// Does every row of the warp's 16 from r0 on see every column of [c0, c0 + 32)? Then no score needs its mask, which
+// took a dozen 64-bit operations a score, most of a chunk's instructions besides the products.
+__device__ __forceinline__ bool sees_all(u64 r0, u64 c0, u64 len, int causal, bool queries, const float* keep) {
+    if (keep || r0 + 16 > len || c0 + TC_CHUNK > len) return false;
+    if (!causal) return true;
+    return queries ? c0 + TC_CHUNK - 1 <= r0 : r0 + 15 <= c0;
+}
+
+// Sets to v the scores of the warp's 16 x 32 patch that are not seen: rows from r0 and columns from c0 (queries and
+// keys, or keys and queries where !queries), in the layout of `dots`.
+__device__ __forceinline__ void hide(float (&s)[4][4], float v, u64 r0, u64 c0, u64 len, int causal, const float* keep,
+                                     bool queries) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u64 r = r0 + lane / 4 + 8 * (e / 2), c = c0 + 8 * n + 2 * (lane % 4) + e % 2;
+            if (!(queries ? visible(r, c, len, causal, keep) : visible(c, r, len, causal, keep))) s[n][e] = v;
+        }
+}
+
 extern __shared__ uint4 tc_smem[];
 
 // Grid (groups, query tiles); shared: the q and k tiles, the v tile transposed.
@@ -210,11 +244,12 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 #pragma unroll
             for (int n = 0; n < 4; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u64 i = r0 + lane / 4 + 8 * (e / 2), j = j0 + c0 + 8 * n + 2 * (lane % 4) + e % 2;
-                    s[n][e] = visible(i, j, len, causal, keep) ? s[n][e] * c2 : NEG_INF;
-                    mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-                }
+                for (int e = 0; e < 4; ++e) s[n][e] *= c2;
+            if (!sees_all(r0, j0 + c0, len, causal, true, keep)) hide(s, NEG_INF, r0, j0 + c0, len, causal, keep, true);
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float mn = fmaxf(m[h], quad_max(mx[h]));
@@ -301,12 +336,8 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
 #pragma unroll
             for (int n = 0; n < 4; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int h = e / 2;
-                    const u64 i = r0 + lane / 4 + 8 * h, j = j0 + c0 + 8 * n + 2 * (lane % 4) + e % 2;
-                    s[n][e] = visible(i, j, len, causal, keep) ? exp2f(s[n][e] * c2 - l2[h]) * (dp[n][e] - dl[h])
-                                                               : 0.0f;
-                }
+                for (int e = 0; e < 4; ++e) s[n][e] = exp2f(s[n][e] * c2 - l2[e / 2]) * (dp[n][e] - dl[e / 2]);
+            if (!sees_all(r0, j0 + c0, len, causal, true, keep)) hide(s, 0.0f, r0, j0 + c0, len, causal, keep, true);
             accumulate<T, DP>(acc, s, kt, c0);
         }
     }
@@ -359,11 +390,13 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int qi = c0 + 8 * n + 2 * (lane % 4) + e % 2;
-                    const u64 j = r0 + lane / 4 + 8 * (e / 2);
-                    const float p = visible(q0 + qi, j, len, causal, keep) ? exp2f(s[n][e] * c2 - ls[qi]) : 0.0f;
-                    s[n][e] = p;
-                    dp[n][e] = p * (dp[n][e] - dls[qi]);
+                    s[n][e] = exp2f(s[n][e] * c2 - ls[qi]);
+                    dp[n][e] = s[n][e] * (dp[n][e] - dls[qi]);
                 }
+            if (!sees_all(r0, q0 + c0, len, causal, false, keep)) {
+                hide(s, 0.0f, r0, q0 + c0, len, causal, keep, false);
+                hide(dp, 0.0f, r0, q0 + c0, len, causal, keep, false);
+            }
             accumulate<T, DP>(av, s, dot, c0);
             accumulate<T, DP>(ak, dp, qt, c0);
         }
