@@ -715,35 +715,16 @@ fn float_casts_agree_four_wide_with_a_tail_and_one_at_a_time_when_unaligned() {
     );
     for start in [0usize, 1] {
         let src = &vals[start..start + n];
-        // SAFETY: n elements from `start` fit in each buffer of n + 1.
-        unsafe {
-            copy_cuda::cast(
-                &g,
-                CudaType::F32,
-                CudaType::BF16,
-                dv.ptr() + 4 * start as u64,
-                o16.ptr() + 2 * start as u64,
-                n,
-            )
-            .unwrap();
-            copy_cuda::cast(
-                &g,
-                CudaType::BF16,
-                CudaType::F16,
-                o16.ptr() + 2 * start as u64,
-                b16.ptr() + 2 * start as u64,
-                n,
-            )
-            .unwrap();
-            copy_cuda::cast(
-                &g,
-                CudaType::F16,
-                CudaType::F32,
-                b16.ptr() + 2 * start as u64,
-                o32.ptr() + 4 * start as u64,
-                n,
-            )
-            .unwrap();
+        // f32 -> bf16 -> f16 -> f32, each from and to `start`
+        let chain = [
+            (CudaType::F32, &dv, CudaType::BF16, &o16),
+            (CudaType::BF16, &o16, CudaType::F16, &b16),
+            (CudaType::F16, &b16, CudaType::F32, &o32),
+        ];
+        for (from, src, to, dst) in chain {
+            let at = |b: &DeviceBuffer, ty: CudaType| b.ptr() + (start * ty.size()) as u64;
+            // SAFETY: n elements from `start` fit in each buffer of n + 1.
+            unsafe { copy_cuda::cast(&g, from, to, at(src, from), at(dst, to), n).unwrap() };
         }
         let bf = &down::<u16>(&g, &o16, n + 1)[start..start + n];
         let hf = &down::<u16>(&g, &b16, n + 1)[start..start + n];
