@@ -154,7 +154,8 @@ fn new_output<T: Float>(
     out
 }
 
-/// Rows of a band: a multiple of gemm's AVX2 microkernel height (16), so that only the last band has an edge.
+/// Rows of a band come in multiples of this: gemm's AVX2 microkernel height, half its AVX-512 one, so that a band
+/// of an even split has no ragged edge.
 const BAND_ROWS: usize = 16;
 
 /// Runs `task(b, rows)` over every product `b` and all of its rows, one gemm call per task on one thread: fused
@@ -171,7 +172,7 @@ fn each_band(shape: &MatmulShape, task: impl Fn(usize, Range<usize>) + Sync) {
     let threads = rayon::current_num_threads();
     if threads == 1 || batch * work < GEMM_PAR_WORK {
         (0..batch).for_each(|b| task(b, 0..m));
-    } else if batch >= threads || work < GEMM_PAR_WORK * 8 {
+    } else if batch >= threads || work < GEMM_PAR_WORK {
         (0..batch).into_par_iter().for_each(|b| task(b, 0..m));
     } else {
         let band = m.div_ceil(threads).next_multiple_of(BAND_ROWS);
