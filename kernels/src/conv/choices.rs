@@ -38,6 +38,10 @@ pub enum ConvDecision {
         /// The forward and its bias in one call (`cudnnConvolutionBiasActivationForward`), rather than the
         /// convolution and then `cudnnAddTensor`.
         fused_bias: bool,
+        /// On channels-last (NHWC) operands, transposed in the workspace around the call; choices saved before
+        /// this existed are NCHW.
+        #[serde(default)]
+        channels_last: bool,
     },
     /// cuDNN offers no algorithm that runs it: cohort's own kernels do.
     Own,
@@ -118,6 +122,7 @@ mod tests {
                             algo: 1,
                             workspace: 0,
                             fused_bias: true,
+                            channels_last: false,
                         },
                     ),
                     choice(
@@ -126,6 +131,7 @@ mod tests {
                             algo: 5,
                             workspace: 3 << 30,
                             fused_bias: false,
+                            channels_last: true,
                         },
                     ),
                     choice(ConvPass::BackwardFilter, ConvDecision::Own),

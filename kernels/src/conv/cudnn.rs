@@ -22,10 +22,14 @@
 //! timed candidates, the one with the least workspace among those within [`NEAR_FASTEST`] of the fastest is kept:
 //! a few per cent of one convolution are not worth a member's peak memory.
 //!
+//! Layouts: under `Tf32`, `Bf16` and `F16` every algorithm is also a candidate on channels-last operands,
+//! transposed inside its workspace around the call ([`desc`]): cuDNN's tensor-core kernels are NHWC ones.
+//!
 //! Fusion: the forward's only epilogue is a bias (the `conv2d` entry point has no activation flag), which cuDNN
 //! fuses in `cudnnConvolutionBiasActivationForward` with an identity activation, only on
 //! `IMPLICIT_PRECOMP_GEMM`; that candidate is timed beside every algorithm followed by `cudnnAddTensor`.
 
+mod desc;
 mod saved;
 #[cfg(test)]
 mod tests;
@@ -36,6 +40,7 @@ use std::path::{Path, PathBuf};
 
 use cudarc::cudnn::{result as dnn, sys};
 
+use self::desc::{Desc, Layout, Staging, Views, dims};
 use super::cuda::{Operands, Workspace, cudnn_mode};
 use super::{ConvParams, ConvPass, CudnnMode};
 use crate::cuda::decisions::Decisions;
@@ -75,7 +80,7 @@ fn inexact_in_fp32(key: &Key, algo: u32) -> bool {
 }
 
 /// The library functions used here: checked at load, since a missing one would panic at its first call.
-const SYMBOLS: [&str; 30] = [
+const SYMBOLS: [&str; 31] = [
     "cudnnGetVersion",
     "cudnnCreate",
     "cudnnDestroy",
@@ -106,6 +111,7 @@ const SYMBOLS: [&str; 30] = [
     "cudnnAddTensor",
     "cudnnConvolutionBackwardData",
     "cudnnConvolutionBackwardFilter",
+    "cudnnTransformTensor",
 ];
 
 /// The libraries `libcudnn.so.9` (a shim) loads for the convolution API, from its own folder or the library path.
@@ -289,113 +295,12 @@ fn label(key: &Key) -> String {
     )
 }
 
-/// The descriptors of one pass's geometry, destroyed when dropped.
-struct Desc {
-    x: sys::cudnnTensorDescriptor_t,
-    w: sys::cudnnFilterDescriptor_t,
-    conv: sys::cudnnConvolutionDescriptor_t,
-    y: sys::cudnnTensorDescriptor_t,
-    /// `[1, O, 1, 1]`, for a forward with a bias (else null).
-    bias: sys::cudnnTensorDescriptor_t,
-    /// The identity, for a forward with a fused bias (else null).
-    act: sys::cudnnActivationDescriptor_t,
-    /// The arithmetic the descriptors ask for.
-    math: Math,
-}
-
-impl Drop for Desc {
-    fn drop(&mut self) {
-        // SAFETY: each non-null descriptor was created once by this value and is destroyed once.
-        unsafe {
-            if !self.act.is_null() {
-                let _ = sys::cudnnDestroyActivationDescriptor(self.act);
-            }
-            for t in [self.bias, self.y, self.x] {
-                if !t.is_null() {
-                    let _ = dnn::destroy_tensor_descriptor(t);
-                }
-            }
-            if !self.conv.is_null() {
-                let _ = dnn::destroy_convolution_descriptor(self.conv);
-            }
-            if !self.w.is_null() {
-                let _ = dnn::destroy_filter_descriptor(self.w);
-            }
-        }
-    }
-}
-
-/// `p`'s dimensions as cuDNN takes them: N, C, H, W, O, C/groups, kh, kw, stride, padding, groups, OH, OW; `None`
-/// where one, or a tensor's element count, is beyond its 32-bit sizes.
-fn dims(p: &ConvParams) -> Option<[i32; 13]> {
-    let total = [p.input_len(), p.output_len(), p.weight_len()];
-    if total.iter().any(|&n| i32::try_from(n).is_err()) {
-        return None;
-    }
-    let d = [
-        p.batch,
-        p.c_in,
-        p.h,
-        p.w,
-        p.c_out,
-        p.c_in_g(),
-        p.kh,
-        p.kw,
-        p.stride,
-        p.padding,
-        p.groups,
-        p.out_h(),
-        p.out_w(),
-    ];
-    let mut out = [0i32; 13];
-    for (o, v) in out.iter_mut().zip(d) {
-        *o = i32::try_from(v).ok()?;
-    }
-    Some(out)
-}
-
-/// The operands' element type under `math`.
-fn data_type(math: Math) -> sys::cudnnDataType_t {
-    match math {
-        Math::Fp32 | Math::Tf32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-        Math::Bf16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
-        Math::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
-    }
-}
-
-/// A 4-D NCHW tensor descriptor of elements `dt`.
-fn tensor4d(
-    dims: [i32; 4],
-    dt: sys::cudnnDataType_t,
-) -> std::result::Result<sys::cudnnTensorDescriptor_t, dnn::CudnnError> {
-    let t = dnn::create_tensor_descriptor()?;
-    // SAFETY: `t` was just created; on failure it is destroyed here and not used after.
-    unsafe {
-        dnn::set_tensor4d_descriptor(t, sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW, dt, dims)
-            .inspect_err(|_| {
-                let _ = dnn::destroy_tensor_descriptor(t);
-            })?
-    };
-    Ok(t)
-}
-
 impl Desc {
     /// The descriptors of `key`; `None` where cuDNN cannot describe the geometry or sees another output shape.
     fn new(key: &Key) -> Option<Desc> {
-        let dims = dims(&key.p)?;
-        let mut d = Desc {
-            x: std::ptr::null_mut(),
-            w: std::ptr::null_mut(),
-            conv: std::ptr::null_mut(),
-            y: std::ptr::null_mut(),
-            bias: std::ptr::null_mut(),
-            act: std::ptr::null_mut(),
-            math: key.math,
-        };
-        // `d` owns what `describe` creates, and destroys it when dropped.
-        match d.describe(key.pass, dims) {
-            Ok(true) => Some(d),
-            Ok(false) => {
+        match Desc::describe(key.pass, key.math, dims(&key.p)?) {
+            Ok(Some(d)) => Some(d),
+            Ok(None) => {
                 tracing::debug!("{}: cuDNN sees another output shape", label(key));
                 None
             }
@@ -404,71 +309,6 @@ impl Desc {
                 None
             }
         }
-    }
-
-    /// Creates and sets the descriptors of `pass` on the geometry `dims` (see [`dims`]); `false` where cuDNN
-    /// computes another output shape. Called once, on a `Desc` of null descriptors.
-    fn describe(
-        &mut self,
-        pass: ConvPass,
-        [n, c, h, w, o, cg, kh, kw, s, pad, g, oh, ow]: [i32; 13],
-    ) -> std::result::Result<bool, dnn::CudnnError> {
-        use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
-        let dt = data_type(self.math);
-        self.x = tensor4d([n, c, h, w], dt)?;
-        self.w = dnn::create_filter_descriptor()?;
-        self.conv = dnn::create_convolution_descriptor()?;
-        // SAFETY: the descriptors were created above and are live.
-        unsafe {
-            dnn::set_filter4d_descriptor(
-                self.w,
-                dt,
-                sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-                [o, cg, kh, kw],
-            )?;
-            dnn::set_convolution2d_descriptor(
-                self.conv,
-                pad,
-                pad,
-                s,
-                s,
-                1,
-                1,
-                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-                F32,
-            )?;
-            // Sums in fp32 (F32 above) whatever the operands; tensor cores as the policy allows (module docs).
-            let math = match self.math {
-                Math::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-                Math::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-                Math::Bf16 | Math::F16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
-            };
-            dnn::set_convolution_math_type(self.conv, math)?;
-            dnn::set_convolution_group_count(self.conv, g)?;
-            let (mut n2, mut c2, mut h2, mut w2) = (0, 0, 0, 0);
-            sys::cudnnGetConvolution2dForwardOutputDim(
-                self.conv, self.x, self.w, &mut n2, &mut c2, &mut h2, &mut w2,
-            )
-            .result()?;
-            if [n2, c2, h2, w2] != [n, o, oh, ow] {
-                return Ok(false);
-            }
-        }
-        self.y = tensor4d([n, o, oh, ow], dt)?;
-        if pass == (ConvPass::Forward { bias: true }) {
-            self.bias = tensor4d([1, o, 1, 1], dt)?;
-            self.act = dnn::create_activation_descriptor()?;
-            // SAFETY: created above.
-            unsafe {
-                dnn::set_activation_descriptor(
-                    self.act,
-                    sys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
-                    sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
-                    0.0,
-                )?
-            };
-        }
-        Ok(true)
     }
 }
 
@@ -493,6 +333,8 @@ struct Variant {
     fused: bool,
     /// cuDNN reports it as deterministic.
     deterministic: bool,
+    /// How its operands lie; `workspace` includes the channels-last staging.
+    layout: Layout,
 }
 
 /// The descriptors of one key and the algorithm it runs.
@@ -713,12 +555,14 @@ impl Dnn {
             return Ok(Entry::Own);
         };
         let best_us = times[best].unwrap_or_default();
+        let kept = variants[best];
         tracing::debug!(
-            "{}: algorithm {}{} at {best_us:.1} µs, of {} candidates",
+            "{}: algorithm {}{}{} at {best_us:.1} µs, of {} candidates",
             label(key),
-            variants[best].algo,
-            if variants[best].fused {
-                " (bias fused)"
+            kept.algo,
+            if kept.fused { " (bias fused)" } else { "" },
+            if kept.layout == Layout::Nhwc {
+                " (channels last)"
             } else {
                 ""
             },
@@ -739,44 +583,63 @@ impl Dnn {
         }))
     }
 
-    /// The candidates for `key`, the heuristics' order kept: every algorithm cuDNN reports as supported (under
-    /// `Fp32` none that [`inexact_in_fp32`] names), within [`workspace_cap`], in deterministic mode only those it
-    /// reports as deterministic, each once; a forward with a bias also as one call where cuDNN allows it, tried before the same algorithm
-    /// unfused.
+    /// The candidates for `key`, the heuristics' order kept, NCHW first, then (under a policy with tensor-core
+    /// math) channels last: every algorithm cuDNN reports as supported for the layout (under `Fp32` none that
+    /// [`inexact_in_fp32`] names), within [`workspace_cap`] with its staging, in deterministic mode only those it
+    /// reports as deterministic, each once per layout; a forward with a bias also as one call where cuDNN allows
+    /// it (NCHW only), tried before the same algorithm unfused.
     fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
         let det = crate::deterministic();
         let cap = workspace_cap(&key.p);
         let mut variants = Vec::new();
-        for c in self.candidates(key, desc) {
-            let deterministic = c.determinism == DETERMINISTIC;
-            // The heuristics may list an algorithm once per math type.
-            let again = variants.iter().any(|v: &Variant| v.algo == c.algo);
-            if again || (det && !deterministic) {
-                continue;
-            }
-            let Ok(workspace) = self.workspace_size(key.pass, desc, c.algo) else {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let Some(views) = desc.views(layout) else {
                 continue;
             };
-            if workspace > cap {
-                continue;
+            let staging = Staging::new(layout, &key.p, key.math).bytes();
+            for c in self.candidates(key, desc.conv, views) {
+                let deterministic = c.determinism == DETERMINISTIC;
+                // The heuristics may list an algorithm once per math type.
+                let again = variants
+                    .iter()
+                    .any(|v: &Variant| v.algo == c.algo && v.layout == layout);
+                if again || (det && !deterministic) {
+                    continue;
+                }
+                let Ok(own) = self.workspace_size(key.pass, desc.conv, views, c.algo) else {
+                    continue;
+                };
+                let workspace = own + staging;
+                if workspace > cap {
+                    continue;
+                }
+                let v = Variant {
+                    algo: c.algo,
+                    workspace,
+                    fused: false,
+                    deterministic,
+                    layout,
+                };
+                if key.pass == (ConvPass::Forward { bias: true })
+                    && c.algo == IMPLICIT_PRECOMP_GEMM
+                    && layout == Layout::Nchw
+                {
+                    variants.push(Variant { fused: true, ..v });
+                }
+                variants.push(v);
             }
-            let v = Variant {
-                algo: c.algo,
-                workspace,
-                fused: false,
-                deterministic,
-            };
-            if key.pass == (ConvPass::Forward { bias: true }) && c.algo == IMPLICIT_PRECOMP_GEMM {
-                variants.push(Variant { fused: true, ..v });
-            }
-            variants.push(v);
         }
         variants
     }
 
     /// What `cudnnGet*Algorithm_v7` reports as supported for `pass`, in its order (best expected first); empty
     /// where it fails.
-    fn candidates(&self, key: &Key, d: &Desc) -> Vec<Perf> {
+    fn candidates(
+        &self,
+        key: &Key,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        d: &Views,
+    ) -> Vec<Perf> {
         let pass = key.pass;
         let mut perf = [Perf::default(); CANDIDATES];
         let mut n = 0i32;
@@ -788,7 +651,7 @@ impl Dnn {
                     h,
                     d.x,
                     d.w,
-                    d.conv,
+                    conv,
                     d.y,
                     want,
                     &mut n,
@@ -798,7 +661,7 @@ impl Dnn {
                     h,
                     d.w,
                     d.y,
-                    d.conv,
+                    conv,
                     d.x,
                     want,
                     &mut n,
@@ -808,7 +671,7 @@ impl Dnn {
                     h,
                     d.x,
                     d.y,
-                    d.conv,
+                    conv,
                     d.w,
                     want,
                     &mut n,
@@ -829,7 +692,7 @@ impl Dnn {
             .filter(|c| {
                 c.status == SUCCESS
                     && known(c.algo)
-                    && (d.math != Math::Fp32
+                    && (key.math != Math::Fp32
                         || !(TENSOR_OP_MATH.contains(&c.math_type) || inexact_in_fp32(key, c.algo)))
             })
             .copied()
@@ -837,7 +700,13 @@ impl Dnn {
     }
 
     /// Bytes of workspace `algo` needs for `pass` on `d`.
-    fn workspace_size(&self, pass: ConvPass, d: &Desc, algo: u32) -> Result<usize> {
+    fn workspace_size(
+        &self,
+        pass: ConvPass,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        d: &Views,
+        algo: u32,
+    ) -> Result<usize> {
         let h = self.handle;
         // SAFETY: the descriptors are live; the algorithm is a value of the pass's enum.
         unsafe {
@@ -846,7 +715,7 @@ impl Dnn {
                     h,
                     d.x,
                     d.w,
-                    d.conv,
+                    conv,
                     d.y,
                     fwd_algo(algo)?,
                 ),
@@ -854,7 +723,7 @@ impl Dnn {
                     h,
                     d.w,
                     d.y,
-                    d.conv,
+                    conv,
                     d.x,
                     data_algo(algo)?,
                 ),
@@ -862,7 +731,7 @@ impl Dnn {
                     h,
                     d.x,
                     d.y,
-                    d.conv,
+                    conv,
                     d.w,
                     filter_algo(algo)?,
                 ),
@@ -872,7 +741,8 @@ impl Dnn {
     }
 
     /// Queues `key`'s pass with `v` on the stream this thread's work goes to, with the workspace at `ws`
-    /// (`v.workspace` bytes).
+    /// (`v.workspace` bytes): channels last, the pass's inputs transposed into the workspace's staging first and
+    /// its output back after; then a bias the call did not fuse.
     ///
     /// # Safety
     /// As [`Dnn::run`]; `ws` holds `v.workspace` bytes of `gpu`'s memory.
@@ -889,65 +759,159 @@ impl Dnn {
         // SAFETY: the handle is live, the stream one of this device's, which outlive the handle's use.
         unsafe { dnn::set_stream(h, gpu.stream().cu_stream() as sys::cudaStream_t) }
             .map_err(|e| cuda_err("cudnnSetStream", e))?;
+        match (v.layout, &d.nhwc) {
+            (Layout::Nchw, _) => {
+                // SAFETY: forwarded to the caller; the workspace is the algorithm's alone.
+                unsafe { self.convolve(key, (d, &d.nchw), v, x, (ws, v.workspace)) }?
+            }
+            (Layout::Nhwc, Some(last)) => {
+                let staging = Staging::new(Layout::Nhwc, &key.p, key.math);
+                let [sx, sw, sy] = staging.at(ws);
+                let own = (ws + staging.bytes() as u64, v.workspace - staging.bytes());
+                let (nchw, nhwc) = (&d.nchw, &last.views);
+                let w_in = ((last.w_nchw, x.w), (last.w_nhwc, sw));
+                let x_in = ((nchw.x, x.x), (nhwc.x, sx));
+                let y_in = ((nchw.y, x.y), (nhwc.y, sy));
+                let (ins, out) = match key.pass {
+                    ConvPass::Forward { .. } => ([x_in, w_in], ((nhwc.y, sy), (nchw.y, x.y))),
+                    ConvPass::BackwardData => ([w_in, y_in], ((nhwc.x, sx), (nchw.x, x.x))),
+                    ConvPass::BackwardFilter => {
+                        ([x_in, y_in], ((last.w_nhwc, sw), (last.w_nchw, x.w)))
+                    }
+                };
+                let staged = Operands {
+                    x: sx,
+                    w: sw,
+                    y: sy,
+                    bias: 0,
+                };
+                // SAFETY: forwarded to the caller; the staging holds the three transposed operands and the
+                // algorithm's own workspace follows it, disjoint parts of the caller's `v.workspace` bytes.
+                unsafe {
+                    for (from, to) in ins {
+                        self.transpose(from, to)?;
+                    }
+                    self.convolve(key, (d, nhwc), v, staged, own)?;
+                    self.transpose(out.0, out.1)?;
+                }
+            }
+            (Layout::Nhwc, None) => {
+                return Err(Error::Cuda(format!(
+                    "{}: a channels-last algorithm with no channels-last descriptors",
+                    label(key)
+                )));
+            }
+        }
+        if key.pass == (ConvPass::Forward { bias: true }) && !v.fused {
+            let one = (&1.0f32) as *const f32 as *const c_void;
+            // SAFETY: the bias and output descriptors describe the caller's NCHW operands.
+            unsafe {
+                sys::cudnnAddTensor(
+                    h,
+                    one,
+                    d.bias,
+                    x.bias as *const c_void,
+                    one,
+                    d.nchw.y,
+                    x.y as *mut c_void,
+                )
+                .result()
+                .map_err(|e| cuda_err("cudnnAddTensor", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the tensor `from` describes into the layout `to` describes.
+    ///
+    /// # Safety
+    /// Both addresses hold what their descriptors describe, on the handle's stream's device.
+    unsafe fn transpose(
+        &self,
+        (from, src): (sys::cudnnTensorDescriptor_t, u64),
+        (to, dst): (sys::cudnnTensorDescriptor_t, u64),
+    ) -> Result<()> {
+        let (one, zero) = (1.0f32, 0.0f32);
+        // SAFETY: per the caller; alpha and beta are host f32, read during the call.
+        unsafe {
+            sys::cudnnTransformTensor(
+                self.handle,
+                (&one) as *const f32 as *const c_void,
+                from,
+                src as *const c_void,
+                (&zero) as *const f32 as *const c_void,
+                to,
+                dst as *mut c_void,
+            )
+        }
+        .result()
+        .map_err(|e| cuda_err("cudnnTransformTensor", e))
+    }
+
+    /// The convolution of `key`'s pass alone (with the bias where `v` fuses it), on the operands `x` that the
+    /// views `d` of `desc` describe, with the algorithm's workspace `(address, bytes)`.
+    ///
+    /// # Safety
+    /// As [`Dnn::run`], for operands laid out as `d` says.
+    unsafe fn convolve(
+        &self,
+        key: &Key,
+        (desc, d): (&Desc, &Views),
+        v: Variant,
+        x: Operands,
+        (ws, bytes): (u64, usize),
+    ) -> Result<()> {
+        let (h, conv) = (self.handle, desc.conv);
         let (one, zero) = (1.0f32, 0.0f32);
         let one = (&one) as *const f32 as *const c_void;
         let zero = (&zero) as *const f32 as *const c_void;
-        let (wsp, bytes) = (ws as *mut c_void, v.workspace);
+        let wsp = ws as *mut c_void;
         let src = |a: u64| a as *const c_void;
         let dst = |a: u64| a as *mut c_void;
         // SAFETY: the descriptors describe the caller's operands (`key`); alpha and beta are host f32 read during
         // the call; the workspace holds `bytes` bytes.
         unsafe {
             match key.pass {
-                ConvPass::Forward { bias } => {
-                    let algo = fwd_algo(v.algo)?;
-                    if v.fused {
-                        // z is the output with alpha2 = 0: cuDNN does not read it (XLA passes the output so too).
-                        return dnn::convolution_bias_activation_forward(
-                            h,
-                            one,
-                            d.x,
-                            src(x.x),
-                            d.w,
-                            src(x.w),
-                            d.conv,
-                            algo,
-                            wsp,
-                            bytes,
-                            zero,
-                            d.y,
-                            src(x.y),
-                            d.bias,
-                            src(x.bias),
-                            d.act,
-                            d.y,
-                            dst(x.y),
-                        )
-                        .map_err(|e| cuda_err("cudnnConvolutionBiasActivationForward", e));
-                    }
-                    dnn::convolution_forward(
+                ConvPass::Forward { .. } if v.fused => {
+                    // z is the output with alpha2 = 0: cuDNN does not read it (XLA passes the output so too).
+                    dnn::convolution_bias_activation_forward(
                         h,
                         one,
                         d.x,
                         src(x.x),
                         d.w,
                         src(x.w),
-                        d.conv,
-                        algo,
+                        conv,
+                        fwd_algo(v.algo)?,
                         wsp,
                         bytes,
                         zero,
                         d.y,
+                        src(x.y),
+                        desc.bias,
+                        src(x.bias),
+                        desc.act,
+                        d.y,
                         dst(x.y),
                     )
-                    .map_err(|e| cuda_err("cudnnConvolutionForward", e))?;
-                    if bias {
-                        sys::cudnnAddTensor(h, one, d.bias, src(x.bias), one, d.y, dst(x.y))
-                            .result()
-                            .map_err(|e| cuda_err("cudnnAddTensor", e))?;
-                    }
-                    Ok(())
+                    .map_err(|e| cuda_err("cudnnConvolutionBiasActivationForward", e))
                 }
+                ConvPass::Forward { .. } => dnn::convolution_forward(
+                    h,
+                    one,
+                    d.x,
+                    src(x.x),
+                    d.w,
+                    src(x.w),
+                    conv,
+                    fwd_algo(v.algo)?,
+                    wsp,
+                    bytes,
+                    zero,
+                    d.y,
+                    dst(x.y),
+                )
+                .map_err(|e| cuda_err("cudnnConvolutionForward", e)),
                 ConvPass::BackwardData => dnn::convolution_backward_data(
                     h,
                     one,
@@ -955,7 +919,7 @@ impl Dnn {
                     src(x.w),
                     d.y,
                     src(x.y),
-                    d.conv,
+                    conv,
                     data_algo(v.algo)?,
                     wsp,
                     bytes,
@@ -971,7 +935,7 @@ impl Dnn {
                     src(x.x),
                     d.y,
                     src(x.y),
-                    d.conv,
+                    conv,
                     filter_algo(v.algo)?,
                     wsp,
                     bytes,

@@ -1,7 +1,9 @@
 //! cuDNN's decisions as [`ConvChoices`]: exported with the products' choices for a run to save, and adopted by the
 //! process that resumes it, which then runs every convolution it met before on the same algorithm without timing.
 
-use super::{Choice, Desc, Dnn, Entry, IMPLICIT_PRECOMP_GEMM, Key, Picked, Variant};
+use super::{
+    Choice, Desc, Dnn, Entry, IMPLICIT_PRECOMP_GEMM, Key, Layout, Picked, Staging, Variant,
+};
 use crate::conv::{ConvChoice, ConvChoices, ConvDecision, ConvPass};
 
 impl Dnn {
@@ -25,6 +27,7 @@ impl Dnn {
                         algo: c.run.algo,
                         workspace: c.run.workspace,
                         fused_bias: c.run.fused,
+                        channels_last: c.run.layout == Layout::Nhwc,
                     },
                 },
             })
@@ -71,27 +74,37 @@ impl Dnn {
     }
 
     /// The entry `decision` makes for `key`, where it can run: an algorithm the heuristics report as supported for
-    /// the geometry, needing no more workspace than saved, fused only where cuDNN allows it.
+    /// the geometry in its layout, needing no more workspace than saved, fused only where cuDNN allows it (NCHW).
     fn entry(&self, key: &Key, decision: &ConvDecision) -> Option<Entry> {
         let ConvDecision::Cudnn {
             algo,
             workspace,
             fused_bias,
+            channels_last,
         } = *decision
         else {
             return Some(Entry::Own);
         };
+        let layout = if channels_last {
+            Layout::Nhwc
+        } else {
+            Layout::Nchw
+        };
         if fused_bias
-            && (key.pass != (ConvPass::Forward { bias: true }) || algo != IMPLICIT_PRECOMP_GEMM)
+            && (key.pass != (ConvPass::Forward { bias: true })
+                || algo != IMPLICIT_PRECOMP_GEMM
+                || layout != Layout::Nchw)
         {
             return None;
         }
         let desc = Desc::new(key)?;
+        let views = desc.views(layout)?;
         let found = self
-            .candidates(key, &desc)
+            .candidates(key, desc.conv, views)
             .into_iter()
             .find(|c| c.algo == algo)?;
-        let need = self.workspace_size(key.pass, &desc, algo).ok()?;
+        let need = self.workspace_size(key.pass, desc.conv, views, algo).ok()?
+            + Staging::new(layout, &key.p, key.math).bytes();
         // Within the cap fresh choices keep to: an edited file asks for no more memory than a timed choice could.
         (need <= workspace && workspace <= super::workspace_cap(&key.p)).then(|| {
             Entry::Run(Choice {
@@ -101,6 +114,7 @@ impl Dnn {
                     workspace,
                     fused: fused_bias,
                     deterministic: found.determinism == super::DETERMINISTIC,
+                    layout,
                 },
                 picked: Picked::Adopted,
                 ran: false,

@@ -347,6 +347,7 @@ fn the_fastest_algorithm_is_kept_and_saved_choices_run_without_timing() {
         algo: 99,
         workspace: 0,
         fused_bias: false,
+        channels_last: false,
     };
     assert_eq!(third.adopt(&broken), saved.entries.len() - 1);
 }
@@ -463,4 +464,136 @@ fn winograd_is_an_fp32_candidate_for_wide_3x3_layers_within_tolerance_and_not_ab
         let algos: Vec<u32> = dnn.variants(&key, &desc).iter().map(|v| v.algo).collect();
         assert!(!algos.contains(&nonfused), "{}: {algos:?}", label(&key));
     }
+}
+
+/// `v` on the device as the operands of `math` are held: f32, or bf16 (the values rounded to it).
+fn upload_as(gpu: &Gpu, v: &[f32], math: Math) -> DeviceBuffer {
+    if math.f32_operands() {
+        return gpu.upload_f32(v);
+    }
+    let h: Vec<u16> = v
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect();
+    let buf = gpu.alloc(h.len().max(1) * 2).unwrap();
+    // SAFETY: the buffer holds these bytes.
+    unsafe { gpu.htod(buf.ptr(), bytemuck::cast_slice(&h)).unwrap() };
+    buf
+}
+
+/// The first `n` elements of `buf`, held as `math`'s operands are, as f32.
+fn download_as(gpu: &Gpu, buf: &DeviceBuffer, n: usize, math: Math) -> Vec<f32> {
+    if math.f32_operands() {
+        return gpu.download_f32(buf, n);
+    }
+    let mut h = vec![0u16; n];
+    // SAFETY: the buffer holds n 16-bit elements.
+    unsafe {
+        gpu.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut h))
+            .unwrap()
+    };
+    h.into_iter()
+        .map(|b| half::bf16::from_bits(b).to_f32())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
+    let _mode = exclusive(false);
+    let gpu = gpu();
+    let dnn = fresh(&gpu);
+    let mut channels_last = 0;
+    let mut wrong = Vec::new();
+    // Within these fractions of the largest magnitude: TF32 rounds the operands to 10-bit mantissas, bf16 to 7
+    // bits and its output too (the CPU reference takes the same rounded operands).
+    for (math, tolerance) in [(Math::Tf32, 5e-3), (Math::Bf16, 1e-2)] {
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .map(|x| match math {
+                    Math::Bf16 => half::bf16::from_f32(x).to_f32(),
+                    _ => x,
+                })
+                .collect()
+        };
+        let passes: &[ConvPass] = match math {
+            // The 16-bit passes take no bias (`conv_pass_16bit`).
+            Math::Bf16 => &PASSES[..1],
+            _ => &PASSES[..2],
+        };
+        for p in geometries() {
+            let host = [
+                round(rand_vec(p.input_len(), 1)),
+                round(rand_vec(p.weight_len(), 2)),
+                rand_vec(p.c_out, 3),
+                round(rand_vec(p.output_len(), 4)),
+            ];
+            let [x, w, bias, dy] = &host;
+            let dev = host.each_ref().map(|v| upload_as(&gpu, v, math));
+            let bias_f32 = gpu.upload_f32(bias);
+            for &pass in passes
+                .iter()
+                .chain(&[ConvPass::BackwardData, ConvPass::BackwardFilter])
+            {
+                let key = Key { pass, p, math };
+                let what = label(&key);
+                let Some(desc) = Desc::new(&key) else {
+                    panic!("{what}: no descriptors");
+                };
+                let want = match pass {
+                    ConvPass::Forward { bias: b } => cpu::conv2d(x, w, b.then_some(&bias[..]), &p),
+                    ConvPass::BackwardData => cpu::conv2d_backward_input(dy, w, &p),
+                    ConvPass::BackwardFilter => cpu::conv2d_backward_weight(x, dy, &p),
+                };
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for v in dnn.variants(&key, &desc) {
+                    channels_last += usize::from(v.layout == Layout::Nhwc);
+                    let out = upload_as(&gpu, &vec![f32::NAN; want.len()], math);
+                    let mut ops = Operands {
+                        x: dev[0].ptr(),
+                        w: dev[1].ptr(),
+                        y: dev[3].ptr(),
+                        bias: 0,
+                    };
+                    match pass {
+                        ConvPass::Forward { bias: b } => {
+                            ops.y = out.ptr();
+                            if b {
+                                ops.bias = bias_f32.ptr();
+                            }
+                        }
+                        ConvPass::BackwardData => ops.x = out.ptr(),
+                        ConvPass::BackwardFilter => ops.w = out.ptr(),
+                    }
+                    let ws = gpu.alloc(v.workspace.max(1)).unwrap();
+                    // SAFETY: the operands hold what `p` describes in `math`'s type, the workspace what the
+                    // algorithm and its staging need.
+                    if let Err(e) = unsafe { dnn.launch(&gpu, &key, &desc, v, ops, ws.ptr()) } {
+                        wrong.push(format!("{what} on {v:?}: {e}"));
+                        continue;
+                    }
+                    let got = download_as(&gpu, &out, want.len(), math);
+                    if let Some((i, (g, w))) =
+                        got.iter().zip(&want).enumerate().find(|(_, (g, w))| {
+                            (*g - *w).abs().is_nan() || (*g - *w).abs() > tolerance * scale
+                        })
+                    {
+                        wrong.push(format!(
+                            "{what} on {v:?}: element {i}: got {g}, want {w} (largest {scale})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} algorithm runs off the CPU's values:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert!(
+        channels_last > 0,
+        "no channels-last algorithm was offered under TF32 or bf16"
+    );
 }
