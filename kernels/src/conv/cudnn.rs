@@ -11,11 +11,11 @@
 //! process ([`saved`]), which then times nothing it adopted.
 //!
 //! Precision ([`Math`], part of every key): under `Fp32` a descriptor asks for `CUDNN_FMA_MATH`, plain fp32
-//! multiply-adds, and no candidate with tensor-core math, nor `WINOGRAD_NONFUSED` on filters above 3x3, is taken
-//! ([`inexact_in_fp32`]); under `Tf32`
-//! `CUDNN_DEFAULT_MATH`, which lets f32 convolutions run on TF32 tensor cores; under `Bf16` and `F16` the operands
-//! are of that type and `CUDNN_TENSOR_OP_MATH` runs them on tensor cores, with fp32 sums in every case (the
-//! choices PyTorch makes for `allow_tf32` and autocast).
+//! multiply-adds; under `Tf32` `CUDNN_DEFAULT_MATH`, which lets f32 convolutions run on TF32 tensor cores; under
+//! `Bf16` and `F16` the operands are of that type and `CUDNN_TENSOR_OP_MATH` runs them on tensor cores, with fp32
+//! sums in every case (the choices PyTorch makes for `allow_tf32` and autocast). Candidates that round worse than
+//! their policy promises are never taken ([`inexact`]): tensor-core math under `Fp32`, `WINOGRAD_NONFUSED` on
+//! filters above 3x3, atomic 16-bit accumulation.
 //!
 //! Workspaces: an algorithm runs with the workspace `cudnnGet*WorkspaceSize` names for it, from the caller
 //! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself. Of the
@@ -67,16 +67,29 @@ const TENSOR_OP_MATH: [u32; 2] = [1, 2];
 /// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
 const IMPLICIT_PRECOMP_GEMM: u32 = 1;
 
-/// Whether `algo` is no candidate under the fp32 policy: `WINOGRAD_NONFUSED` on a filter larger than 3x3, whose
-/// larger transform tiles lose as much as TF32 does (measured on the H200: 8.4e-4 of the output's scale on a 5x5
-/// forward, where every other algorithm stays within 1e-4). On 3x3 filters it stays within 6.3e-5 (5e-6 on most
-/// geometries, against TF32's 2.5e-4 to 7.7e-4) and is the fastest fp32 algorithm for wide layers by 1.9x to 3.3x.
-fn inexact_in_fp32(key: &Key, algo: u32) -> bool {
+/// Whether cuDNN's candidate `c` is none for `key`, for how it rounds:
+/// - under every policy, `WINOGRAD_NONFUSED` on a filter larger than 3x3, whose larger transform tiles lose as much
+///   as TF32 does in fp32 (H200: 8.4e-4 of the output's scale on a 5x5 forward, where every other algorithm stays
+///   within 1e-4) and seven times TF32's own loss under TF32 (H100: 5.5e-3 on a 5x5 backward data pass). On 3x3
+///   filters it stays within 6.3e-5 in fp32 (5e-6 on most geometries, against TF32's 2.5e-4 to 7.7e-4) and is the
+///   fastest fp32 algorithm for wide layers by 1.9x to 3.3x;
+/// - under `Fp32`, tensor-core math;
+/// - under `Bf16` and `F16`, a backward pass cuDNN reports as non-deterministic: it adds partial sums into the
+///   16-bit gradient atomically, each add rounding (H100: 1.0e-2 of the scale on a 5x5 backward data pass, five
+///   times one rounding).
+fn inexact(key: &Key, c: &Perf) -> bool {
     let nonfused = match key.pass {
         ConvPass::Forward { .. } => 7,
         ConvPass::BackwardData | ConvPass::BackwardFilter => 5,
     };
-    algo == nonfused && key.p.kh.max(key.p.kw) > 3
+    let wide_winograd = c.algo == nonfused && key.p.kh.max(key.p.kw) > 3;
+    let backward = !matches!(key.pass, ConvPass::Forward { .. });
+    wide_winograd
+        || match key.math {
+            Math::Fp32 => TENSOR_OP_MATH.contains(&c.math_type),
+            Math::Tf32 => false,
+            Math::Bf16 | Math::F16 => backward && c.determinism != DETERMINISTIC,
+        }
 }
 
 /// The library functions used here: checked at load, since a missing one would panic at its first call.
@@ -556,20 +569,23 @@ impl Dnn {
         };
         let best_us = times[best].unwrap_or_default();
         let kept = variants[best];
-        tracing::debug!(
-            "{}: algorithm {}{}{} at {best_us:.1} µs, of {} candidates",
+        let what = format!(
+            "{}{}",
             label(key),
-            kept.algo,
-            if kept.fused { " (bias fused)" } else { "" },
             if kept.layout == Layout::Nhwc {
                 " (channels last)"
             } else {
                 ""
-            },
+            }
+        );
+        tracing::debug!(
+            "{what}: algorithm {}{} at {best_us:.1} µs, of {} candidates",
+            kept.algo,
+            if kept.fused { " (bias fused)" } else { "" },
             variants.len()
         );
         self.table.note(GemmTuning {
-            label: label(key),
+            label: what,
             candidates: variants.len(),
             heuristic_us: times[0],
             best_us,
@@ -584,8 +600,8 @@ impl Dnn {
     }
 
     /// The candidates for `key`, the heuristics' order kept, NCHW first, then (under a policy with tensor-core
-    /// math) channels last: every algorithm cuDNN reports as supported for the layout (under `Fp32` none that
-    /// [`inexact_in_fp32`] names), within [`workspace_cap`] with its staging, in deterministic mode only those it
+    /// math) channels last: every algorithm cuDNN reports as supported for the layout but those [`inexact`]
+    /// names, within [`workspace_cap`] with its staging, in deterministic mode only those it
     /// reports as deterministic, each once per layout; a forward with a bias also as one call where cuDNN allows
     /// it (NCHW only), tried before the same algorithm unfused.
     fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
@@ -689,12 +705,7 @@ impl Dnn {
         };
         perf[..usize::try_from(n).unwrap_or(0).min(CANDIDATES)]
             .iter()
-            .filter(|c| {
-                c.status == SUCCESS
-                    && known(c.algo)
-                    && (key.math != Math::Fp32
-                        || !(TENSOR_OP_MATH.contains(&c.math_type) || inexact_in_fp32(key, c.algo)))
-            })
+            .filter(|c| c.status == SUCCESS && known(c.algo) && !inexact(key, c))
             .copied()
             .collect()
     }
