@@ -1,5 +1,8 @@
 // cuDNN's legacy convolution algorithms timed on the CNN and ResNet bench geometries, NCHW beside NHWC, in each
 // precision: which layout lets the tuner in kernels/src/conv/cudnn.rs reach the tensor-core kernels (#16).
+// H100, cuDNN 9.14: NHWC runs the bf16 passes 1.2-2.4x faster than NCHW's best, but transposing the operands
+// there and back costs about that much, except on the fused ResNet's grouped TF32 convolutions (NCHW: SIMT
+// kernels, 1.75-4 ms; NHWC with its transposes 0.7 ms). Hence channels last as a timed candidate, not a default.
 //   nvcc -O2 -o /tmp/cudnn_layouts bench/cudnn_layouts.cu -I$CUDNN/include -L$CUDNN/lib -lcudnn && /tmp/cudnn_layouts
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -115,8 +118,8 @@ int main() {
           int best_algo = -1;
           for (int i = 0; i < n; i++) {
             cudnnStatus_t st = pass == 0 ? pf[i].status : pass == 1 ? pd[i].status : pw[i].status;
-            int algo = pass == 0 ? pf[i].algo : pass == 1 ? pd[i].algo : pw[i].algo;
-            int math = pass == 0 ? pf[i].mathType : pass == 1 ? pd[i].mathType : pw[i].mathType;
+            int algo = pass == 0 ? (int)pf[i].algo : pass == 1 ? (int)pd[i].algo : (int)pw[i].algo;
+            int math = pass == 0 ? (int)pf[i].mathType : pass == 1 ? (int)pd[i].mathType : (int)pw[i].mathType;
             if (st != CUDNN_STATUS_SUCCESS) continue;
             size_t need = 0;
             cudnnStatus_t s;
