@@ -42,6 +42,9 @@ pub enum ConvDecision {
         /// this existed are NCHW.
         #[serde(default)]
         channels_last: bool,
+        /// The `cudnnMathType_t` it runs with; `None` in choices saved before this existed: the policy's own.
+        #[serde(default)]
+        math_type: Option<u32>,
     },
     /// cuDNN offers no algorithm that runs it: cohort's own kernels do.
     Own,
@@ -123,6 +126,7 @@ mod tests {
                             workspace: 0,
                             fused_bias: true,
                             channels_last: false,
+                            math_type: None,
                         },
                     ),
                     choice(
@@ -132,6 +136,7 @@ mod tests {
                             workspace: 3 << 30,
                             fused_bias: false,
                             channels_last: true,
+                            math_type: Some(0),
                         },
                     ),
                     choice(ConvPass::BackwardFilter, ConvDecision::Own),

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use cudarc::cudnn::{result as dnn, sys};
 
-use self::desc::{Desc, Layout, Staging, Views, dims};
+use self::desc::{Desc, Layout, Staging, Views, dims, policy_math};
 use super::cuda::{Operands, Workspace, cudnn_mode};
 use super::{ConvParams, ConvPass, CudnnMode};
 use crate::cuda::decisions::Decisions;
@@ -64,8 +64,43 @@ const DETERMINISTIC: u32 = 1;
 /// `CUDNN_TENSOR_OP_MATH` and `CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION`: tensor-core results, which the FMA
 /// descriptors should never be offered.
 const TENSOR_OP_MATH: [u32; 2] = [1, 2];
+/// `CUDNN_DEFAULT_MATH`, `CUDNN_TENSOR_OP_MATH` and `CUDNN_FMA_MATH`: the math types a candidate may run with.
+const DEFAULT_MATH: u32 = 0;
+const FMA_MATH: u32 = 3;
 /// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
 const IMPLICIT_PRECOMP_GEMM: u32 = 1;
+
+/// The math type a candidate cuDNN listed with `listed` runs with under `math`: its own, as PyTorch sets it (the
+/// heuristics list an algorithm once per math type, and under bf16 the `DEFAULT_MATH` entry of
+/// `IMPLICIT_PRECOMP_GEMM` ran up to 1.6x faster than its `TENSOR_OP_MATH` one on the H100), except that fp32
+/// stays on FMA and no policy lets cuDNN convert f32 operands to f16 (`TENSOR_OP_MATH_ALLOW_CONVERSION`: `None`).
+fn run_math(math: Math, listed: u32) -> Option<u32> {
+    match (math, listed) {
+        (Math::Fp32, _) => Some(FMA_MATH),
+        (_, DEFAULT_MATH | FMA_MATH) => Some(listed),
+        (_, m) if m == TENSOR_OP_MATH[0] => Some(m),
+        _ => None,
+    }
+}
+
+/// The `cudnnMathType_t` of value `m`.
+fn math_type(m: u32) -> Result<sys::cudnnMathType_t> {
+    use sys::cudnnMathType_t::*;
+    Ok(match m {
+        0 => CUDNN_DEFAULT_MATH,
+        1 => CUDNN_TENSOR_OP_MATH,
+        2 => CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        3 => CUDNN_FMA_MATH,
+        _ => return Err(Error::Cuda(format!("cuDNN has no math type {m}"))),
+    })
+}
+
+/// Sets the math type `m` on `conv`: the one descriptor of a key serves candidates of several math types.
+fn set_math(conv: sys::cudnnConvolutionDescriptor_t, m: u32) -> Result<()> {
+    // SAFETY: the descriptor is live; cuDNN reads the value during the call.
+    unsafe { dnn::set_convolution_math_type(conv, math_type(m)?) }
+        .map_err(|e| cuda_err("cudnnSetConvolutionMathType", e))
+}
 
 /// Whether cuDNN's candidate `c` is none for `key`, for how it rounds:
 /// - under every policy, `WINOGRAD_NONFUSED` on a filter larger than 3x3, whose larger transform tiles lose as much
@@ -348,6 +383,8 @@ struct Variant {
     deterministic: bool,
     /// How its operands lie; `workspace` includes the channels-last staging.
     layout: Layout,
+    /// The `cudnnMathType_t` it runs with ([`run_math`]).
+    math_type: u32,
 }
 
 /// The descriptors of one key and the algorithm it runs.
@@ -615,14 +652,17 @@ impl Dnn {
             let staging = Staging::new(layout, &key.p, key.math).bytes();
             for c in self.candidates(key, desc.conv, views) {
                 let deterministic = c.determinism == DETERMINISTIC;
-                // The heuristics may list an algorithm once per math type.
-                let again = variants
-                    .iter()
-                    .any(|v: &Variant| v.algo == c.algo && v.layout == layout);
+                let Some(math_type) = run_math(key.math, c.math_type) else {
+                    continue;
+                };
+                let again = variants.iter().any(|v: &Variant| {
+                    (v.algo, v.layout, v.math_type) == (c.algo, layout, math_type)
+                });
                 if again || (det && !deterministic) {
                     continue;
                 }
-                let Ok(own) = self.workspace_size(key.pass, desc.conv, views, c.algo) else {
+                let Ok(own) = self.workspace_size(key.pass, (desc.conv, math_type), views, c.algo)
+                else {
                     continue;
                 };
                 let workspace = own + staging;
@@ -635,6 +675,7 @@ impl Dnn {
                     fused: false,
                     deterministic,
                     layout,
+                    math_type,
                 };
                 if key.pass == (ConvPass::Forward { bias: true })
                     && c.algo == IMPLICIT_PRECOMP_GEMM
@@ -657,6 +698,11 @@ impl Dnn {
         d: &Views,
     ) -> Vec<Perf> {
         let pass = key.pass;
+        // The listing depends on the descriptor's math type, which a candidate's run changes.
+        // SAFETY: the descriptor is live.
+        if unsafe { dnn::set_convolution_math_type(conv, policy_math(key.math)) }.is_err() {
+            return Vec::new();
+        }
         let mut perf = [Perf::default(); CANDIDATES];
         let mut n = 0i32;
         let (h, want) = (self.handle, CANDIDATES as i32);
@@ -714,11 +760,12 @@ impl Dnn {
     fn workspace_size(
         &self,
         pass: ConvPass,
-        conv: sys::cudnnConvolutionDescriptor_t,
+        (conv, math): (sys::cudnnConvolutionDescriptor_t, u32),
         d: &Views,
         algo: u32,
     ) -> Result<usize> {
         let h = self.handle;
+        set_math(conv, math)?;
         // SAFETY: the descriptors are live; the algorithm is a value of the pass's enum.
         unsafe {
             match pass {
@@ -873,6 +920,7 @@ impl Dnn {
         (ws, bytes): (u64, usize),
     ) -> Result<()> {
         let (h, conv) = (self.handle, desc.conv);
+        set_math(conv, v.math_type)?;
         let (one, zero) = (1.0f32, 0.0f32);
         let one = (&one) as *const f32 as *const c_void;
         let zero = (&zero) as *const f32 as *const c_void;

@@ -156,6 +156,16 @@ fn data_type(math: Math) -> sys::cudnnDataType_t {
     }
 }
 
+/// The math type a descriptor asks the heuristics under `math` with: tensor cores as the policy allows (the
+/// module docs of `conv::cudnn`). Each candidate then runs with the math type it was listed with.
+pub(super) fn policy_math(math: Math) -> sys::cudnnMathType_t {
+    match math {
+        Math::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+        Math::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        Math::Bf16 | Math::F16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    }
+}
+
 /// Bytes of one operand element under `math`.
 fn element_bytes(math: Math) -> usize {
     if math.f32_operands() { 4 } else { 2 }
@@ -212,13 +222,8 @@ impl Desc {
                 sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
                 F32,
             )?;
-            // Sums in fp32 (F32 above) whatever the operands; tensor cores as the policy allows (module docs).
-            let mode = match math {
-                Math::Fp32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-                Math::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-                Math::Bf16 | Math::F16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
-            };
-            dnn::set_convolution_math_type(d.conv, mode)?;
+            // Sums in fp32 (F32 above) whatever the operands.
+            dnn::set_convolution_math_type(d.conv, policy_math(math))?;
             dnn::set_convolution_group_count(d.conv, g)?;
             let (mut n2, mut c2, mut h2, mut w2) = (0, 0, 0, 0);
             sys::cudnnGetConvolution2dForwardOutputDim(

@@ -3,6 +3,7 @@
 
 use super::{
     Choice, Desc, Dnn, Entry, IMPLICIT_PRECOMP_GEMM, Key, Layout, Picked, Staging, Variant,
+    policy_math, run_math,
 };
 use crate::conv::{ConvChoice, ConvChoices, ConvDecision, ConvPass};
 
@@ -28,6 +29,7 @@ impl Dnn {
                         workspace: c.run.workspace,
                         fused_bias: c.run.fused,
                         channels_last: c.run.layout == Layout::Nhwc,
+                        math_type: Some(c.run.math_type),
                     },
                 },
             })
@@ -74,13 +76,15 @@ impl Dnn {
     }
 
     /// The entry `decision` makes for `key`, where it can run: an algorithm the heuristics report as supported for
-    /// the geometry in its layout, needing no more workspace than saved, fused only where cuDNN allows it (NCHW).
+    /// the geometry in its layout and math type (the policy's own where none was saved), needing no more workspace
+    /// than saved, fused only where cuDNN allows it (NCHW).
     fn entry(&self, key: &Key, decision: &ConvDecision) -> Option<Entry> {
         let ConvDecision::Cudnn {
             algo,
             workspace,
             fused_bias,
             channels_last,
+            math_type,
         } = *decision
         else {
             return Some(Entry::Own);
@@ -97,13 +101,16 @@ impl Dnn {
         {
             return None;
         }
+        let math_type = math_type.unwrap_or(policy_math(key.math) as u32);
         let desc = Desc::new(key)?;
         let views = desc.views(layout)?;
         let found = self
             .candidates(key, desc.conv, views)
             .into_iter()
-            .find(|c| c.algo == algo)?;
-        let need = self.workspace_size(key.pass, desc.conv, views, algo).ok()?
+            .find(|c| c.algo == algo && run_math(key.math, c.math_type) == Some(math_type))?;
+        let need = self
+            .workspace_size(key.pass, (desc.conv, math_type), views, algo)
+            .ok()?
             + Staging::new(layout, &key.p, key.math).bytes();
         // Within the cap fresh choices keep to: an edited file asks for no more memory than a timed choice could.
         (need <= workspace && workspace <= super::workspace_cap(&key.p)).then(|| {
@@ -115,6 +122,7 @@ impl Dnn {
                     fused: fused_bias,
                     deterministic: found.determinism == super::DETERMINISTIC,
                     layout,
+                    math_type,
                 },
                 picked: Picked::Adopted,
                 ran: false,

@@ -348,6 +348,7 @@ fn the_fastest_algorithm_is_kept_and_saved_choices_run_without_timing() {
         workspace: 0,
         fused_bias: false,
         channels_last: false,
+        math_type: None,
     };
     assert_eq!(third.adopt(&broken), saved.entries.len() - 1);
 }
