@@ -64,41 +64,29 @@ const DETERMINISTIC: u32 = 1;
 /// `CUDNN_TENSOR_OP_MATH` and `CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION`: tensor-core results, which the FMA
 /// descriptors should never be offered.
 const TENSOR_OP_MATH: [u32; 2] = [1, 2];
-/// `CUDNN_DEFAULT_MATH`, `CUDNN_TENSOR_OP_MATH` and `CUDNN_FMA_MATH`: the math types a candidate may run with.
-const DEFAULT_MATH: u32 = 0;
-const FMA_MATH: u32 = 3;
 /// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
 const IMPLICIT_PRECOMP_GEMM: u32 = 1;
 
-/// The math type a candidate cuDNN listed with `listed` runs with under `math`: its own, as PyTorch sets it (the
-/// heuristics list an algorithm once per math type, and under bf16 the `DEFAULT_MATH` entry of
-/// `IMPLICIT_PRECOMP_GEMM` ran up to 1.6x faster than its `TENSOR_OP_MATH` one on the H100), except that fp32
-/// stays on FMA and no policy lets cuDNN convert f32 operands to f16 (`TENSOR_OP_MATH_ALLOW_CONVERSION`: `None`).
-fn run_math(math: Math, listed: u32) -> Option<u32> {
+/// The math type a candidate cuDNN listed with `listed` (a `cudnnMathType_t` value) runs with under `math`: its
+/// own, as PyTorch sets it (the heuristics list an algorithm once per math type, and under bf16 the
+/// `DEFAULT_MATH` entry of `IMPLICIT_PRECOMP_GEMM` ran up to 1.6x faster than its `TENSOR_OP_MATH` one on the
+/// H100), except that fp32 stays on FMA and no policy lets cuDNN convert f32 operands to f16
+/// (`TENSOR_OP_MATH_ALLOW_CONVERSION`, 2: `None`).
+fn run_math(math: Math, listed: u32) -> Option<sys::cudnnMathType_t> {
+    use sys::cudnnMathType_t::*;
     match (math, listed) {
-        (Math::Fp32, _) => Some(FMA_MATH),
-        (_, DEFAULT_MATH | FMA_MATH) => Some(listed),
-        (_, m) if m == TENSOR_OP_MATH[0] => Some(m),
+        (Math::Fp32, _) => Some(CUDNN_FMA_MATH),
+        (_, 0) => Some(CUDNN_DEFAULT_MATH),
+        (_, 1) => Some(CUDNN_TENSOR_OP_MATH),
+        (_, 3) => Some(CUDNN_FMA_MATH),
         _ => None,
     }
 }
 
-/// The `cudnnMathType_t` of value `m`.
-fn math_type(m: u32) -> Result<sys::cudnnMathType_t> {
-    use sys::cudnnMathType_t::*;
-    Ok(match m {
-        0 => CUDNN_DEFAULT_MATH,
-        1 => CUDNN_TENSOR_OP_MATH,
-        2 => CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
-        3 => CUDNN_FMA_MATH,
-        _ => return Err(Error::Cuda(format!("cuDNN has no math type {m}"))),
-    })
-}
-
 /// Sets the math type `m` on `conv`: the one descriptor of a key serves candidates of several math types.
-fn set_math(conv: sys::cudnnConvolutionDescriptor_t, m: u32) -> Result<()> {
+fn set_math(conv: sys::cudnnConvolutionDescriptor_t, m: sys::cudnnMathType_t) -> Result<()> {
     // SAFETY: the descriptor is live; cuDNN reads the value during the call.
-    unsafe { dnn::set_convolution_math_type(conv, math_type(m)?) }
+    unsafe { dnn::set_convolution_math_type(conv, m) }
         .map_err(|e| cuda_err("cudnnSetConvolutionMathType", e))
 }
 
@@ -383,8 +371,8 @@ struct Variant {
     deterministic: bool,
     /// How its operands lie; `workspace` includes the channels-last staging.
     layout: Layout,
-    /// The `cudnnMathType_t` it runs with ([`run_math`]).
-    math_type: u32,
+    /// The math type it runs with ([`run_math`]).
+    math_type: sys::cudnnMathType_t,
 }
 
 /// The descriptors of one key and the algorithm it runs.
@@ -699,8 +687,7 @@ impl Dnn {
     ) -> Vec<Perf> {
         let pass = key.pass;
         // The listing depends on the descriptor's math type, which a candidate's run changes.
-        // SAFETY: the descriptor is live.
-        if unsafe { dnn::set_convolution_math_type(conv, policy_math(key.math)) }.is_err() {
+        if set_math(conv, policy_math(key.math)).is_err() {
             return Vec::new();
         }
         let mut perf = [Perf::default(); CANDIDATES];
@@ -760,7 +747,7 @@ impl Dnn {
     fn workspace_size(
         &self,
         pass: ConvPass,
-        (conv, math): (sys::cudnnConvolutionDescriptor_t, u32),
+        (conv, math): (sys::cudnnConvolutionDescriptor_t, sys::cudnnMathType_t),
         d: &Views,
         algo: u32,
     ) -> Result<usize> {

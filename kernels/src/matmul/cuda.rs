@@ -116,11 +116,7 @@ pub unsafe fn matmul_as(
     (lhs, rhs, out): (u64, u64, u64),
     s: &MatmulShape,
 ) -> Result<()> {
-    let ty = match math {
-        Math::Fp32 | Math::Tf32 => CudaType::F32,
-        Math::Bf16 => CudaType::BF16,
-        Math::F16 => CudaType::F16,
-    };
+    let ty = CudaType::operands_of(math);
     if out_ty != ty && out_ty != CudaType::F32 {
         return Err(unsupported("matmul output", out_ty));
     }

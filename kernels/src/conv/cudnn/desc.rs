@@ -12,6 +12,7 @@ use cudarc::cudnn::{result as dnn, sys};
 
 use super::super::{ConvParams, ConvPass};
 use crate::Math;
+use crate::cuda::CudaType;
 
 /// How a candidate algorithm's operands lie in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,11 +167,6 @@ pub(super) fn policy_math(math: Math) -> sys::cudnnMathType_t {
     }
 }
 
-/// Bytes of one operand element under `math`.
-fn element_bytes(math: Math) -> usize {
-    if math.f32_operands() { 4 } else { 2 }
-}
-
 /// A 4-D tensor descriptor of elements `dt` laid out as `format`.
 fn tensor4d(
     format: sys::cudnnTensorFormat_t,
@@ -280,7 +276,8 @@ pub(super) struct Staging {
 impl Staging {
     /// The staging `layout` needs for `p` under `math`: none for NCHW.
     pub(super) fn new(layout: Layout, p: &ConvParams, math: Math) -> Staging {
-        let round = |elements: usize| (elements * element_bytes(math)).next_multiple_of(256);
+        let bytes = CudaType::operands_of(math).size();
+        let round = |elements: usize| (elements * bytes).next_multiple_of(256);
         Staging {
             parts: match layout {
                 Layout::Nchw => [0; 3],

@@ -29,7 +29,7 @@ impl Dnn {
                         workspace: c.run.workspace,
                         fused_bias: c.run.fused,
                         channels_last: c.run.layout == Layout::Nhwc,
-                        math_type: Some(c.run.math_type),
+                        math_type: Some(c.run.math_type as u32),
                     },
                 },
             })
@@ -101,7 +101,10 @@ impl Dnn {
         {
             return None;
         }
-        let math_type = math_type.unwrap_or(policy_math(key.math) as u32);
+        let math_type = match math_type {
+            Some(saved) => run_math(key.math, saved)?,
+            None => policy_math(key.math),
+        };
         let desc = Desc::new(key)?;
         let views = desc.views(layout)?;
         let found = self

@@ -36,17 +36,25 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Within 1e-4 of the largest magnitude of `want` (a NaN never is: outputs start as NaN, so an element left
-/// unwritten fails).
+/// The first element of `got` further than `tolerance` times the largest magnitude of `want` from its value there
+/// (a NaN always is: outputs start as NaN, so an element left unwritten is one), as a message.
+fn off(got: &[f32], want: &[f32], tolerance: f32) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("length {} where {} was due", got.len(), want.len()));
+    }
+    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+    let (i, (g, w)) = got.iter().zip(want).enumerate().find(|(_, (g, w))| {
+        let d = (*g - *w).abs();
+        d.is_nan() || d > tolerance * scale
+    })?;
+    Some(format!("element {i}: got {g}, want {w} (largest {scale})"))
+}
+
+/// Within 1e-4 of the largest magnitude of `want` ([`off`]).
 #[track_caller]
 fn assert_near(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * scale,
-            "{what}: element {i}: got {g}, want {w} (largest {scale})"
-        );
+    if let Some(e) = off(got, want, 1e-4) {
+        panic!("{what}: {e}");
     }
 }
 
@@ -92,9 +100,11 @@ const PASSES: [ConvPass; 4] = [
     ConvPass::BackwardFilter,
 ];
 
-/// One geometry's operands on the device, the buffer each pass writes (NaN before it runs) and the CPU's values.
+/// One geometry's operands on the device in the type `math` takes them (the bias f32), the buffer each pass writes
+/// (NaN before it runs) and the CPU's values, on the same operands (rounded to bf16 under `Bf16`).
 struct Case {
     p: ConvParams,
+    math: Math,
     x: DeviceBuffer,
     w: DeviceBuffer,
     bias: DeviceBuffer,
@@ -103,17 +113,28 @@ struct Case {
 }
 
 impl Case {
-    fn new(gpu: &Gpu, p: ConvParams) -> Case {
-        let x = rand_vec(p.input_len(), 1);
-        let w = rand_vec(p.weight_len(), 2);
+    fn new(gpu: &Gpu, p: ConvParams, math: Math) -> Case {
+        let operand = |n: usize, seed: u64| -> Vec<f32> {
+            let v = rand_vec(n, seed);
+            match math {
+                Math::Bf16 => v
+                    .into_iter()
+                    .map(|x| half::bf16::from_f32(x).to_f32())
+                    .collect(),
+                _ => v,
+            }
+        };
+        let x = operand(p.input_len(), 1);
+        let w = operand(p.weight_len(), 2);
         let bias = rand_vec(p.c_out, 3);
-        let dy = rand_vec(p.output_len(), 4);
+        let dy = operand(p.output_len(), 4);
         Case {
             p,
-            x: gpu.upload_f32(&x),
-            w: gpu.upload_f32(&w),
+            math,
+            x: upload_as(gpu, &x, math),
+            w: upload_as(gpu, &w, math),
             bias: gpu.upload_f32(&bias),
-            dy: gpu.upload_f32(&dy),
+            dy: upload_as(gpu, &dy, math),
             host: (x, w, bias, dy),
         }
     }
@@ -137,7 +158,7 @@ impl Case {
             ConvPass::BackwardData => p.input_len(),
             ConvPass::BackwardFilter => p.weight_len(),
         };
-        let out = gpu.upload_f32(&vec![f32::NAN; n]);
+        let out = upload_as(gpu, &vec![f32::NAN; n], self.math);
         let mut x = Operands {
             x: self.x.ptr(),
             w: self.w.ptr(),
@@ -157,6 +178,11 @@ impl Case {
         (out, n, x)
     }
 
+    /// The first `n` elements of what a pass wrote to `out`, as f32.
+    fn read(&self, gpu: &Gpu, out: &DeviceBuffer, n: usize) -> Vec<f32> {
+        download_as(gpu, out, n, self.math)
+    }
+
     /// `pass` through `dnn` (choosing its algorithm if new); its result.
     fn run(&self, gpu: &Gpu, dnn: &mut Dnn, pass: ConvPass) -> Vec<f32> {
         let (out, n, x) = self.target(gpu, pass);
@@ -168,13 +194,17 @@ impl Case {
             Ok(ptr)
         };
         // SAFETY: the operands hold what `p` describes for the pass.
-        let ran = unsafe { dnn.run(gpu, (pass, Math::Fp32), &self.p, x, &mut workspace) }.unwrap();
+        let ran = unsafe { dnn.run(gpu, (pass, self.math), &self.p, x, &mut workspace) }.unwrap();
         assert!(
             ran,
             "{}: cuDNN has no algorithm for it",
-            label_of(pass, &self.p)
+            label(&Key {
+                pass,
+                p: self.p,
+                math: self.math
+            })
         );
-        gpu.download_f32(&out, n)
+        self.read(gpu, &out, n)
     }
 }
 
@@ -209,7 +239,7 @@ fn every_algorithm_cudnn_offers_matches_the_cpu() {
     let mut fused = 0;
     let mut wrong = Vec::new();
     for p in geometries() {
-        let case = Case::new(&gpu, p);
+        let case = Case::new(&gpu, p, Math::Fp32);
         for pass in PASSES {
             let key = Key {
                 pass,
@@ -228,11 +258,8 @@ fn every_algorithm_cudnn_offers_matches_the_cpu() {
                 // SAFETY: the operands hold what `p` describes, the workspace what the algorithm needs.
                 unsafe { dnn.launch(&gpu, &key, &desc, v, x, ws.ptr()) }
                     .unwrap_or_else(|e| panic!("{what} on {v:?}: {e}"));
-                let got = gpu.download_f32(&out, n);
-                if let Err(e) = std::panic::catch_unwind(|| {
-                    assert_near(&format!("{what} on {v:?}"), &got, &want)
-                }) {
-                    wrong.push(e.downcast_ref::<String>().cloned().unwrap_or_default());
+                if let Some(e) = off(&case.read(&gpu, &out, n), &want, 1e-4) {
+                    wrong.push(format!("{what} on {v:?}: {e}"));
                 }
             }
         }
@@ -261,7 +288,7 @@ fn the_fastest_algorithm_is_kept_and_saved_choices_run_without_timing() {
     let gpu = gpu();
     let cases: Vec<Case> = geometries()[..3]
         .iter()
-        .map(|&p| Case::new(&gpu, p))
+        .map(|&p| Case::new(&gpu, p, Math::Fp32))
         .collect();
     let mut first = fresh(&gpu);
     let mut got = Vec::new();
@@ -360,8 +387,8 @@ fn deterministic_mode_picks_the_same_deterministic_algorithms_in_every_state() {
     let gpu = gpu();
     // Backward data and filter have non-deterministic algorithms (atomic adds) at this size.
     let cases = [
-        Case::new(&gpu, params(7, (64, 128), 3, 1, 1, 1)),
-        Case::new(&gpu, params(7, (3, 16), 5, 2, 1, 1)),
+        Case::new(&gpu, params(7, (64, 128), 3, 1, 1, 1), Math::Fp32),
+        Case::new(&gpu, params(7, (3, 16), 5, 2, 1, 1), Math::Fp32),
     ];
     let mut runs: Vec<(ConvChoices, Vec<Vec<u32>>)> = Vec::new();
     for _ in 0..3 {
@@ -432,7 +459,7 @@ fn winograd_is_an_fp32_candidate_for_wide_3x3_layers_within_tolerance_and_not_ab
         w: 32,
         ..params(16, (64, 128), 5, 1, 2, 1)
     };
-    let case = Case::new(&gpu, wide);
+    let case = Case::new(&gpu, wide, Math::Fp32);
     for (pass, nonfused) in [
         (ConvPass::Forward { bias: false }, 7),
         (ConvPass::BackwardData, 5),
@@ -509,63 +536,20 @@ fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
     // Within these fractions of the largest magnitude: TF32 rounds the operands to 10-bit mantissas, bf16 to 7
     // bits and its output too (the CPU reference takes the same rounded operands).
     for (math, tolerance) in [(Math::Tf32, 5e-3), (Math::Bf16, 1e-2)] {
-        let round = |v: Vec<f32>| -> Vec<f32> {
-            v.into_iter()
-                .map(|x| match math {
-                    Math::Bf16 => half::bf16::from_f32(x).to_f32(),
-                    _ => x,
-                })
-                .collect()
-        };
-        let passes: &[ConvPass] = match math {
-            // The 16-bit passes take no bias (`conv_pass_16bit`).
-            Math::Bf16 => &PASSES[..1],
-            _ => &PASSES[..2],
-        };
+        // The 16-bit passes take no bias (`conv_pass_16bit`).
+        let passes = PASSES
+            .into_iter()
+            .filter(|&pass| math == Math::Tf32 || pass != (ConvPass::Forward { bias: true }));
         for p in geometries() {
-            let host = [
-                round(rand_vec(p.input_len(), 1)),
-                round(rand_vec(p.weight_len(), 2)),
-                rand_vec(p.c_out, 3),
-                round(rand_vec(p.output_len(), 4)),
-            ];
-            let [x, w, bias, dy] = &host;
-            let dev = host.each_ref().map(|v| upload_as(&gpu, v, math));
-            let bias_f32 = gpu.upload_f32(bias);
-            for &pass in passes
-                .iter()
-                .chain(&[ConvPass::BackwardData, ConvPass::BackwardFilter])
-            {
+            let case = Case::new(&gpu, p, math);
+            for pass in passes.clone() {
                 let key = Key { pass, p, math };
                 let what = label(&key);
-                let Some(desc) = Desc::new(&key) else {
-                    panic!("{what}: no descriptors");
-                };
-                let want = match pass {
-                    ConvPass::Forward { bias: b } => cpu::conv2d(x, w, b.then_some(&bias[..]), &p),
-                    ConvPass::BackwardData => cpu::conv2d_backward_input(dy, w, &p),
-                    ConvPass::BackwardFilter => cpu::conv2d_backward_weight(x, dy, &p),
-                };
-                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let desc = Desc::new(&key).unwrap_or_else(|| panic!("{what}: no descriptors"));
+                let want = case.want(pass);
                 for v in dnn.variants(&key, &desc) {
                     channels_last += usize::from(v.layout == Layout::Nhwc);
-                    let out = upload_as(&gpu, &vec![f32::NAN; want.len()], math);
-                    let mut ops = Operands {
-                        x: dev[0].ptr(),
-                        w: dev[1].ptr(),
-                        y: dev[3].ptr(),
-                        bias: 0,
-                    };
-                    match pass {
-                        ConvPass::Forward { bias: b } => {
-                            ops.y = out.ptr();
-                            if b {
-                                ops.bias = bias_f32.ptr();
-                            }
-                        }
-                        ConvPass::BackwardData => ops.x = out.ptr(),
-                        ConvPass::BackwardFilter => ops.w = out.ptr(),
-                    }
+                    let (out, n, ops) = case.target(&gpu, pass);
                     let ws = gpu.alloc(v.workspace.max(1)).unwrap();
                     // SAFETY: the operands hold what `p` describes in `math`'s type, the workspace what the
                     // algorithm and its staging need.
@@ -573,15 +557,8 @@ fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
                         wrong.push(format!("{what} on {v:?}: {e}"));
                         continue;
                     }
-                    let got = download_as(&gpu, &out, want.len(), math);
-                    if let Some((i, (g, w))) =
-                        got.iter().zip(&want).enumerate().find(|(_, (g, w))| {
-                            (*g - *w).abs().is_nan() || (*g - *w).abs() > tolerance * scale
-                        })
-                    {
-                        wrong.push(format!(
-                            "{what} on {v:?}: element {i}: got {g}, want {w} (largest {scale})"
-                        ));
+                    if let Some(e) = off(&case.read(&gpu, &out, n), &want, tolerance) {
+                        wrong.push(format!("{what} on {v:?}: {e}"));
                     }
                 }
             }

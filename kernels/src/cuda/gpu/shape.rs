@@ -1,6 +1,6 @@
 //! Launch geometry, strided and broadcast shapes, and the element types the kernels know.
 
-use crate::{Error, Result};
+use crate::{Error, Math, Result};
 
 /// Most dimensions a strided or broadcasting kernel handles (matches `MAX_RANK` in `common.cuh`).
 pub(crate) const MAX_RANK: usize = 8;
@@ -124,6 +124,15 @@ pub enum CudaType {
 }
 
 impl CudaType {
+    /// The type of a product's or a convolution's operands under `math`.
+    pub fn operands_of(math: Math) -> CudaType {
+        match math {
+            Math::Fp32 | Math::Tf32 => CudaType::F32,
+            Math::Bf16 => CudaType::BF16,
+            Math::F16 => CudaType::F16,
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
