@@ -158,6 +158,8 @@ pub(crate) enum Op {
     MaxPool2d {
         indices: Tensor,
         shape: Vec<usize>,
+        /// Kernel and stride.
+        window: (usize, usize),
     },
     /// Fused self-attention: its input, output and log-sum-exps, and the mask it ran under.
     Attention {
@@ -514,16 +516,19 @@ impl Op {
                     None
                 };
                 let gb = if need.get(2) == Some(&true) {
-                    let o = g.shape()[1];
-                    Some(g.sum_to(&[1, o, 1, 1])?.reshape(&[o])?)
+                    Some(Tensor::conv2d_backward_bias(g)?)
                 } else {
                     None
                 };
                 Ok(vec![gx, gw, gb])
             }
-            Op::MaxPool2d { indices, shape } => {
-                one(need, || Ok(Tensor::max_pool2d_backward(g, indices, shape)?))
-            }
+            Op::MaxPool2d {
+                indices,
+                shape,
+                window,
+            } => one(need, || {
+                Ok(Tensor::max_pool2d_backward(g, indices, shape, *window)?)
+            }),
             Op::Attention {
                 qkv,
                 out,

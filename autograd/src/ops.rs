@@ -641,6 +641,7 @@ impl Var {
         Var::record("max_pool2d", out, &[self], || Op::MaxPool2d {
             indices,
             shape: self.shape().to_vec(),
+            window: (kernel, stride),
         })
     }
 

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use cohort_tensor::{Precision, Tensor};
+use cohort_tensor::{DType, Precision, Tensor};
 
 use crate::backward::Op;
 use crate::{Error, Param, Result};
@@ -29,6 +29,9 @@ struct State {
 
 pub(crate) struct Node {
     out: usize,
+    /// The output's dtype: its gradient comes in it (an op may give an input's gradient in another, as a
+    /// product's backward gives f32 for 16-bit activations).
+    dtype: DType,
     inputs: Vec<Option<usize>>,
     op: Op,
     /// The policy the forward ran under: the backward's products run under it too.
@@ -127,6 +130,7 @@ impl Var {
         let generation = state.generation;
         state.nodes.push(Node {
             out: id,
+            dtype: value.dtype(),
             inputs: ids,
             op: op(),
             precision: Precision::current(),
@@ -298,7 +302,7 @@ fn run_backward(
             for (input, gi) in node.inputs.iter().zip(ins) {
                 if let (Some(id), Some(gi)) = (input, gi) {
                     grads[*id] = Some(match grads[*id].take() {
-                        Some(prev) => prev.add(&gi)?,
+                        Some(prev) => prev.add(&gi.to_dtype(prev.dtype())?)?,
                         None => gi,
                     });
                 }
@@ -323,6 +327,7 @@ fn run_backward(
         let Some(g) = grads[node.out].take() else {
             continue;
         };
+        let g = g.to_dtype(node.dtype)?;
         need.clear();
         need.extend(node.inputs.iter().map(Option::is_some));
         let ins = {

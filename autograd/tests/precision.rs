@@ -1,19 +1,37 @@
-//! A conv net's training step under every precision policy on CUDA against the CPU's fp32: the loss and every
-//! parameter's gradient within the policy's tolerance and in f32 (the master weights' type), the backward pass
-//! in the forward's policy even where the tape runs outside its scope.
+//! A conv net's and a small ResNet's training step under every precision policy on CUDA against the CPU's fp32:
+//! the loss and every parameter's gradient within the policy's tolerance and in f32 (the master weights' type),
+//! the backward pass in the forward's policy even where the tape runs outside its scope. Under a mixed policy the
+//! activations between convolutions, ReLUs, pooling, batch norm and residual sums stay in the low type.
 //! Run on a GPU: `cargo test -p cohort-autograd -- --include-ignored`.
 
-use cohort_autograd::{BuildOptions, ModelSpec, Tape, loss};
+use cohort_autograd::nn::Features;
+use cohort_autograd::{BuildOptions, ModelSpec, Tape, Var, loss};
 use cohort_tensor::{DType, Device, Precision, Tensor};
 
-const SPEC: &str = r#"layers = [{ conv = 32, kernel = 3, padding = 1, act = "relu" }, { maxpool = 2 },
+const CNN: &str = r#"layers = [{ conv = 32, kernel = 3, padding = 1, act = "relu" }, { maxpool = 2 },
     { conv = 64, kernel = 3, padding = 1, act = "relu" }, { maxpool = 2 }, { flatten = true },
     { linear = 128, act = "relu" }, { linear = 10 }]"#;
 
-/// The loss and the gradients, by parameter, of one step on `dev` under `p`, the backward pass run after the
-/// policy's scope has ended.
-fn step(dev: &Device, p: Precision) -> (f32, Vec<(String, Tensor)>) {
-    let spec = ModelSpec::from_toml(SPEC).unwrap();
+const RESNET: &str = r#"layers = [
+    { conv = 16, kernel = 3, padding = 1, bias = false }, { batchnorm = true, act = "relu" },
+    { residual = [
+        { conv = 16, kernel = 3, padding = 1, bias = false }, { batchnorm = true, act = "relu" },
+        { conv = 16, kernel = 3, padding = 1, bias = false }, { batchnorm = true },
+    ], act = "relu" },
+    { maxpool = 2 },
+    { residual = [
+        { conv = 32, kernel = 3, stride = 2, padding = 1, bias = false }, { batchnorm = true, act = "relu" },
+        { conv = 32, kernel = 3, padding = 1, bias = false }, { batchnorm = true },
+    ], act = "relu" },
+    { global_avgpool = true }, { linear = 10 }]"#;
+
+const STEM: &str = r#"layers = [
+    { conv = 16, kernel = 3, padding = 1, bias = false }, { batchnorm = true, act = "relu" }, { maxpool = 2 }]"#;
+
+/// The loss and the gradients, by parameter, of one step of the model `spec` on `dev` under `p`, the backward pass
+/// run after the policy's scope has ended.
+fn step(spec: &str, dev: &Device, p: Precision) -> (f32, Vec<(String, Tensor)>) {
+    let spec = ModelSpec::from_toml(spec).unwrap();
     let model = spec
         .build(&[3, 16, 16], &BuildOptions::new(1, 7, *dev))
         .unwrap();
@@ -47,10 +65,9 @@ fn norm_err(got: &[f32], want: &[f32]) -> f32 {
     (diff / norm.max(1e-30)).sqrt()
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn a_conv_nets_step_keeps_to_each_policys_tolerance() {
-    let (want_loss, want) = step(&Device::Cpu, Precision::Fp32);
+/// `spec`'s step under every policy against the CPU's fp32.
+fn keeps_to_each_policys_tolerance(spec: &str) {
+    let (want_loss, want) = step(spec, &Device::Cpu, Precision::Fp32);
     for p in Precision::ALL {
         // A gradient's error against fp32, by norm. The first layer's weight gradient is the loosest: it comes at the
         // end of the whole backward pass, a sum over 8,192 positions with much cancellation, so a product's rounding
@@ -62,7 +79,7 @@ fn a_conv_nets_step_keeps_to_each_policys_tolerance() {
             Precision::Tf32 | Precision::F16 => 8e-2,
             Precision::Bf16 => 0.15,
         };
-        let (got_loss, got) = step(&Device::Cuda(0), p);
+        let (got_loss, got) = step(spec, &Device::Cuda(0), p);
         assert!(
             (got_loss - want_loss).abs() <= tol / 8.0 * want_loss.abs(),
             "{p}: loss {got_loss} vs {want_loss}"
@@ -73,5 +90,52 @@ fn a_conv_nets_step_keeps_to_each_policys_tolerance() {
             let err = norm_err(&g, &w.to_vec::<f32>().unwrap());
             assert!(err <= tol, "{p}: {name}: error {err:.3e} over {tol:.0e}");
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_conv_nets_step_keeps_to_each_policys_tolerance() {
+    keeps_to_each_policys_tolerance(CNN);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_resnets_step_keeps_to_each_policys_tolerance() {
+    keeps_to_each_policys_tolerance(RESNET);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_mixed_policy_keeps_the_activations_between_convolutions_in_its_low_type() {
+    let spec = ModelSpec::from_toml(RESNET).unwrap();
+    let dev = Device::Cuda(0);
+    let model = spec
+        .build(&[3, 16, 16], &BuildOptions::new(2, 7, dev))
+        .unwrap();
+    let x = Tensor::rand_uniform(&[4, 3, 16, 16], -1.0, 1.0, DType::F32, 3, &dev).unwrap();
+    let low = [
+        (Precision::Bf16, DType::BF16),
+        (Precision::F16, DType::F16),
+        (Precision::Tf32, DType::F32),
+    ];
+    for (p, kept) in low {
+        let _p = p.enter();
+        let tape = Tape::new();
+        assert_eq!(
+            model.forward(&tape, &x).unwrap().value().dtype(),
+            DType::F32,
+            "{p}: the model's output"
+        );
+        // The stem alone: its convolution, batch norm and ReLU leave the activations in the low type.
+        let stem = ModelSpec::from_toml(STEM).unwrap();
+        let stem = stem
+            .build(&[3, 16, 16], &BuildOptions::new(2, 7, dev))
+            .unwrap();
+        let out = stem
+            .net()
+            .forward(&tape, Features::shared(Var::constant(x.clone())))
+            .unwrap();
+        assert_eq!(out.var.value().dtype(), kept, "{p}: the stem's features");
     }
 }

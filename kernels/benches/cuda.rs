@@ -142,7 +142,10 @@ fn bench(c: &mut Criterion) {
         bch.iter_custom(|iters| {
             timed(&g, iters, || {
                 // SAFETY: n f32 each.
-                unsafe { un_cuda::unary(&g, UnaryOp::Relu, x.ptr(), out.ptr(), n).expect("relu") }
+                unsafe {
+                    un_cuda::unary(&g, UnaryOp::Relu, CudaType::F32, x.ptr(), out.ptr(), n)
+                        .expect("relu")
+                }
             })
         })
     });
@@ -210,8 +213,15 @@ fn bench(c: &mut Criterion) {
             host(iters, &mut || {
                 // SAFETY: small ≤ n f32 each.
                 unsafe {
-                    un_cuda::unary(&g, UnaryOp::Relu, x.ptr(), out.ptr(), black_box(small))
-                        .expect("relu")
+                    un_cuda::unary(
+                        &g,
+                        UnaryOp::Relu,
+                        CudaType::F32,
+                        x.ptr(),
+                        out.ptr(),
+                        black_box(small),
+                    )
+                    .expect("relu")
                 }
             })
         })

@@ -242,7 +242,7 @@ fn unary_ops_match_the_cpu() {
             let positive = matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Powf(_));
             let (src, host) = if positive { (&dxp, &xp) } else { (&dx, &x) };
             // SAFETY: n f32 each.
-            unsafe { un_cuda::unary(&g, op, src.ptr(), out.ptr(), n).unwrap() };
+            unsafe { un_cuda::unary(&g, op, CudaType::F32, src.ptr(), out.ptr(), n).unwrap() };
             assert_close(
                 &format!("{op:?}"),
                 &down::<f32>(&g, &out, n),
@@ -253,7 +253,9 @@ fn unary_ops_match_the_cpu() {
         let dy = rand_vec(n, 9, -1.0, 1.0);
         let ddy = up(&g, &dy);
         // SAFETY: n f32 each.
-        unsafe { un_cuda::gelu_backward(&g, ddy.ptr(), dx.ptr(), out.ptr(), n).unwrap() };
+        unsafe {
+            un_cuda::gelu_backward(&g, CudaType::F32, ddy.ptr(), dx.ptr(), out.ptr(), n).unwrap()
+        };
         assert_close(
             "gelu_backward",
             &down::<f32>(&g, &out, n),
@@ -909,7 +911,9 @@ fn max_pool_matches_the_cpu() {
         let no = p.planes * p.out_h() * p.out_w();
         let (dx, out, idx) = (up(&g, &x), zeros(&g, no * 4), zeros(&g, no * 4));
         // SAFETY: sizes from p.
-        unsafe { pool_cuda::max_pool2d(&g, &p, dx.ptr(), out.ptr(), idx.ptr()).unwrap() };
+        unsafe {
+            pool_cuda::max_pool2d(&g, CudaType::F32, &p, dx.ptr(), out.ptr(), idx.ptr()).unwrap()
+        };
         let (want, want_idx) = pool_cpu::max_pool2d(&x, &p);
         assert_eq!(down::<f32>(&g, &out, no), want);
         assert_eq!(down::<i32>(&g, &idx, no), want_idx);
@@ -1283,7 +1287,17 @@ fn prefetch_on_the_copy_stream_is_ordered_with_compute() {
             .unwrap()
     };
     // SAFETY: in place over n f32; runs after the prefetch on the compute stream.
-    unsafe { un_cuda::unary(&g, UnaryOp::MulScalar(2.0), buf.ptr(), buf.ptr(), n).unwrap() };
+    unsafe {
+        un_cuda::unary(
+            &g,
+            UnaryOp::MulScalar(2.0),
+            CudaType::F32,
+            buf.ptr(),
+            buf.ptr(),
+            n,
+        )
+        .unwrap()
+    };
     let want: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
     assert_eq!(down::<f32>(&g, &buf, n), want);
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
-use cohort_kernels::cuda::Gpu;
+use cohort_kernels::cuda::{CudaType, Gpu};
 use cohort_kernels::unary::{UnaryOp, cuda as un_cuda};
 
 const PHASE: &str = "COHORT_KERNEL_CACHE_TEST_PHASE";
@@ -22,7 +22,7 @@ fn run_a_kernel() {
     // SAFETY: the buffer holds 1000 f32, in place.
     unsafe {
         g.htod(buf.ptr(), bytemuck::cast_slice(&x)).unwrap();
-        un_cuda::unary(&g, UnaryOp::Relu, buf.ptr(), buf.ptr(), 1000).unwrap();
+        un_cuda::unary(&g, UnaryOp::Relu, CudaType::F32, buf.ptr(), buf.ptr(), 1000).unwrap();
         g.dtoh(buf.ptr(), bytemuck::cast_slice_mut(&mut out))
             .unwrap();
     }

@@ -278,13 +278,7 @@ pub trait Convolutions: Sized {
     /// # Errors
     /// Indices not i32 or outside their plane, a dtype without kernels, different devices, out of
     /// memory, or a device failure.
-    fn max_pool2d_backward(
-        &self,
-        indices: &Self,
-        planes: usize,
-        plane_in: usize,
-        plane_out: usize,
-    ) -> Result<Self>;
+    fn max_pool2d_backward(&self, indices: &Self, p: &PoolParams) -> Result<Self>;
 }
 
 /// Ops addressed by i32 indices. On CUDA an index out of range is reported by the next read-back or
@@ -489,12 +483,20 @@ pub trait CudaBackend: BackendStorage {
         p: &ConvParams,
     ) -> Result<Option<Self>>;
 
-    /// A 16-bit forward pass's output `self` (`[N, O, OH, OW]`, bf16 or f16) into f32 in one pass, with the bias
-    /// of each channel (`[O]` f32) added and a ReLU applied when `relu`.
+    /// A 16-bit forward pass's output `self` (`[N, O, OH, OW]`, bf16 or f16) in one pass, with the bias of each
+    /// channel (`[O]` f32) added and a ReLU applied when `relu`: into f32, or kept in its own type when `keep`
+    /// (activations a mixed policy keeps in the low type; then in place).
     ///
     /// # Errors
     /// `self` not 16-bit or `bias` not f32, different devices, out of memory, or a launch failure.
-    fn conv_epilogue(&self, bias: Option<&Self>, p: &ConvParams, relu: bool) -> Result<Self>;
+    fn conv_epilogue(self, bias: Option<&Self>, p: &ConvParams, act: (bool, bool)) -> Result<Self>;
+
+    /// A convolution's bias gradient from its output's gradient `self` (`dims` `[N, O, OH·OW]`, f32, bf16 or
+    /// f16): each channel's sum, in f32 (`[O]`).
+    ///
+    /// # Errors
+    /// Not a float type, out of memory, or a launch failure.
+    fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<Self>;
 
     /// ReLU's backward from the gradient `self` and the output `y` with the gradient of the bias before
     /// it, in one kernel: `dx` and `db` (`groups · cols`, summed over the rows).

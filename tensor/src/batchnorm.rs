@@ -5,7 +5,7 @@ use cohort_kernels::batchnorm::BatchNormShape;
 
 use crate::backend::Normalization;
 use crate::storage::{Storage, on_cpu, on_cuda};
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// The running statistics a training step of [`Tensor::batch_norm`] moves towards the batch's, in place:
 /// `running = (1 - momentum) · running + momentum · batch`, the variance unbiased (PyTorch's rule).
@@ -27,7 +27,8 @@ impl Tensor {
     /// needs; `running`, when given, moves in place. Packed images `[B, M·C, H, W]` are `[B, M, 1, C, H·W]`,
     /// features per member `[M, B, C]` are `[1, M, B, C, 1]`.
     ///
-    /// f32 and f64 on the CPU, f32 on CUDA.
+    /// f32 and f64 on the CPU; on CUDA f32, or bf16 and f16 activations (a mixed policy keeps them in the low
+    /// type) with f32 parameters, statistics and their gradients.
     ///
     /// # Errors
     /// Not 5-D or no element per channel, parameters or statistics not `[members, channels]`, running statistics
@@ -158,11 +159,22 @@ impl Tensor {
         Ok(s)
     }
 
-    /// Checks that each of `ts` is `[members, channels]` of `self`'s dtype and device.
+    /// Checks that each of `ts` is `[members, channels]` on `self`'s device, of `self`'s dtype (f32 beside 16-bit
+    /// activations).
     fn per_channel(&self, op: &'static str, ts: &[&Tensor], stats: &[usize; 2]) -> Result<()> {
+        let dtype = match self.dtype {
+            DType::BF16 | DType::F16 => DType::F32,
+            d => d,
+        };
         for t in ts {
             self.same_device(op, t)?;
-            self.same_dtype(op, t)?;
+            if t.dtype != dtype {
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: dtype,
+                    rhs: t.dtype,
+                });
+            }
             if t.shape != stats {
                 return Err(Error::InvalidShape {
                     op,

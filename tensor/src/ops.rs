@@ -830,6 +830,29 @@ impl Tensor {
             .conv2d_backward_weight(g, &p, math))
     }
 
+    /// Gradient of [`Tensor::conv2d`] with respect to its bias, from the output's gradient `grad_out`
+    /// (`[N, O, OH, OW]`): each channel's sum, `[O]`, in f32 on CUDA (where the gradient may be bf16 or f16) and
+    /// in the gradient's type on the CPU.
+    ///
+    /// # Errors
+    /// Not of rank 4, or not a float type.
+    pub fn conv2d_backward_bias(grad_out: &Tensor) -> Result<Tensor> {
+        const OP: &str = "conv2d_backward_bias";
+        grad_out.require_float(OP)?;
+        let &[batch, c_out, oh, ow] = &grad_out.shape[..] else {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: grad_out.shape.clone(),
+                reason: "expected an output gradient [N, O, OH, OW]".into(),
+            });
+        };
+        if let Storage::Cuda(g) = &*grad_out.read() {
+            let sums = g.conv_bias_grad([batch, c_out, oh * ow])?;
+            return Ok(Tensor::from_storage(Storage::Cuda(sums), vec![c_out]));
+        }
+        grad_out.sum_to(&[1, c_out, 1, 1])?.reshape(&[c_out])
+    }
+
     /// Max pooling over `kernel × kernel` windows of the last two dims (no padding); returns the
     /// pooled values and, per output, the i32 flat index (`y·W + x`) of its max in the input plane.
     ///
@@ -879,32 +902,46 @@ impl Tensor {
         ))
     }
 
-    /// Gradient of [`Tensor::max_pool2d`]: each output gradient goes to its window's max.
+    /// Gradient of [`Tensor::max_pool2d`] over `kernel × kernel` windows at `stride`: each output gradient goes
+    /// to its window's max.
     ///
     /// # Errors
-    /// Shape, dtype or device mismatches; indices outside the input plane.
+    /// Shape, dtype or device mismatches (the gradient not the pooled shape of `input_shape`); indices outside
+    /// the input plane.
     pub fn max_pool2d_backward(
         grad_out: &Tensor,
         indices: &Tensor,
         input_shape: &[usize],
+        (kernel, stride): (usize, usize),
     ) -> Result<Tensor> {
         const OP: &str = "max_pool2d_backward";
         grad_out.require_float(OP)?;
         indices.require_i32(OP)?;
         grad_out.same_shape(OP, indices)?;
         let r = input_shape.len();
-        if r < 2 || grad_out.rank() != r || grad_out.shape[..r - 2] != input_shape[..r - 2] {
+        let p = (r >= 2 && kernel > 0 && stride > 0).then(|| PoolParams {
+            planes: elem_count(&input_shape[..r - 2]),
+            h: input_shape[r - 2],
+            w: input_shape[r - 1],
+            kernel,
+            stride,
+        });
+        let fits = |p: &PoolParams| {
+            p.h >= kernel
+                && p.w >= kernel
+                && grad_out.rank() == r
+                && grad_out.shape[..r - 2] == input_shape[..r - 2]
+                && grad_out.shape[r - 2..] == [p.out_h(), p.out_w()]
+        };
+        let Some(p) = p.filter(fits) else {
             return Err(Error::ShapeMismatch {
                 op: OP,
                 lhs: grad_out.shape.clone(),
                 rhs: input_shape.to_vec(),
             });
-        }
-        let planes = elem_count(&input_shape[..r - 2]);
-        let plane_in = input_shape[r - 2] * input_shape[r - 1];
-        let plane_out = grad_out.shape[r - 2] * grad_out.shape[r - 1];
+        };
         map2!(grad_out, OP, indices, input_shape.to_vec(), |g, i| g
-            .max_pool2d_backward(i, planes, plane_in, plane_out))
+            .max_pool2d_backward(i, &p))
     }
 
     // ---------------------------------------------------------------- indexing

@@ -73,11 +73,13 @@ impl Tensor {
         Ok(Tensor::from_storage(Storage::Cuda(y), out))
     }
 
-    /// One pass of a convolution under a 16-bit `math`, into f32: the forward from the input `a` and the weight
-    /// `b` (then `bias`, then a ReLU when `relu`), the input's gradient from the output's (`a`) and the weight, or
-    /// the weight's gradient from the input and the output's (`b`). A forward's cast to f32, bias and ReLU run as
-    /// one kernel. Where cuDNN does not run the pass (absent, or no algorithm), it runs in f32 on the own kernels,
-    /// as it would under fp32.
+    /// One pass of a convolution under a 16-bit `math`: the forward from the input `a` and the weight `b` (then
+    /// `bias`, then a ReLU when `relu`), the input's gradient from the output's (`a`) and the weight, or the
+    /// weight's gradient from the input and the output's (`b`). The forward and the input's gradient come out in
+    /// the low type where `a` came in it (activations a mixed policy keeps in the low type, as autocast does),
+    /// else in f32, like the weight's gradient. A forward's bias, ReLU and any cast run as one kernel. Where
+    /// cuDNN does not run the pass (absent, or no algorithm), it runs in f32 on the own kernels, as it would
+    /// under fp32.
     pub(crate) fn conv_16bit(
         (pass, math): (ConvPass, Math),
         a: &Tensor,
@@ -86,6 +88,7 @@ impl Tensor {
         p: &ConvParams,
     ) -> Result<Tensor> {
         let (a16, b16) = (a.as_operand(math)?, b.as_operand(math)?);
+        let keep = a.dtype() == a16.dtype() && pass != ConvPass::BackwardFilter;
         let ran = Tensor::read_all(&[&a16, &b16], |st| match (st[0], st[1]) {
             (Storage::Cuda(x), Storage::Cuda(y)) => x.conv_pass_16bit((pass, math), y, p),
             _ => Err(a.device_mismatch("conv2d", b)),
@@ -99,15 +102,16 @@ impl Tensor {
         };
         let y = match ran {
             Some(s) if matches!(pass, ConvPass::Forward { .. }) => {
-                let y16 = Tensor::from_storage(Storage::Cuda(s), shape.clone());
-                let operands: Vec<&Tensor> = [Some(&y16), bias].into_iter().flatten().collect();
-                let y = Tensor::read_all(&operands, |st| match st {
-                    [Storage::Cuda(y)] => y.conv_epilogue(None, p, relu),
-                    [Storage::Cuda(y), Storage::Cuda(b)] => y.conv_epilogue(Some(b), p, relu),
-                    _ => Err(a.device_mismatch("conv2d", b)),
-                })?;
+                let y = match bias {
+                    Some(bias) => match &*bias.read() {
+                        Storage::Cuda(b) => s.conv_epilogue(Some(b), p, (relu, keep))?,
+                        Storage::Cpu(_) => return Err(a.device_mismatch("conv2d", bias)),
+                    },
+                    None => s.conv_epilogue(None, p, (relu, keep))?,
+                };
                 return Ok(Tensor::from_storage(Storage::Cuda(y), shape));
             }
+            Some(s) if keep => return Ok(Tensor::from_storage(Storage::Cuda(s), shape)),
             Some(s) => Tensor::from_storage(Storage::Cuda(s), shape).to_dtype(DType::F32)?,
             None => {
                 let _fp32 = Precision::Fp32.enter();
@@ -128,6 +132,7 @@ impl Tensor {
             Some(bias) => y.add(&bias.reshape(&[1, p.c_out, 1, 1])?)?,
             None => y,
         };
-        if relu { y.relu() } else { Ok(y) }
+        let y = if relu { y.relu()? } else { y };
+        if keep { y.to_dtype(a.dtype()) } else { Ok(y) }
     }
 }

@@ -163,6 +163,137 @@ fn sixteen_bit_operands_are_accepted_as_they_are() {
     assert!(a.matmul(&w16).is_err());
 }
 
+/// `got` (on CUDA, in `dtype`) against `want` (the CPU's f32), relative to `want`'s largest magnitude.
+fn off_in(dtype: DType, got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.dtype(), dtype, "kept in its type");
+    rel_err(&got.to_dtype(DType::F32).unwrap(), want)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sixteen_bit_activations_stay_in_their_type_through_a_conv_nets_ops() {
+    // What a mixed policy's model runs on activations it keeps in the low type, against the CPU's f32 on the
+    // same (rounded) values: the outputs differ by their own rounding (2^-8 for bf16, 2^-11 for f16), the
+    // convolutions also by their products'.
+    let cpu = Device::Cpu;
+    for (p, low, tol) in [
+        (Precision::Bf16, DType::BF16, 1e-2),
+        (Precision::F16, DType::F16, 2e-3),
+    ] {
+        let round = |t: Tensor| t.to_dtype(low).unwrap();
+        let host = |t: &Tensor| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap();
+        let x = round(rand(&[8, 16, 12, 12], 20, &GPU));
+        let w = rand(&[24, 16, 3, 3], 21, &GPU).mul_scalar(0.2).unwrap();
+        let bias = rand(&[24], 22, &GPU);
+        let (xc, wc, bc) = (host(&x), host(&w), host(&bias));
+        let _p = p.enter();
+        let what = |op: &str| format!("{op} under {p}");
+
+        let y = x.conv2d_relu(&w, Some(&bias), 1, 1, 1).unwrap();
+        let want = {
+            let _fp32 = Precision::Fp32.enter();
+            xc.conv2d_relu(&wc, Some(&bc), 1, 1, 1).unwrap()
+        };
+        let e = off_in(low, &y, &want);
+        assert!(e <= bounds(p).1, "{}: {e:.2e}", what("conv2d_relu"));
+        let yc = host(&y);
+
+        let gy = round(rand(y.shape(), 23, &GPU));
+        let gyc = host(&gy);
+        let gx = Tensor::conv2d_backward_input(&gy, &w, x.shape(), 1, 1, 1).unwrap();
+        let want = {
+            let _fp32 = Precision::Fp32.enter();
+            Tensor::conv2d_backward_input(&gyc, &wc, x.shape(), 1, 1, 1).unwrap()
+        };
+        let e = off_in(low, &gx, &want);
+        assert!(
+            e <= bounds(p).1,
+            "{}: {e:.2e}",
+            what("conv2d_backward_input")
+        );
+        let gb = Tensor::conv2d_backward_bias(&gy).unwrap();
+        let e = rel_err(&gb, &Tensor::conv2d_backward_bias(&gyc).unwrap());
+        assert!(
+            e <= 1e-5,
+            "{}: {e:.2e} (sums in f32)",
+            what("conv2d_backward_bias")
+        );
+
+        let e = off_in(
+            low,
+            &y.relu_backward(&y).unwrap(),
+            &yc.relu_backward(&yc).unwrap(),
+        );
+        assert!(e == 0.0, "{}: {e:.2e}", what("relu_backward"));
+        let e = off_in(low, &gy.relu().unwrap(), &gyc.relu().unwrap());
+        assert!(e == 0.0, "{}: {e:.2e}", what("relu"));
+        let e = off_in(low, &y.add(&gy).unwrap(), &yc.add(&gyc).unwrap());
+        assert!(e <= tol, "{}: {e:.2e}", what("add"));
+
+        // Windows apart (gathered in the type) and overlapping (summed in f32).
+        for (k, s) in [(2, 2), (3, 2)] {
+            let (o, idx) = y.max_pool2d(k, s).unwrap();
+            let (oc, _) = yc.max_pool2d(k, s).unwrap();
+            assert_eq!(off_in(low, &o, &oc), 0.0, "{} {k}/{s}", what("max_pool2d"));
+            let go = round(rand(o.shape(), 24, &GPU));
+            let back = Tensor::max_pool2d_backward(&go, &idx, y.shape(), (k, s)).unwrap();
+            let idx_c = idx.to_device(&cpu).unwrap();
+            let want = Tensor::max_pool2d_backward(&host(&go), &idx_c, y.shape(), (k, s)).unwrap();
+            let e = off_in(low, &back, &want);
+            assert!(e <= tol, "{} {k}/{s}: {e:.2e}", what("max_pool2d_backward"));
+        }
+
+        // Batch norm over [B, M, 1, C, H*W] with f32 parameters, statistics and their gradients.
+        let five = [8, 2, 1, 12, 144];
+        let (gamma, beta) = (rand(&[2, 12], 25, &GPU), rand(&[2, 12], 26, &GPU));
+        let (gc, bc) = (host(&gamma), host(&beta));
+        let (xb, xbc) = (y.reshape(&five).unwrap(), yc.reshape(&five).unwrap());
+        let (out, mean, invstd) = xb.batch_norm((&gamma, &beta), None, 1e-5, true).unwrap();
+        let (out_c, mean_c, invstd_c) = xbc.batch_norm((&gc, &bc), None, 1e-5, true).unwrap();
+        assert!(off_in(low, &out, &out_c) <= tol, "{}", what("batch_norm"));
+        assert!(
+            rel_err(&mean, &mean_c) <= 1e-5,
+            "{}: mean",
+            what("batch_norm")
+        );
+        assert!(
+            rel_err(&invstd, &invstd_c) <= 1e-4,
+            "{}: invstd",
+            what("batch_norm")
+        );
+        let dout = round(rand(&five, 27, &GPU));
+        let (dx, dg, db) = xb
+            .batch_norm_backward(Some(&out), &dout, (&mean, &invstd, &gamma))
+            .unwrap();
+        let (dx_c, dg_c, db_c) = xbc
+            .batch_norm_backward(Some(&host(&out)), &host(&dout), (&mean_c, &invstd_c, &gc))
+            .unwrap();
+        assert!(
+            off_in(low, &dx, &dx_c) <= 2.0 * tol,
+            "{}: dx",
+            what("batch_norm_backward")
+        );
+        assert!(
+            rel_err(&dg, &dg_c) <= 1e-3,
+            "{}: dgamma",
+            what("batch_norm_backward")
+        );
+        assert!(
+            rel_err(&db, &db_c) <= 1e-4,
+            "{}: dbeta",
+            what("batch_norm_backward")
+        );
+
+        // An f32 input still gives f32, as autocast's products return to their caller.
+        let y32 = host(&x)
+            .to_device(&GPU)
+            .unwrap()
+            .conv2d(&w, None, 1, 1, 1)
+            .unwrap();
+        assert_eq!(y32.dtype(), DType::F32);
+    }
+}
+
 #[test]
 fn the_cpu_computes_in_fp32_under_every_policy() {
     let a = rand(&[64, 300], 17, &Device::Cpu);

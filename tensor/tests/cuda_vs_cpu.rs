@@ -221,7 +221,7 @@ fn conv_net_pieces_agree() {
         let y = x.conv2d(&w, Some(&bias), 1, 1, 1)?;
         let (p, idx) = y.relu()?.max_pool2d(2, 2)?;
         let gp = rand(p.shape(), 23, dev)?;
-        let gy = Tensor::max_pool2d_backward(&gp, &idx, y.shape())?;
+        let gy = Tensor::max_pool2d_backward(&gp, &idx, y.shape(), (2, 2))?;
         let gx = Tensor::conv2d_backward_input(&gy, &w, x.shape(), 1, 1, 1)?;
         let gw = Tensor::conv2d_backward_weight(&x, &gy, w.shape(), 1, 1, 1)?;
         let wg = rand(&[4, 3, 3, 2], 24, dev)?;

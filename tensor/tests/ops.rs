@@ -612,7 +612,7 @@ fn max_pool(dev: &Device) -> Result<()> {
                 let p = j / (oh * ow);
                 gx[p * h * w + want_idx[j] as usize] += gv;
             }
-            let back = Tensor::max_pool2d_backward(&g, &idx, shape)?;
+            let back = Tensor::max_pool2d_backward(&g, &idx, shape, (k, s))?;
             assert_close("max_pool2d_backward", &back, shape, &gx, tol(dt));
         }
     }

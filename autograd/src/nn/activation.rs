@@ -67,6 +67,10 @@ impl Module for Activation {
         Ok(x.keep_mask(var, x.layout))
     }
 
+    fn takes_16bit(&self) -> bool {
+        self.0 == ActivationKind::Relu
+    }
+
     fn params(&self) -> Vec<(String, Param)> {
         Vec::new()
     }

@@ -153,6 +153,7 @@ impl BatchNorm {
 
     /// The layer's output, rectified when `relu`.
     fn run(&self, tape: &Tape, x: Features, relu: bool) -> Result<Features> {
+        let x = if tape.is_training() { x } else { x.in_f32()? };
         let mask = x.mask.clone();
         let p = self.plan(x)?;
         let [a, b] = p.reduce;
@@ -208,6 +209,10 @@ impl Module for BatchNorm {
 
     fn forward_relu(&self, tape: &Tape, x: Features) -> Option<Result<Features>> {
         Some(self.run(tape, x, true))
+    }
+
+    fn takes_16bit(&self) -> bool {
+        true // in training; evaluation composes f32 ops, on the input cast
     }
 
     fn params(&self) -> Vec<(String, Param)> {

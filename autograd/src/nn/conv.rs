@@ -63,6 +63,10 @@ impl Module for Conv2d {
         Some(self.run(tape, x, true))
     }
 
+    fn takes_16bit(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> Vec<(String, Param)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         if let Some(b) = &self.bias {

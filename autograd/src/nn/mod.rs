@@ -105,6 +105,17 @@ impl Features {
         Features::new(var, layout).with_mask(self.mask.clone())
     }
 
+    /// The same features with a 16-bit value cast to f32 (recorded: the gradient goes back in the 16-bit type).
+    ///
+    /// # Errors
+    /// When the cast fails.
+    pub fn in_f32(mut self) -> Result<Features> {
+        if matches!(self.var.value().dtype(), DType::BF16 | DType::F16) {
+            self.var = self.var.to_dtype(DType::F32)?;
+        }
+        Ok(self)
+    }
+
     /// The padding mask as `[M or 1, B, L]` in `dtype`, ready to broadcast against per-member values.
     ///
     /// # Errors
@@ -169,6 +180,13 @@ pub trait Module: Debug + Send + Sync {
     fn forward_relu(&self, tape: &Tape, x: Features) -> Option<Result<Features>> {
         let _ = (tape, x);
         None
+    }
+
+    /// Whether the layer takes features in a 16-bit type. Under a mixed policy on CUDA convolutions give their
+    /// output in the low type, as autocast does, and the layers that take it keep it so (half the memory traffic
+    /// and saved memory); a [`Sequential`] gives every other layer (a user's own among them) its input in f32.
+    fn takes_16bit(&self) -> bool {
+        false
     }
 
     /// Parameters with their names relative to the layer (`weight`, `bias`).

@@ -61,6 +61,10 @@ impl Module for MaxPool2d {
         })
     }
 
+    fn takes_16bit(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> Vec<(String, Param)> {
         Vec::new()
     }

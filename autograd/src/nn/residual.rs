@@ -111,10 +111,21 @@ impl Module for Residual {
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
         let y = self.inner.forward(tape, x.clone())?;
         let shortcut = match &self.projection {
-            Some(p) => p.forward(tape, x)?,
+            Some(p) if p.takes_16bit() => p.forward(tape, x)?,
+            Some(p) => p.forward(tape, x.in_f32()?)?,
             None => x,
         };
+        // Both sides in one type: a 16-bit side meets an f32 one in f32.
+        let (y, shortcut) = if y.var.value().dtype() == shortcut.var.value().dtype() {
+            (y, shortcut)
+        } else {
+            (y.in_f32()?, shortcut.in_f32()?)
+        };
         add(y, shortcut, self.members)
+    }
+
+    fn takes_16bit(&self) -> bool {
+        true // its inner layers and projection are given what they take
     }
 
     fn params(&self) -> Vec<(String, Param)> {

@@ -38,6 +38,9 @@ impl Module for Sequential {
         let mut i = 0;
         while i < self.layers.len() {
             let layer = &self.layers[i];
+            if !layer.takes_16bit() {
+                x = x.in_f32()?;
+            }
             let relu_next = self.layers.get(i + 1).is_some_and(|l| l.kind() == "relu");
             // A ReLU after a layer that can fuse it runs inside that layer (the names stay per layer).
             let fused = if relu_next {
@@ -58,6 +61,10 @@ impl Module for Sequential {
             i += step;
         }
         Ok(x)
+    }
+
+    fn takes_16bit(&self) -> bool {
+        true // each layer is given what it takes
     }
 
     fn params(&self) -> Vec<(String, Param)> {

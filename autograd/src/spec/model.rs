@@ -136,6 +136,7 @@ impl Model {
         let xv = Var::constant(self.input(x)?.reshape(&shape)?);
         self.net
             .forward(tape, Features::shared(xv))?
+            .in_f32()?
             .into_members(self.members)
     }
 
@@ -160,6 +161,7 @@ impl Model {
         let xv = Var::constant(self.input(x)?.reshape(&shape)?);
         self.net
             .forward(tape, Features::members(xv))?
+            .in_f32()?
             .into_members(self.members)
     }
 

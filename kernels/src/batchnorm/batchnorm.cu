@@ -6,7 +6,9 @@
 // partial[ch][split][2]; batch_norm_finalize (a thread per channel) makes mean and invstd and moves the running
 // statistics; batch_norm_apply writes the output. Backward: batch_norm_grad_stats sums dy and dy * (x - mean) per
 // split; batch_norm_grad_finalize makes dgamma and dbeta; batch_norm_grad_input writes dx. `out` (the forward's
-// output) is 0 unless the forward rectified, in which case dy passes where out > 0.
+// output) is 0 unless the forward rectified, in which case dy passes where out > 0. The activations (x, y, out, dy,
+// dx) are T: f32, or bf16 / f16 where a mixed policy keeps them in the low type; statistics, parameters and their
+// gradients are f32. Kernel names end in the index type, then T's name (batch_norm_stats_u32_bf16).
 
 struct Dims {
     u64 outer, members, rows, channels, inner;
@@ -33,16 +35,16 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
     return make_float2(block_sum(a), block_sum(b));
 }
 
-template <typename I>
-__device__ void stats(Dims d, u64 chunk, const float* x, float* partial) {
+template <typename I, typename T>
+__device__ void stats(Dims d, u64 chunk, const T* x, float* partial) {
     const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const I n = (I)(d.outer * d.rows * d.inner);
     const I start = (I)(split * chunk);
     const I end = start + (I)chunk < n ? start + (I)chunk : n;
-    const float k = x[element_offset<I>(d, ch, 0)];
+    const float k = to_f32(x[element_offset<I>(d, ch, 0)]);
     float s1 = 0.0f, s2 = 0.0f;
     for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
-        const float v = x[element_offset<I>(d, ch, e)] - k;
+        const float v = to_f32(x[element_offset<I>(d, ch, e)]) - k;
         s1 += v;
         s2 += v * v;
     }
@@ -53,17 +55,10 @@ __device__ void stats(Dims d, u64 chunk, const float* x, float* partial) {
     }
 }
 
-extern "C" __global__ void batch_norm_stats_u32(Dims d, u64 chunk, const float* x, float* partial) {
-    stats<u32>(d, chunk, x, partial);
-}
-extern "C" __global__ void batch_norm_stats_u64(Dims d, u64 chunk, const float* x, float* partial) {
-    stats<u64>(d, chunk, x, partial);
-}
-
 // running_mean == 0: no running statistics to move.
-extern "C" __global__ void batch_norm_finalize(Dims d, u64 splits, double eps, double momentum, const float* x,
-                                               const float* partial, float* mean, float* invstd,
-                                               float* running_mean, float* running_var) {
+template <typename T>
+__device__ void finalize(Dims d, u64 splits, double eps, double momentum, const T* x, const float* partial,
+                         float* mean, float* invstd, float* running_mean, float* running_var) {
     const u64 ch = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= d.members * d.channels) return;
     double s1 = 0.0, s2 = 0.0;
@@ -73,7 +68,7 @@ extern "C" __global__ void batch_norm_finalize(Dims d, u64 splits, double eps, d
     }
     const double n = (double)(d.outer * d.rows * d.inner);
     const double m = s1 / n;
-    const double mu = (double)x[element_offset<u64>(d, ch, 0)] + m;
+    const double mu = (double)to_f32(x[element_offset<u64>(d, ch, 0)]) + m;
     const double var = fmax(s2 / n - m * m, 0.0);
     mean[ch] = (float)mu;
     invstd[ch] = (float)(1.0 / sqrt(var + eps));
@@ -84,31 +79,20 @@ extern "C" __global__ void batch_norm_finalize(Dims d, u64 splits, double eps, d
     }
 }
 
-template <typename I>
-__device__ void apply(Dims d, int relu, const float* x, const float* mean, const float* invstd,
-                      const float* gamma, const float* beta, float* y) {
+template <typename I, typename T>
+__device__ void apply(Dims d, int relu, const T* x, const float* mean, const float* invstd, const float* gamma,
+                      const float* beta, T* y) {
     const I len = (I)(d.outer * d.members * d.rows * d.channels * d.inner);
     for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
         const I ch = channel_of<I>(d, i);
-        const float v = (x[i] - mean[ch]) * (invstd[ch] * gamma[ch]) + beta[ch];
-        y[i] = relu && v < 0.0f ? 0.0f : v;  // NaN passes, as in PyTorch
+        const float v = (to_f32(x[i]) - mean[ch]) * (invstd[ch] * gamma[ch]) + beta[ch];
+        y[i] = from_f32<T>(relu && v < 0.0f ? 0.0f : v);  // NaN passes, as in PyTorch
     }
 }
 
-extern "C" __global__ void batch_norm_apply_u32(Dims d, int relu, const float* x, const float* mean,
-                                                const float* invstd, const float* gamma, const float* beta,
-                                                float* y) {
-    apply<u32>(d, relu, x, mean, invstd, gamma, beta, y);
-}
-extern "C" __global__ void batch_norm_apply_u64(Dims d, int relu, const float* x, const float* mean,
-                                                const float* invstd, const float* gamma, const float* beta,
-                                                float* y) {
-    apply<u64>(d, relu, x, mean, invstd, gamma, beta, y);
-}
-
-template <typename I>
-__device__ void grad_stats(Dims d, u64 chunk, const float* x, const float* out, const float* dy,
-                           const float* mean, float* partial) {
+template <typename I, typename T>
+__device__ void grad_stats(Dims d, u64 chunk, const T* x, const T* out, const T* dy, const float* mean,
+                           float* partial) {
     const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const I n = (I)(d.outer * d.rows * d.inner);
     const I start = (I)(split * chunk);
@@ -117,24 +101,15 @@ __device__ void grad_stats(Dims d, u64 chunk, const float* x, const float* out, 
     float sd = 0.0f, sdx = 0.0f;
     for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
         const u64 o = element_offset<I>(d, ch, e);
-        const float g = out && !(out[o] > 0.0f) ? 0.0f : dy[o];
+        const float g = out && !(to_f32(out[o]) > 0.0f) ? 0.0f : to_f32(dy[o]);
         sd += g;
-        sdx += g * (x[o] - m);
+        sdx += g * (to_f32(x[o]) - m);
     }
     const float2 s = block_sum2(sd, sdx);
     if (threadIdx.x == 0) {
         partial[((u64)ch * splits + split) * 2] = s.x;
         partial[((u64)ch * splits + split) * 2 + 1] = s.y;
     }
-}
-
-extern "C" __global__ void batch_norm_grad_stats_u32(Dims d, u64 chunk, const float* x, const float* out,
-                                                     const float* dy, const float* mean, float* partial) {
-    grad_stats<u32>(d, chunk, x, out, dy, mean, partial);
-}
-extern "C" __global__ void batch_norm_grad_stats_u64(Dims d, u64 chunk, const float* x, const float* out,
-                                                     const float* dy, const float* mean, float* partial) {
-    grad_stats<u64>(d, chunk, x, out, dy, mean, partial);
 }
 
 extern "C" __global__ void batch_norm_grad_finalize(u64 channels, u64 splits, const float* partial,
@@ -150,27 +125,73 @@ extern "C" __global__ void batch_norm_grad_finalize(u64 channels, u64 splits, co
     dgamma[ch] = (float)(sdx * (double)invstd[ch]);
 }
 
-template <typename I>
-__device__ void grad_input(Dims d, const float* x, const float* out, const float* dy, const float* mean,
-                           const float* invstd, const float* gamma, const float* dgamma, const float* dbeta,
-                           float* dx) {
+template <typename I, typename T>
+__device__ void grad_input(Dims d, const T* x, const T* out, const T* dy, const float* mean, const float* invstd,
+                           const float* gamma, const float* dgamma, const float* dbeta, T* dx) {
     const I len = (I)(d.outer * d.members * d.rows * d.channels * d.inner);
     const float inv_n = 1.0f / (float)(d.outer * d.rows * d.inner);
     for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
         const I ch = channel_of<I>(d, i);
         const float is = invstd[ch];
-        const float g = out && !(out[i] > 0.0f) ? 0.0f : dy[i];
-        dx[i] = gamma[ch] * is * (g - dbeta[ch] * inv_n - (x[i] - mean[ch]) * is * (dgamma[ch] * inv_n));
+        const float g = out && !(to_f32(out[i]) > 0.0f) ? 0.0f : to_f32(dy[i]);
+        dx[i] = from_f32<T>(gamma[ch] * is *
+                            (g - dbeta[ch] * inv_n - (to_f32(x[i]) - mean[ch]) * is * (dgamma[ch] * inv_n)));
     }
 }
 
-extern "C" __global__ void batch_norm_grad_input_u32(Dims d, const float* x, const float* out, const float* dy,
-                                                     const float* mean, const float* invstd, const float* gamma,
-                                                     const float* dgamma, const float* dbeta, float* dx) {
-    grad_input<u32>(d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx);
+
+// Each channel's sum of T x into f32 (a convolution's bias gradient from a 16-bit output gradient): channel_sums
+// (grid (channels, splits)) sums a split into partial[ch][split], channel_sums_finalize a channel's splits.
+template <typename I, typename T>
+__device__ void channel_sums(Dims d, u64 chunk, const T* x, float* partial) {
+    const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const I n = (I)(d.outer * d.rows * d.inner);
+    const I start = (I)(split * chunk);
+    const I end = start + (I)chunk < n ? start + (I)chunk : n;
+    float s = 0.0f;
+    for (I e = start + threadIdx.x; e < end; e += blockDim.x) s += to_f32(x[element_offset<I>(d, ch, e)]);
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[(u64)ch * splits + split] = s;
 }
-extern "C" __global__ void batch_norm_grad_input_u64(Dims d, const float* x, const float* out, const float* dy,
-                                                     const float* mean, const float* invstd, const float* gamma,
-                                                     const float* dgamma, const float* dbeta, float* dx) {
-    grad_input<u64>(d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx);
+
+extern "C" __global__ void channel_sums_finalize(u64 channels, u64 splits, const float* partial, float* out) {
+    const u64 ch = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= channels) return;
+    double acc = 0.0;
+    for (u64 s = 0; s < splits; ++s) acc += partial[ch * splits + s];
+    out[ch] = (float)acc;
 }
+
+// The entry points per index type I and activation type T.
+#define BATCH_NORM_SIZED(IN, I, TN, T)                                                                            \
+    extern "C" __global__ void batch_norm_stats_##IN##_##TN(Dims d, u64 chunk, const T* x, float* partial) {      \
+        stats<I, T>(d, chunk, x, partial);                                                                        \
+    }                                                                                                             \
+    extern "C" __global__ void batch_norm_apply_##IN##_##TN(Dims d, int relu, const T* x, const float* mean,      \
+                                                            const float* invstd, const float* gamma,              \
+                                                            const float* beta, T* y) {                            \
+        apply<I, T>(d, relu, x, mean, invstd, gamma, beta, y);                                                    \
+    }                                                                                                             \
+    extern "C" __global__ void batch_norm_grad_stats_##IN##_##TN(Dims d, u64 chunk, const T* x, const T* out,     \
+                                                                 const T* dy, const float* mean, float* partial) { \
+        grad_stats<I, T>(d, chunk, x, out, dy, mean, partial);                                                    \
+    }                                                                                                             \
+    extern "C" __global__ void batch_norm_grad_input_##IN##_##TN(                                                 \
+        Dims d, const T* x, const T* out, const T* dy, const float* mean, const float* invstd, const float* gamma, \
+        const float* dgamma, const float* dbeta, T* dx) {                                                         \
+        grad_input<I, T>(d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx);                                  \
+    }                                                                                                             \
+    extern "C" __global__ void channel_sums_##IN##_##TN(Dims d, u64 chunk, const T* x, float* partial) {          \
+        channel_sums<I, T>(d, chunk, x, partial);                                                                 \
+    }
+#define BATCH_NORM(TN, T)                                                                                         \
+    BATCH_NORM_SIZED(u32, u32, TN, T)                                                                             \
+    BATCH_NORM_SIZED(u64, u64, TN, T)                                                                             \
+    extern "C" __global__ void batch_norm_finalize_##TN(Dims d, u64 splits, double eps, double momentum,          \
+                                                        const T* x, const float* partial, float* mean,            \
+                                                        float* invstd, float* running_mean, float* running_var) { \
+        finalize<T>(d, splits, eps, momentum, x, partial, mean, invstd, running_mean, running_var);               \
+    }
+BATCH_NORM(f32, float)
+BATCH_NORM(bf16, bf16_t)
+BATCH_NORM(f16, f16_t)

@@ -1,8 +1,9 @@
-//! CUDA batch normalization (`batchnorm.cu`), f32: three kernels forward (the sums of a split of each channel,
-//! the statistics, the output) and three backward (likewise for the gradient's sums, then the input's gradient).
+//! CUDA batch normalization (`batchnorm.cu`): three kernels forward (the sums of a split of each channel, the
+//! statistics, the output) and three backward (likewise for the gradient's sums, then the input's gradient). The
+//! activations are f32, bf16 or f16 (a mixed policy keeps them in the low type); statistics and parameters f32.
 
 use super::BatchNormShape;
-use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
+use crate::cuda::{CudaType, Gpu, KernelSource, Launch, kernel_args, unsupported};
 use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
@@ -38,9 +39,33 @@ impl Dims {
     }
 }
 
-/// The kernel named `name` for `s`'s index width: u32 where every index (with a grid stride past the end) fits.
-fn sized(s: &BatchNormShape, name: [&'static str; 2]) -> &'static str {
-    if s.len() < 1 << 31 { name[0] } else { name[1] }
+/// A kernel's entry points by activation type (f32, bf16, f16), each for u32 and u64 indices.
+type Entries = [[&'static str; 2]; 3];
+
+macro_rules! entries {
+    ($base:literal) => {
+        [
+            [concat!($base, "_u32_f32"), concat!($base, "_u64_f32")],
+            [concat!($base, "_u32_bf16"), concat!($base, "_u64_bf16")],
+            [concat!($base, "_u32_f16"), concat!($base, "_u64_f16")],
+        ]
+    };
+}
+
+/// The entry point of `names` for activations of `ty` and `s`'s index width: u32 where every index (with a grid
+/// stride past the end) fits.
+fn entry(op: &str, s: &BatchNormShape, ty: CudaType, names: Entries) -> Result<&'static str> {
+    let by_type = match ty {
+        CudaType::F32 => names[0],
+        CudaType::BF16 => names[1],
+        CudaType::F16 => names[2],
+        other => return Err(unsupported(op, other)),
+    };
+    Ok(if s.len() < 1 << 31 {
+        by_type[0]
+    } else {
+        by_type[1]
+    })
 }
 
 /// How the per-channel sums are spread: `splits` blocks of up to `chunk` elements per channel, enough blocks to
@@ -96,17 +121,19 @@ fn per_channel(gpu: &Gpu, channels: usize) -> Launch {
     gpu.grid(channels, 128)
 }
 
-/// The forward pass in training of f32 `x` into `y`, with the batch's `mean` and `invstd` per channel (see
-/// [`super::cpu::forward`]); `running` `(mean, var, momentum)` moves in place when given.
+/// The forward pass in training of `x` into `y` (both `ty`), with the batch's `mean` and `invstd` per channel
+/// (see [`super::cpu::forward`]); `running` `(mean, var, momentum)` moves in place when given.
 ///
 /// # Safety
-/// `x` and `y` must hold `s.len()` f32, `gamma`, `beta`, `mean`, `invstd` and the running statistics
-/// `s.stat_len()`, on this device.
+/// `x` and `y` must hold `s.len()` elements of `ty`, `gamma`, `beta`, `mean`, `invstd` and the running
+/// statistics `s.stat_len()` f32, on this device.
 ///
 /// # Errors
-/// More channels or elements per channel than the kernels take, or a launch failure.
+/// A type other than f32, bf16 and f16, more channels or elements per channel than the kernels take, or a
+/// launch failure.
 pub unsafe fn forward(
     gpu: &Gpu,
+    ty: CudaType,
     (s, eps): (&BatchNormShape, f64),
     relu: bool,
     (x, gamma, beta): (u64, u64, u64),
@@ -116,26 +143,32 @@ pub unsafe fn forward(
     if s.is_empty() {
         return Ok(());
     }
+    const OP: &str = "batch_norm";
+    let stats = entry(OP, s, ty, entries!("batch_norm_stats"))?;
+    let apply = entry(OP, s, ty, entries!("batch_norm_apply"))?;
+    let finalize = match ty {
+        CudaType::BF16 => "batch_norm_finalize_bf16",
+        CudaType::F16 => "batch_norm_finalize_f16",
+        _ => "batch_norm_finalize_f32",
+    };
     let plan = Split::new(gpu, s)?;
     let d = plan.dims;
     plan.with_partials(gpu, |partial| {
         let chunk = plan.chunk as u64;
         let mut args = kernel_args![d, chunk, x, partial];
-        let name = sized(s, ["batch_norm_stats_u32", "batch_norm_stats_u64"]);
-        // SAFETY: matches `batch_norm_stats_*(Dims, u64, const float*, float*)`.
-        unsafe { gpu.launch(&SRC, name, plan.blocks(), &mut args)? };
+        // SAFETY: matches `batch_norm_stats_*(Dims, u64, const T*, float*)`.
+        unsafe { gpu.launch(&SRC, stats, plan.blocks(), &mut args)? };
         let (rm, rv, momentum) = running.unwrap_or((0, 0, 0.0));
         let splits = plan.splits as u64;
         let mut args = kernel_args![d, splits, eps, momentum, x, partial, mean, invstd, rm, rv];
         let cfg = per_channel(gpu, plan.channels);
-        // SAFETY: matches `batch_norm_finalize(Dims, u64, double, double, const float* x2, float* x4)`.
-        unsafe { gpu.launch(&SRC, "batch_norm_finalize", cfg, &mut args) }
+        // SAFETY: matches `batch_norm_finalize_*(Dims, u64, double, double, const T*, const float*, float* x4)`.
+        unsafe { gpu.launch(&SRC, finalize, cfg, &mut args) }
     })?;
     let relu = i32::from(relu);
     let mut args = kernel_args![d, relu, x, mean, invstd, gamma, beta, y];
-    let name = sized(s, ["batch_norm_apply_u32", "batch_norm_apply_u64"]);
-    // SAFETY: matches `batch_norm_apply_*(Dims, int, const float* x5, float*)`.
-    unsafe { gpu.launch(&SRC, name, gpu.grid(s.len(), BLOCK), &mut args) }
+    // SAFETY: matches `batch_norm_apply_*(Dims, int, const T*, const float* x4, T*)`.
+    unsafe { gpu.launch(&SRC, apply, gpu.grid(s.len(), BLOCK), &mut args) }
 }
 
 /// The backward pass of [`forward`]: `dx`, `dgamma` and `dbeta` from its input `x`, its output `out` when it
@@ -143,13 +176,13 @@ pub unsafe fn forward(
 /// [`super::cpu::backward`]).
 ///
 /// # Safety
-/// As [`forward`]: `x`, `out`, `dy` and `dx` of `s.len()` f32, the rest of `s.stat_len()`.
+/// As [`forward`]: `x`, `out`, `dy` and `dx` of `s.len()` elements of `ty`, the rest `s.stat_len()` f32.
 ///
 /// # Errors
 /// As [`forward`].
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn backward(
     gpu: &Gpu,
+    ty: CudaType,
     s: &BatchNormShape,
     (x, out, dy): (u64, u64, u64),
     (mean, invstd, gamma): (u64, u64, u64),
@@ -158,17 +191,16 @@ pub unsafe fn backward(
     if s.is_empty() {
         return Ok(());
     }
+    const OP: &str = "batch_norm_backward";
+    let grad_stats = entry(OP, s, ty, entries!("batch_norm_grad_stats"))?;
+    let grad_input = entry(OP, s, ty, entries!("batch_norm_grad_input"))?;
     let plan = Split::new(gpu, s)?;
     let d = plan.dims;
     plan.with_partials(gpu, |partial| {
         let chunk = plan.chunk as u64;
         let mut args = kernel_args![d, chunk, x, out, dy, mean, partial];
-        let name = sized(
-            s,
-            ["batch_norm_grad_stats_u32", "batch_norm_grad_stats_u64"],
-        );
-        // SAFETY: matches `batch_norm_grad_stats_*(Dims, u64, const float* x4, float*)`.
-        unsafe { gpu.launch(&SRC, name, plan.blocks(), &mut args)? };
+        // SAFETY: matches `batch_norm_grad_stats_*(Dims, u64, const T* x3, const float*, float*)`.
+        unsafe { gpu.launch(&SRC, grad_stats, plan.blocks(), &mut args)? };
         let (c, splits) = (plan.channels as u64, plan.splits as u64);
         let mut args = kernel_args![c, splits, partial, invstd, dgamma, dbeta];
         let cfg = per_channel(gpu, plan.channels);
@@ -176,12 +208,52 @@ pub unsafe fn backward(
         unsafe { gpu.launch(&SRC, "batch_norm_grad_finalize", cfg, &mut args) }
     })?;
     let mut args = kernel_args![d, x, out, dy, mean, invstd, gamma, dgamma, dbeta, dx];
-    let name = sized(
-        s,
-        ["batch_norm_grad_input_u32", "batch_norm_grad_input_u64"],
-    );
-    // SAFETY: matches `batch_norm_grad_input_*(Dims, const float* x8, float*)`.
-    unsafe { gpu.launch(&SRC, name, gpu.grid(s.len(), BLOCK), &mut args) }
+    // SAFETY: matches `batch_norm_grad_input_*(Dims, const T* x3, const float* x5, T*)`.
+    unsafe { gpu.launch(&SRC, grad_input, gpu.grid(s.len(), BLOCK), &mut args) }
+}
+
+/// The sum of each channel of `x` (`ty`, f32, bf16 or f16; channels as [`BatchNormShape`] places them) into
+/// `out` (f32, `s.stat_len()`): a convolution's bias gradient from its 16-bit output gradient, summed in f32.
+///
+/// # Safety
+/// `x` must hold `s.len()` elements of `ty`, `out` `s.stat_len()` f32, on this device.
+///
+/// # Errors
+/// As [`forward`].
+pub unsafe fn channel_sums(
+    gpu: &Gpu,
+    ty: CudaType,
+    s: &BatchNormShape,
+    x: u64,
+    out: u64,
+) -> Result<()> {
+    if s.stat_len() == 0 {
+        return Ok(());
+    }
+    if s.per_channel() == 0 {
+        // SAFETY: out holds stat_len f32.
+        return unsafe { gpu.zero(out, s.stat_len() * 4) };
+    }
+    let sums = entry("channel_sums", s, ty, entries!("channel_sums"))?;
+    let plan = Split::new(gpu, s)?;
+    let d = plan.dims;
+    plan.with_partials(gpu, |partial| {
+        let chunk = plan.chunk as u64;
+        let mut args = kernel_args![d, chunk, x, partial];
+        // SAFETY: matches `channel_sums_*(Dims, u64, const T*, float*)`.
+        unsafe { gpu.launch(&SRC, sums, plan.blocks(), &mut args)? };
+        let (c, splits) = (plan.channels as u64, plan.splits as u64);
+        let mut args = kernel_args![c, splits, partial, out];
+        // SAFETY: matches `channel_sums_finalize(u64, u64, const float*, float*)`.
+        unsafe {
+            gpu.launch(
+                &SRC,
+                "channel_sums_finalize",
+                per_channel(gpu, plan.channels),
+                &mut args,
+            )
+        }
+    })
 }
 
 #[cfg(test)]
@@ -250,6 +322,7 @@ mod tests {
                 unsafe {
                     forward(
                         &gpu,
+                        CudaType::F32,
                         (&s, 1e-5),
                         relu,
                         (gx.ptr(), gg.ptr(), gb.ptr()),
@@ -260,6 +333,7 @@ mod tests {
                     let out = if relu { gy.ptr() } else { 0 };
                     backward(
                         &gpu,
+                        CudaType::F32,
                         &s,
                         (gx.ptr(), out, gdy.ptr()),
                         (gm.ptr(), gi.ptr(), gg.ptr()),

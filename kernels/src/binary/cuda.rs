@@ -3,8 +3,7 @@
 use super::BinaryOp;
 use crate::Result;
 use crate::cuda::{
-    CudaType, Gpu, KernelSource, StridedShape, aligned16, broadcast_strides, kernel_args,
-    unsupported,
+    CudaType, Gpu, KernelSource, StridedShape, broadcast_strides, kernel_args, unsupported,
 };
 
 pub(crate) static SRC: KernelSource = KernelSource {
@@ -26,6 +25,12 @@ fn kernel_name(op: BinaryOp, ty: CudaType) -> Option<&'static str> {
         (CudaType::F32, Lt) => "lt_f32",
         (CudaType::F32, Le) => "le_f32",
         (CudaType::F32, Eq) => "eq_f32",
+        (CudaType::BF16, Add) => "add_bf16",
+        (CudaType::BF16, Sub) => "sub_bf16",
+        (CudaType::BF16, Mul) => "mul_bf16",
+        (CudaType::F16, Add) => "add_f16",
+        (CudaType::F16, Sub) => "sub_f16",
+        (CudaType::F16, Mul) => "mul_f16",
         (CudaType::I32, Add) => "add_i32",
         (CudaType::I32, Sub) => "sub_i32",
         (CudaType::I32, Mul) => "mul_i32",
@@ -48,7 +53,8 @@ fn kernel_name(op: BinaryOp, ty: CudaType) -> Option<&'static str> {
 /// Each address must hold a contiguous tensor of its shape and `ty` on this device.
 ///
 /// # Errors
-/// No kernel for `ty` (f32 and i32 exist), shapes that do not broadcast, or a launch failure.
+/// No kernel for `ty` (f32 and i32 have every op, bf16 and f16 add, sub and mul), shapes that do not broadcast, or
+/// a launch failure.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn binary(
     gpu: &Gpu,
@@ -69,7 +75,10 @@ pub unsafe fn binary(
     let ls = broadcast_strides(lhs_shape, out_shape)?;
     let rs = broadcast_strides(rhs_shape, out_shape)?;
     let mut st = StridedShape::new(out_shape, &[&ls, &rs])?;
-    if st.flags & 1 == 1 && ty == CudaType::F32 && n_usize % 4 == 0 && aligned16(&[lhs, rhs, out]) {
+    let float = matches!(ty, CudaType::F32 | CudaType::BF16 | CudaType::F16);
+    // Four elements are 16 bytes of f32, 8 of a 16-bit type.
+    let aligned = |p: u64| p % (4 * ty.size() as u64) == 0;
+    if st.flags & 1 == 1 && float && n_usize % 4 == 0 && [lhs, rhs, out].into_iter().all(aligned) {
         st.flags |= 2;
     }
     let n = n_usize as u64;

@@ -119,29 +119,32 @@ pub unsafe fn conv_pass_16bit(
     unsafe { through_cudnn(gpu, (pass, math), p, x, workspace) }
 }
 
-/// The epilogue of a 16-bit forward pass ([`conv_pass_16bit`]), into f32 in one pass: `out` = `y` (`[N, O, OH, OW]`
-/// of the 16-bit type `from`) + `bias` (`[O]` f32, or 0 for none), then `max(·, 0)` when `relu`. What the cast, the
-/// bias's broadcast add and the activation would do in three passes over the largest tensors of a step.
+/// The epilogue of a 16-bit forward pass ([`conv_pass_16bit`]) in one pass: `out` = `y` (`[N, O, OH, OW]` of the
+/// 16-bit type `from`) + `bias` (`[O]` f32, or 0 for none), then `max(·, 0)` when `relu`, written as f32 or as
+/// `from` itself (`out_ty`; then `out` may be `y`). What the cast, the bias's broadcast add and the activation
+/// would do in three passes over the largest tensors of a step.
 ///
 /// # Safety
-/// `y` holds `n·o·inner` elements of `from`, `out` as many f32 and `bias` (where not 0) `o` f32, on `gpu`.
+/// `y` holds `n·o·inner` elements of `from`, `out` as many of `out_ty` and `bias` (where not 0) `o` f32, on `gpu`.
 ///
 /// # Errors
-/// `from` other than bf16 or f16, or a launch failure.
+/// `from` other than bf16 or f16, `out_ty` other than f32 or `from`, or a launch failure.
 pub unsafe fn conv_epilogue_16bit(
     gpu: &Gpu,
-    from: CudaType,
+    (from, out_ty): (CudaType, CudaType),
     (y, bias, out): (u64, u64, u64),
     (o, inner): (usize, usize),
     len: usize,
     relu: bool,
 ) -> Result<()> {
-    let name = match from {
-        CudaType::BF16 => "conv_epilogue_bf16",
-        CudaType::F16 => "conv_epilogue_f16",
+    let name = match (from, out_ty) {
+        (CudaType::BF16, CudaType::F32) => "conv_epilogue_bf16",
+        (CudaType::F16, CudaType::F32) => "conv_epilogue_f16",
+        (CudaType::BF16, CudaType::BF16) => "conv_epilogue_bf16_bf16",
+        (CudaType::F16, CudaType::F16) => "conv_epilogue_f16_f16",
         other => {
             return Err(Error::Cuda(format!(
-                "conv_epilogue_16bit: takes a bf16 or f16 output, not {other:?}"
+                "conv_epilogue_16bit: takes a bf16 or f16 output into f32 or its own type, not {other:?}"
             )));
         }
     };
@@ -150,7 +153,7 @@ pub unsafe fn conv_epilogue_16bit(
     }
     let (n, channels, inner, relu) = (len as u64, o as u64, inner.max(1) as u64, u32::from(relu));
     let mut args = kernel_args![n, channels, inner, y, bias, relu, out];
-    // SAFETY: matches `conv_epilogue_*(u64 x3, const u16*, const float*, u32, float*)`; sizes per the caller.
+    // SAFETY: matches `conv_epilogue_*(u64 x3, const T*, const float*, u32, O*)`; sizes per the caller.
     unsafe { gpu.launch(&SRC, name, gpu.grid(len, 256), &mut args) }
 }
 

@@ -71,18 +71,25 @@ extern "C" __global__ void conv_accumulate_f32(u64 n, const float* src, float* d
     GRID_STRIDE(t, n) { dst[t] += src[t]; }
 }
 
-// A 16-bit forward pass's output into f32 in one pass: the cast, the bias of each channel (none where bias is null)
-// and a ReLU when relu is set (as relu_f32: NaN gives 0). NCHW: channel (i / inner) % channels, inner = OH·OW
-// (in 32 bits where the tensor allows: a 64-bit division costs more than the element's memory traffic).
-#define CONV_EPILOGUE(T, LOAD)                                                                        \
-    extern "C" __global__ void conv_epilogue_##T(u64 n, u64 channels, u64 inner, const u16* y, const float* bias, \
-                                                 u32 relu, float* out) {                              \
-        GRID_STRIDE(i, n) {                                                                           \
-            float v = LOAD(y[i]);                                                                     \
-            if (bias) v += bias[n <= 0xffffffffull ? ((u32)i / (u32)inner) % (u32)channels            \
-                                                   : (i / inner) % channels];                         \
-            out[i] = relu && !(v > 0.0f) ? 0.0f : v;                                                  \
-        }                                                                                             \
+// A 16-bit forward pass's epilogue in one pass: the bias of each channel (none where bias is null) and a ReLU when
+// relu is set (as relu_f32: NaN gives 0), into f32 (conv_epilogue_<T>) or into the 16-bit type itself, in place
+// allowed (conv_epilogue_<T>_<T>, for activations kept in the low type). NCHW: channel (i / inner) % channels,
+// inner = OH·OW (in 32 bits where the tensor allows: a 64-bit division costs more than the element's traffic).
+template <typename T, typename O>
+__device__ __forceinline__ void conv_epilogue(u64 n, u64 channels, u64 inner, const T* y, const float* bias,
+                                              u32 relu, O* out) {
+    GRID_STRIDE(i, n) {
+        float v = to_f32(y[i]);
+        if (bias) v += bias[n <= 0xffffffffull ? ((u32)i / (u32)inner) % (u32)channels : (i / inner) % channels];
+        out[i] = from_f32<O>(relu && !(v > 0.0f) ? 0.0f : v);
     }
-CONV_EPILOGUE(bf16, bf16_to_f32)
-CONV_EPILOGUE(f16, f16_to_f32)
+}
+#define CONV_EPILOGUE(NAME, T, O)                                                                     \
+    extern "C" __global__ void NAME(u64 n, u64 channels, u64 inner, const T* y, const float* bias,   \
+                                    u32 relu, O* out) {                                               \
+        conv_epilogue<T, O>(n, channels, inner, y, bias, relu, out);                                  \
+    }
+CONV_EPILOGUE(conv_epilogue_bf16, bf16_t, float)
+CONV_EPILOGUE(conv_epilogue_f16, f16_t, float)
+CONV_EPILOGUE(conv_epilogue_bf16_bf16, bf16_t, bf16_t)
+CONV_EPILOGUE(conv_epilogue_f16_f16, f16_t, f16_t)

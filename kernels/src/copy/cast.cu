@@ -37,34 +37,15 @@ CAST_FROM(bf16, u16)
 CAST_FROM(i32, int)
 CAST_FROM(u8, u8)
 
-// Four elements through float, exact for the float types: f16 and bf16 widen to f32 without rounding.
-__device__ __forceinline__ float4 load4_f32(const float* p, u64 i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ __forceinline__ float4 load4_f16(const u16* p, u64 i) {
-    const uint2 v = reinterpret_cast<const uint2*>(p)[i];
-    return make_float4(f16_to_f32(v.x & 0xffffu), f16_to_f32(v.x >> 16), f16_to_f32(v.y & 0xffffu), f16_to_f32(v.y >> 16));
-}
-__device__ __forceinline__ float4 load4_bf16(const u16* p, u64 i) {
-    const uint2 v = reinterpret_cast<const uint2*>(p)[i];
-    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                       __uint_as_float(v.y & 0xffff0000u));
-}
-__device__ __forceinline__ void store4_f32(float* p, u64 i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
-__device__ __forceinline__ void store4_f16(u16* p, u64 i, float4 v) {
-    reinterpret_cast<uint2*>(p)[i] = make_uint2((u32)f32_to_f16(v.x) | (u32)f32_to_f16(v.y) << 16,
-                                                (u32)f32_to_f16(v.z) | (u32)f32_to_f16(v.w) << 16);
-}
-__device__ __forceinline__ void store4_bf16(u16* p, u64 i, float4 v) {
-    reinterpret_cast<uint2*>(p)[i] = make_uint2((u32)f32_to_bf16(v.x) | (u32)f32_to_bf16(v.y) << 16,
-                                                (u32)f32_to_bf16(v.z) | (u32)f32_to_bf16(v.w) << 16);
-}
-
+// Four elements through float (common.cuh's ld4 / st4), exact for the float types: f16 and bf16 widen to f32
+// without rounding.
 #define CAST4(FROM, FT, TO, TT)                                                                       \
     extern "C" __global__ void cast4_##FROM##_##TO(u64 n4, const FT* src, TT* dst) {                 \
-        GRID_STRIDE(i, n4) { store4_##TO(dst, i, load4_##FROM(src, i)); }                             \
+        GRID_STRIDE(i, n4) { store4(dst, i, load4(src, i)); }                                              \
     }
-CAST4(f32, float, f16, u16)
-CAST4(f32, float, bf16, u16)
-CAST4(f16, u16, f32, float)
-CAST4(bf16, u16, f32, float)
-CAST4(f16, u16, bf16, u16)
-CAST4(bf16, u16, f16, u16)
+CAST4(f32, float, f16, f16_t)
+CAST4(f32, float, bf16, bf16_t)
+CAST4(f16, f16_t, f32, float)
+CAST4(bf16, bf16_t, f32, float)
+CAST4(f16, f16_t, bf16, bf16_t)
+CAST4(bf16, bf16_t, f16, f16_t)

@@ -119,3 +119,37 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (u16)(u >> 16);
 }
+
+// The float element types a kernel template takes, each computed in f32: f32 itself and the two 16-bit storage
+// types (distinct structs, so that overloads tell bf16 from f16). to_f32 / from_f32 convert one element, load4 /
+// store4 move four (a float4, or 8 bytes of a 16-bit type: the caller checks alignment).
+struct bf16_t { u16 bits; };
+struct f16_t { u16 bits; };
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
+__device__ __forceinline__ float to_f32(f16_t v) { return f16_to_f32(v.bits); }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return bf16_t{f32_to_bf16(v)}; }
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float v) { return f16_t{f32_to_f16(v)}; }
+
+__device__ __forceinline__ float4 load4(const float* p, u64 i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ float4 load4(const bf16_t* p, u64 i) {
+    const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 load4(const f16_t* p, u64 i) {
+    const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+    return make_float4(f16_to_f32(v.x & 0xffffu), f16_to_f32(v.x >> 16), f16_to_f32(v.y & 0xffffu),
+                       f16_to_f32(v.y >> 16));
+}
+__device__ __forceinline__ void store4(float* p, u64 i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
+__device__ __forceinline__ void store4(bf16_t* p, u64 i, float4 v) {
+    reinterpret_cast<uint2*>(p)[i] = make_uint2((u32)f32_to_bf16(v.x) | (u32)f32_to_bf16(v.y) << 16,
+                                                (u32)f32_to_bf16(v.z) | (u32)f32_to_bf16(v.w) << 16);
+}
+__device__ __forceinline__ void store4(f16_t* p, u64 i, float4 v) {
+    reinterpret_cast<uint2*>(p)[i] = make_uint2((u32)f32_to_f16(v.x) | (u32)f32_to_f16(v.y) << 16,
+                                                (u32)f32_to_f16(v.z) | (u32)f32_to_f16(v.w) << 16);
+}

@@ -1,40 +1,91 @@
 //! CUDA max pooling (`max_pool.cu`).
 
 use super::PoolParams;
-use crate::Result;
-use crate::cuda::{Gpu, KernelSource, kernel_args};
+use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args, unsupported};
+use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "max_pool",
     code: include_str!("max_pool.cu"),
 };
 
-/// Max over each window of f32 `x` (`[planes, h, w]`) into `out`, with the flat in-plane index of
-/// each maximum (the first one on ties) in `idx` (i32).
+/// Max over each window of `x` (`[planes, h, w]`, f32, bf16 or f16) into `out` (the same type), with the flat
+/// in-plane index of each maximum (the first one on ties) in `idx` (i32).
 ///
 /// # Safety
-/// `x` holds `planes·h·w` f32; `out` and `idx` `planes·out_h·out_w` elements each.
+/// `x` holds `planes·h·w` elements of `ty`; `out` and `idx` `planes·out_h·out_w` elements each.
 ///
 /// # Errors
-/// A launch failure.
-pub unsafe fn max_pool2d(gpu: &Gpu, p: &PoolParams, x: u64, out: u64, idx: u64) -> Result<()> {
-    let (oh, ow) = (p.out_h(), p.out_w());
-    let n = p.planes * oh * ow;
+/// Another type, or a launch failure.
+pub unsafe fn max_pool2d(
+    gpu: &Gpu,
+    ty: CudaType,
+    p: &PoolParams,
+    x: u64,
+    out: u64,
+    idx: u64,
+) -> Result<()> {
+    let name = match ty {
+        CudaType::F32 => "max_pool2d_f32",
+        CudaType::BF16 => "max_pool2d_bf16",
+        CudaType::F16 => "max_pool2d_f16",
+        other => return Err(unsupported("max_pool2d", other)),
+    };
+    let n = p.planes * p.out_h() * p.out_w();
     if n == 0 {
         return Ok(());
     }
-    let (pl, h, w, k, s, ohh, oww) = (
-        p.planes as u64,
-        p.h as u64,
-        p.w as u64,
-        p.kernel as u64,
-        p.stride as u64,
-        oh as u64,
-        ow as u64,
-    );
-    let mut args = kernel_args![pl, h, w, k, s, ohh, oww, x, out, idx];
-    // SAFETY: matches `max_pool2d_f32(u64 x7, const float*, float*, int*)`.
-    unsafe { gpu.launch(&SRC, "max_pool2d_f32", gpu.grid(n, 256), &mut args) }
+    let [pl, h, w, k, s, oh, ow] = geometry(p);
+    let mut args = kernel_args![pl, h, w, k, s, oh, ow, x, out, idx];
+    // SAFETY: matches `max_pool2d_<ty>(u64 x7, const T*, T*, int*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
+}
+
+/// `[planes, h, w, kernel, stride, out_h, out_w]` as the kernels take them.
+fn geometry(p: &PoolParams) -> [u64; 7] {
+    [p.planes, p.h, p.w, p.kernel, p.stride, p.out_h(), p.out_w()].map(|v| v as u64)
+}
+
+/// The backward of [`max_pool2d`] on 16-bit (bf16 or f16) gradients, for windows that do not overlap
+/// (`stride >= kernel`, where each input element has at most one window): every element of `grad_in`
+/// (`[planes, h, w]`) gathers its window's gradient from `grad_out` where it was the window's max, else 0; in a
+/// fixed order, so deterministic mode needs nothing more.
+///
+/// # Safety
+/// `grad_out` and `idx` hold `planes·out_h·out_w` elements, `grad_in` `planes·h·w`, of `ty` (`idx` i32).
+///
+/// # Errors
+/// Overlapping windows, a type other than bf16 and f16, or a launch failure (bad indices are reported at the next
+/// synchronisation).
+pub unsafe fn max_pool2d_backward_16bit(
+    gpu: &Gpu,
+    ty: CudaType,
+    p: &PoolParams,
+    grad_out: u64,
+    idx: u64,
+    grad_in: u64,
+) -> Result<()> {
+    let name = match ty {
+        CudaType::BF16 => "max_pool2d_backward_gather_bf16",
+        CudaType::F16 => "max_pool2d_backward_gather_f16",
+        other => return Err(unsupported("max_pool2d_backward_16bit", other)),
+    };
+    if p.stride < p.kernel {
+        return Err(Error::Cuda(format!(
+            "max_pool2d_backward_16bit: windows of {k} with stride {s} overlap; their gradients add up in f32",
+            k = p.kernel,
+            s = p.stride
+        )));
+    }
+    let n = p.planes * p.h * p.w;
+    if n == 0 {
+        return Ok(());
+    }
+    let [pl, h, w, k, s, oh, ow] = geometry(p);
+    let flag = gpu.flag_ptr()?;
+    let mut args = kernel_args![pl, h, w, k, s, oh, ow, grad_out, idx, grad_in, flag];
+    // SAFETY: matches `max_pool2d_backward_gather_<ty>(u64 x7, const T*, const int*, T*, int*)`.
+    unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
 }
 
 /// Routes each output gradient to the input element its window took the max from:

@@ -1,11 +1,12 @@
 // 2-D max pooling without padding; idx holds the flat in-plane index (y·w + x) of each max.
 
-extern "C" __global__ void max_pool2d_f32(u64 planes, u64 h, u64 w, u64 k, u64 stride, u64 oh, u64 ow,
-                                          const float* x, float* out, int* idx) {
+template <typename T>
+__device__ __forceinline__ void max_pool(u64 planes, u64 h, u64 w, u64 k, u64 stride, u64 oh, u64 ow, const T* x,
+                                         T* out, int* idx) {
     const u64 n = planes * oh * ow;
     GRID_STRIDE(t, n) {
         const u64 ox = t % ow, oy = (t / ow) % oh, pl = t / (ow * oh);
-        const float* src = x + pl * h * w;
+        const T* src = x + pl * h * w;
         float best = 0.0f;
         int bi = 0;
         bool first = true;
@@ -13,7 +14,7 @@ extern "C" __global__ void max_pool2d_f32(u64 planes, u64 h, u64 w, u64 k, u64 s
             const u64 y = oy * stride + ky;
             for (u64 kx = 0; kx < k; ++kx) {
                 const u64 xx = ox * stride + kx;
-                const float v = src[y * w + xx];
+                const float v = to_f32(src[y * w + xx]);
                 if (first || v > best) {
                     best = v;
                     bi = (int)(y * w + xx);
@@ -21,10 +22,51 @@ extern "C" __global__ void max_pool2d_f32(u64 planes, u64 h, u64 w, u64 k, u64 s
                 }
             }
         }
-        out[t] = best;
+        out[t] = from_f32<T>(best);
         idx[t] = bi;
     }
 }
+
+#define MAX_POOL(SUFFIX, T)                                                                                   \
+    extern "C" __global__ void max_pool2d_##SUFFIX(u64 planes, u64 h, u64 w, u64 k, u64 stride, u64 oh, u64 ow, \
+                                                   const T* x, T* out, int* idx) {                             \
+        max_pool<T>(planes, h, w, k, stride, oh, ow, x, out, idx);                                              \
+    }
+MAX_POOL(f32, float)
+MAX_POOL(bf16, bf16_t)
+MAX_POOL(f16, f16_t)
+
+// The backward of windows that do not overlap (stride >= k), for the 16-bit types: each input element lies in at
+// most one window, so it gathers its gradient (that window's where it was the max, else 0): no zeroed output, no
+// atomics, the same bits every run. The thread of a window's first element checks the window's index.
+template <typename T>
+__device__ __forceinline__ void max_pool_backward_gather(u64 planes, u64 h, u64 w, u64 k, u64 stride, u64 oh,
+                                                         u64 ow, const T* g, const int* idx, T* gin, int* flag) {
+    GRID_STRIDE(t, planes * h * w) {
+        const u64 xx = t % w, y = (t / w) % h, pl = t / (w * h);
+        const u64 oy = y / stride, ox = xx / stride;
+        T v = from_f32<T>(0.0f);
+        if (oy < oh && ox < ow && y - oy * stride < k && xx - ox * stride < k) {
+            const u64 o = (pl * oh + oy) * ow + ox;
+            const int i = idx[o];
+            if (i < 0 || (u64)i >= h * w) {
+                if (y == oy * stride && xx == ox * stride) report_index_error(flag, OP_MAX_POOL_BACKWARD, i, (i64)(h * w));
+            } else if ((u64)i == y * w + xx) {
+                v = g[o];
+            }
+        }
+        gin[t] = v;
+    }
+}
+
+#define MAX_POOL_BACKWARD_GATHER(SUFFIX, T)                                                                     \
+    extern "C" __global__ void max_pool2d_backward_gather_##SUFFIX(u64 planes, u64 h, u64 w, u64 k, u64 stride,  \
+                                                                   u64 oh, u64 ow, const T* g, const int* idx,   \
+                                                                   T* gin, int* flag) {                          \
+        max_pool_backward_gather<T>(planes, h, w, k, stride, oh, ow, g, idx, gin, flag);                        \
+    }
+MAX_POOL_BACKWARD_GATHER(bf16, bf16_t)
+MAX_POOL_BACKWARD_GATHER(f16, f16_t)
 
 // grad_in (zeroed by the host) [planes, hw_in] += grad_out routed by idx. Where windows overlap, several outputs
 // add into one input element, in whatever order their threads arrive: the bits vary from run to run.

@@ -1,7 +1,7 @@
 //! CUDA element-wise unary float ops (`unary.cu`).
 
 use super::UnaryOp;
-use crate::cuda::{CudaType, Gpu, KernelSource, Launch, aligned16, kernel_args};
+use crate::cuda::{CudaType, Gpu, KernelSource, Launch, aligned16, kernel_args, unsupported};
 use crate::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
 use crate::{Error, Result};
 
@@ -30,23 +30,36 @@ fn kernel(op: UnaryOp) -> (&'static str, f32) {
     }
 }
 
-/// `out[i] = op(x[i])` over `n` f32 elements; `out` may be `x` (in place).
+/// `out[i] = op(x[i])` over `n` elements of `ty`: f32 for every op, bf16 and f16 for ReLU (activations a mixed
+/// policy keeps in the low type); `out` may be `x` (in place).
 ///
 /// # Safety
-/// `x` and `out` must each hold `n` f32 on this device.
+/// `x` and `out` must each hold `n` elements of `ty` on this device.
 ///
 /// # Errors
-/// A launch failure.
-pub unsafe fn unary(gpu: &Gpu, op: UnaryOp, x: u64, out: u64, n: usize) -> Result<()> {
+/// An op without a kernel for `ty`, or a launch failure.
+pub unsafe fn unary(
+    gpu: &Gpu,
+    op: UnaryOp,
+    ty: CudaType,
+    x: u64,
+    out: u64,
+    n: usize,
+) -> Result<()> {
+    let (name, p) = match (ty, op) {
+        (CudaType::F32, _) => kernel(op),
+        (CudaType::BF16, UnaryOp::Relu) => ("relu_bf16", 0.0),
+        (CudaType::F16, UnaryOp::Relu) => ("relu_f16", 0.0),
+        _ => return Err(unsupported(op.name(), ty)),
+    };
     if n == 0 {
         return Ok(());
     }
-    let (name, p) = kernel(op);
     let vec: u32 = u32::from(n % 4 == 0 && aligned16(&[x, out]));
     let work = if vec == 1 { n / 4 } else { n };
     let n = n as u64;
     let mut args = kernel_args![n, vec, p, x, out];
-    // SAFETY: matches `<op>_f32(u64, u32, float, const float*, float*)`; buffers per the caller.
+    // SAFETY: matches `<op>_<ty>(u64, u32, float, const T*, T*)`; buffers per the caller.
     unsafe { gpu.launch(&SRC, name, gpu.grid(work, 256), &mut args) }
 }
 
@@ -83,31 +96,54 @@ pub unsafe fn bias_act(
     unsafe { gpu.launch(&SRC, name, gpu.grid(work, 256), &mut args) }
 }
 
-/// `dx = y > 0 ? dy : 0` for `n` f32.
+/// `dx = y > 0 ? dy : 0` for `n` elements of `ty` (f32, bf16 or f16).
 ///
 /// # Safety
-/// The three buffers must hold `n` f32 on this device.
+/// The three buffers must hold `n` elements of `ty` on this device.
 ///
 /// # Errors
-/// A launch failure.
-pub unsafe fn relu_backward(gpu: &Gpu, dy: u64, y: u64, dx: u64, n: usize) -> Result<()> {
+/// Another type, or a launch failure.
+pub unsafe fn relu_backward(
+    gpu: &Gpu,
+    ty: CudaType,
+    dy: u64,
+    y: u64,
+    dx: u64,
+    n: usize,
+) -> Result<()> {
+    let name = match ty {
+        CudaType::F32 => "relu_backward_f32",
+        CudaType::BF16 => "relu_backward_bf16",
+        CudaType::F16 => "relu_backward_f16",
+        other => return Err(unsupported("relu_backward", other)),
+    };
     // SAFETY: forwarded to the caller.
-    unsafe { backward_pass(gpu, "relu_backward_f32", (dy, y, dx), n) }
+    unsafe { backward_pass(gpu, name, (dy, y, dx), n) }
 }
 
-/// GELU's (tanh form) backward from its input `x`, in one pass: `dx = dy · gelu'(x)`.
+/// GELU's (tanh form) backward from its input `x`, in one pass: `dx = dy · gelu'(x)`, f32 only (`ty`).
 ///
 /// # Safety
 /// The three buffers must hold `n` f32 on this device.
 ///
 /// # Errors
-/// A launch failure.
-pub unsafe fn gelu_backward(gpu: &Gpu, dy: u64, x: u64, dx: u64, n: usize) -> Result<()> {
+/// Another type, or a launch failure.
+pub unsafe fn gelu_backward(
+    gpu: &Gpu,
+    ty: CudaType,
+    dy: u64,
+    x: u64,
+    dx: u64,
+    n: usize,
+) -> Result<()> {
+    if ty != CudaType::F32 {
+        return Err(unsupported("gelu_backward", ty));
+    }
     // SAFETY: forwarded to the caller.
     unsafe { backward_pass(gpu, "gelu_backward_f32", (dy, x, dx), n) }
 }
 
-/// An activation's backward kernel `name(u64 n, const float* dy, const float* saved, float* dx)` over `n` f32.
+/// An activation's backward kernel `name(u64 n, const T* dy, const T* saved, T* dx)` over `n` elements.
 unsafe fn backward_pass(
     gpu: &Gpu,
     name: &'static str,
@@ -119,7 +155,7 @@ unsafe fn backward_pass(
     }
     let n64 = n as u64;
     let mut args = kernel_args![n64, dy, saved, dx];
-    // SAFETY: matches `<name>(u64, const float*, const float*, float*)`; sizes per the caller.
+    // SAFETY: matches `<name>(u64, const T*, const T*, T*)`; sizes per the caller.
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
 }
 
@@ -159,7 +195,7 @@ pub unsafe fn relu_backward_bias(
         };
         // SAFETY: forwarded to the caller (dx holds groups·rows·cols f32, db groups·cols).
         return unsafe {
-            relu_backward(gpu, dy, y, dx, groups * rows * cols)?;
+            relu_backward(gpu, CudaType::F32, dy, y, dx, groups * rows * cols)?;
             reduce_cuda::reduce(gpu, ReduceOp::Sum, CudaType::F32, dx, db, rows_shape)
         };
     }

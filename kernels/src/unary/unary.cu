@@ -1,25 +1,24 @@
-// Element-wise unary float ops: <op>_f32(n, p, x, out), p the op's scalar (0 when it has none).
-// Flag `vec` (host: x and out 16-byte aligned, n % 4 == 0) moves four elements per load.
+// Element-wise unary float ops: <op>_<type>(n, vec, p, x, out), p the op's scalar (0 when it has none); f32 for
+// every op, bf16 and f16 (activations kept in the low type under a mixed policy) for ReLU. Flag `vec` (host: x and
+// out aligned for four elements, n % 4 == 0) moves four elements per access.
 
-template <typename F>
-__device__ __forceinline__ void unary_apply(u64 n, u32 vec, const float* x, float* out, F f) {
+template <typename T, typename F>
+__device__ __forceinline__ void unary_apply(u64 n, u32 vec, const T* x, T* out, F f) {
     if (vec) {
-        const u64 n4 = n / 4;
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        float4* o4 = reinterpret_cast<float4*>(out);
-        GRID_STRIDE(i, n4) {
-            const float4 v = x4[i];
-            o4[i] = make_float4(f(v.x), f(v.y), f(v.z), f(v.w));
+        GRID_STRIDE(i, n / 4) {
+            const float4 v = load4(x, i);
+            store4(out, i, make_float4(f(v.x), f(v.y), f(v.z), f(v.w)));
         }
     } else {
-        GRID_STRIDE(i, n) { out[i] = f(x[i]); }
+        GRID_STRIDE(i, n) { out[i] = from_f32<T>(f(to_f32(x[i]))); }
     }
 }
 
-#define UNARY(NAME, EXPR)                                                                           \
-    extern "C" __global__ void NAME##_f32(u64 n, u32 vec, float p, const float* x, float* out) {   \
-        unary_apply(n, vec, x, out, [=](float v) -> float { return (EXPR); });          \
+#define UNARY_AS(NAME, SUFFIX, T, EXPR)                                                            \
+    extern "C" __global__ void NAME##_##SUFFIX(u64 n, u32 vec, float p, const T* x, T* out) {     \
+        unary_apply<T>(n, vec, x, out, [=](float v) -> float { return (EXPR); });                  \
     }
+#define UNARY(NAME, EXPR) UNARY_AS(NAME, f32, float, EXPR)
 
 __device__ __forceinline__ float gelu_tanh(float v) {
     const float c = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -41,6 +40,8 @@ UNARY(mul_scalar, v * p)
 UNARY(powf, powf(v, p))
 UNARY(gt_scalar, v > p ? 1.0f : 0.0f)
 UNARY(lt_scalar, v < p ? 1.0f : 0.0f)
+UNARY_AS(relu, bf16, bf16_t, v > 0.0f ? v : 0.0f)
+UNARY_AS(relu, f16, f16_t, v > 0.0f ? v : 0.0f)
 
 // Linear's bias, and a ReLU, in one pass: y = x + b (then max(y, 0)), with b [groups, cols] and x [groups, rows,
 // cols] (element i takes b[(i / group) * cols + i % cols], group = rows * cols). The x4 forms, for cols a multiple
@@ -85,9 +86,23 @@ extern "C" __global__ void gelu_backward_f32(u64 n, const float* dy, const float
     }
 }
 
-// ReLU's backward from its output: dx = y > 0 ? dy : 0.
+// ReLU's backward from its output: dx = y > 0 ? dy : 0 (for the 16-bit types, on their bits: a positive value has
+// the sign bit clear and is not zero, and NaN's bits are above infinity's).
 extern "C" __global__ void relu_backward_f32(u64 n, const float* dy, const float* y, float* dx) {
     GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+template <u16 INF>
+__device__ __forceinline__ void relu_backward_16(u64 n, const u16* dy, const u16* y, u16* dx) {
+    GRID_STRIDE(i, n) {
+        const u16 v = y[i];
+        dx[i] = v != 0 && v <= INF ? dy[i] : (u16)0;
+    }
+}
+extern "C" __global__ void relu_backward_bf16(u64 n, const u16* dy, const u16* y, u16* dx) {
+    relu_backward_16<0x7f80>(n, dy, y, dx);
+}
+extern "C" __global__ void relu_backward_f16(u64 n, const u16* dy, const u16* y, u16* dx) {
+    relu_backward_16<0x7c00>(n, dy, y, dx);
 }
 
 // ReLU's backward and its bias's gradient in one pass, for dy and y [groups, rows, cols]:

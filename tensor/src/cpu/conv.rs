@@ -97,16 +97,11 @@ impl Convolutions for CpuStorage {
     }
 
     /// Backward of [`Convolutions::max_pool2d`].
-    fn max_pool2d_backward(
-        &self,
-        indices: &CpuStorage,
-        planes: usize,
-        plane_in: usize,
-        plane_out: usize,
-    ) -> Result<CpuStorage> {
+    fn max_pool2d_backward(&self, indices: &CpuStorage, p: &PoolParams) -> Result<CpuStorage> {
         let idx = super::indices("max_pool2d_backward", indices)?;
+        let (plane_in, plane_out) = (p.h * p.w, p.out_h() * p.out_w());
         Ok(float_map!("max_pool2d_backward", self, |g| {
-            pool_cpu::max_pool2d_backward(g, idx, planes, plane_in, plane_out)?
+            pool_cpu::max_pool2d_backward(g, idx, p.planes, plane_in, plane_out)?
         }))
     }
 }

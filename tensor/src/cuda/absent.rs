@@ -238,14 +238,8 @@ impl Convolutions for CudaStorage {
         Err(unavailable("max_pool2d", self.ordinal))
     }
 
-    fn max_pool2d_backward(
-        &self,
-        indices: &CudaStorage,
-        planes: usize,
-        plane_in: usize,
-        plane_out: usize,
-    ) -> Result<CudaStorage> {
-        let _ = (indices, planes, plane_in, plane_out);
+    fn max_pool2d_backward(&self, indices: &CudaStorage, p: &PoolParams) -> Result<CudaStorage> {
+        let _ = (indices, p);
         Err(unavailable("max_pool2d_backward", self.ordinal))
     }
 }
@@ -430,13 +424,22 @@ impl CudaBackend for CudaStorage {
     /// # Errors
     /// Always [`Error::NotCompiledWithCuda`].
     fn conv_epilogue(
-        &self,
+        self,
         bias: Option<&CudaStorage>,
         p: &ConvParams,
-        relu: bool,
+        act: (bool, bool),
     ) -> Result<CudaStorage> {
-        let _ = (bias, p, relu);
+        let _ = (bias, p, act);
         Err(unavailable("conv2d", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<CudaStorage> {
+        let _ = dims;
+        Err(unavailable("conv2d_backward_bias", self.ordinal))
     }
 
     /// Always fails: this build has no CUDA support.

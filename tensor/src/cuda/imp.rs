@@ -348,4 +348,7 @@ pub fn mark(ordinal: usize) -> Result<StreamMark> {
     Ok(StreamMark(gpu(ordinal)?.mark()?))
 }
 
-const BINARY_TYPES: [DType; 2] = [DType::F32, DType::I32];
+const BINARY_TYPES: [DType; 4] = [DType::F32, DType::I32, DType::BF16, DType::F16];
+/// The float types with element-wise kernels: f32 for every op, bf16 and f16 (activations a mixed policy keeps in
+/// the low type) for some; the kernels name what they lack.
+const FLOAT_TYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];

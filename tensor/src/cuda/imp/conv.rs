@@ -3,10 +3,11 @@
 
 use cohort_kernels::Math;
 use cohort_kernels::conv::{ConvParams, cuda as conv_cuda};
+use cohort_kernels::cuda::CudaType;
 use cohort_kernels::pool::{PoolParams, cuda as pool_cuda};
 
 use super::{CudaStorage, indices, mismatch, same_device, want};
-use crate::backend::Convolutions;
+use crate::backend::{Convolutions, Layout};
 use crate::{DType, Error, Result};
 
 fn conv_check(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
@@ -143,16 +144,17 @@ impl Convolutions for CudaStorage {
     }
 
     /// # Errors
-    /// Not f32, out of memory, or a launch failure.
+    /// Not f32, bf16 or f16, out of memory, or a launch failure.
     fn max_pool2d(&self, p: &PoolParams) -> Result<(CudaStorage, CudaStorage)> {
-        want("max_pool2d", self, &[DType::F32])?;
+        let ty = want("max_pool2d", self, &[DType::F32, DType::BF16, DType::F16])?;
         let n = p.planes * p.out_h() * p.out_w();
-        let out = self.sibling(n, DType::F32)?;
+        let out = self.sibling(n, self.dtype)?;
         let idx = self.sibling(n, DType::I32)?;
-        // SAFETY: self holds planes·h·w f32; out and idx n elements.
+        // SAFETY: self holds planes·h·w elements of ty; out and idx n elements.
         unsafe {
             pool_cuda::max_pool2d(
                 &self.gpu,
+                ty,
                 p,
                 self.device_ptr(),
                 out.device_ptr(),
@@ -162,27 +164,45 @@ impl Convolutions for CudaStorage {
         Ok((out, idx))
     }
 
+    /// Gradients of bf16 and f16 windows that do not overlap are gathered in their type; those of overlapping
+    /// ones add up in f32.
+    ///
     /// # Errors
-    /// Not f32, indices not i32, out of memory, or a launch failure (an index outside its plane is
-    /// reported later, see the module docs).
-    fn max_pool2d_backward(
-        &self,
-        indices: &CudaStorage,
-        planes: usize,
-        plane_in: usize,
-        plane_out: usize,
-    ) -> Result<CudaStorage> {
-        self::indices("max_pool2d_backward", indices)?;
-        want("max_pool2d_backward", self, &[DType::F32])?;
-        same_device("max_pool2d_backward", self, indices)?;
-        let out = self.sibling(planes * plane_in, DType::F32)?;
-        // SAFETY: self and indices hold planes·plane_out elements, out planes·plane_in.
+    /// Not f32, bf16 or f16, indices not i32, out of memory, or a launch failure (an index outside its plane
+    /// is reported later, see the module docs).
+    fn max_pool2d_backward(&self, indices: &CudaStorage, p: &PoolParams) -> Result<CudaStorage> {
+        const OP: &str = "max_pool2d_backward";
+        self::indices(OP, indices)?;
+        let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
+        same_device(OP, self, indices)?;
+        if ty != CudaType::F32 && p.stride < p.kernel {
+            return self
+                .cast(DType::F32)?
+                .max_pool2d_backward(indices, p)?
+                .cast(self.dtype);
+        }
+        let out = self.sibling(p.planes * p.h * p.w, self.dtype)?;
+        if ty != CudaType::F32 {
+            // SAFETY: self and indices hold planes·out_h·out_w elements, out planes·h·w, of ty.
+            unsafe {
+                pool_cuda::max_pool2d_backward_16bit(
+                    &self.gpu,
+                    ty,
+                    p,
+                    self.device_ptr(),
+                    indices.device_ptr(),
+                    out.device_ptr(),
+                )?
+            };
+            return Ok(out);
+        }
+        // SAFETY: self and indices hold planes·plane_out elements, out planes·plane_in f32.
         unsafe {
             pool_cuda::max_pool2d_backward(
                 &self.gpu,
-                planes,
-                plane_in,
-                plane_out,
+                p.planes,
+                p.h * p.w,
+                p.out_h() * p.out_w(),
                 self.device_ptr(),
                 indices.device_ptr(),
                 out.device_ptr(),

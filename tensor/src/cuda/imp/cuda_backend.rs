@@ -2,6 +2,7 @@
 //! gradient epilogues, the side stream, and optimizer steps over many parameters in one launch.
 
 use cohort_kernels::Math;
+use cohort_kernels::batchnorm::{BatchNormShape, cuda as batchnorm_cuda};
 use cohort_kernels::conv::{ConvParams, ConvPass, cuda as conv_cuda};
 use cohort_kernels::copy::cuda as copy_cuda;
 use cohort_kernels::cuda::CudaType;
@@ -201,39 +202,83 @@ impl CudaBackend for CudaStorage {
         Ok(ran.then_some(out))
     }
 
-    /// A 16-bit forward pass's output into f32 with its bias and ReLU, in one kernel.
+    /// A 16-bit forward pass's output into f32, or kept in its type (in place), with its bias and ReLU, in one
+    /// kernel.
     ///
     /// # Errors
     /// `self` not 16-bit or `bias` not f32, different devices, out of memory, or a launch failure.
     fn conv_epilogue(
-        &self,
+        self,
         bias: Option<&CudaStorage>,
         p: &ConvParams,
-        relu: bool,
+        (relu, keep): (bool, bool),
     ) -> Result<CudaStorage> {
         const OP: &str = "conv2d";
-        let from = want(OP, self, &[DType::BF16, DType::F16])?;
+        let from = want(OP, &self, &[DType::BF16, DType::F16])?;
         let b = match bias {
             Some(b) => {
                 want(OP, b, &[DType::F32])?;
-                same_device(OP, self, b)?;
+                same_device(OP, &self, b)?;
                 b.device_ptr()
             }
             None => 0,
         };
-        let out = self.sibling(self.len, DType::F32)?;
+        if keep && b == 0 && !relu {
+            return Ok(self);
+        }
+        let out = if keep {
+            None
+        } else {
+            Some(self.sibling(self.len, DType::F32)?)
+        };
+        let (to, out_ptr) = match &out {
+            Some(o) => (CudaType::F32, o.device_ptr()),
+            None => (from, self.device_ptr()),
+        };
         let inner = p.out_h() * p.out_w();
-        // SAFETY: `self` holds the pass's output, `out` as many f32, `bias` (validated by the tensor) `c_out` f32.
+        // SAFETY: `self` holds the pass's output, `out` (or `self` again, element by element in place) as many
+        // elements of `to`, `bias` (validated by the tensor) `c_out` f32.
         unsafe {
             conv_cuda::conv_epilogue_16bit(
-                &out.gpu,
-                from,
-                (self.device_ptr(), b, out.device_ptr()),
+                &self.gpu,
+                (from, to),
+                (self.device_ptr(), b, out_ptr),
                 (p.c_out, inner),
                 self.len,
                 relu,
             )?;
         }
+        Ok(out.unwrap_or(self))
+    }
+
+    /// Each channel's sum of the output gradient `self`, in f32.
+    ///
+    /// # Errors
+    /// Not a float type, out of memory, or a launch failure.
+    fn conv_bias_grad(&self, [batch, channels, inner]: [usize; 3]) -> Result<CudaStorage> {
+        let ty = want(
+            "conv2d_backward_bias",
+            self,
+            &[DType::F32, DType::BF16, DType::F16],
+        )?;
+        let out = self.sibling(channels, DType::F32)?;
+        let shape = BatchNormShape {
+            outer: batch,
+            members: 1,
+            rows: 1,
+            channels,
+            inner,
+        };
+        // SAFETY: self holds batch·channels·inner elements (checked by the tensor), out channels f32.
+        unsafe {
+            batchnorm_cuda::channel_sums(
+                &self.gpu,
+                ty,
+                &shape,
+                self.device_ptr(),
+                out.device_ptr(),
+            )?
+        };
         Ok(out)
     }
 

@@ -1,9 +1,10 @@
 //! Element-wise ops on [`CudaStorage`] ([`Elementwise`]).
 
 use cohort_kernels::binary::{BinaryOp, cuda as binary_cuda};
+use cohort_kernels::cuda::CudaType;
 use cohort_kernels::unary::{UnaryOp, cuda as unary_cuda};
 
-use super::{BINARY_TYPES, CudaStorage, mismatch, same_device, want};
+use super::{BINARY_TYPES, CudaStorage, FLOAT_TYPES, mismatch, same_device, want};
 use crate::backend::Elementwise;
 use crate::{DType, Error, Result};
 
@@ -76,12 +77,21 @@ impl Elementwise for CudaStorage {
     }
 
     /// # Errors
-    /// Not f32, out of memory, or a launch failure.
+    /// Not f32 (bf16 and f16 for ReLU), out of memory, or a launch failure.
     fn unary(&self, op: UnaryOp) -> Result<CudaStorage> {
-        want(op.name(), self, &[DType::F32])?;
+        let t = want(op.name(), self, &FLOAT_TYPES)?;
         let out = self.sibling(self.len, self.dtype)?;
-        // SAFETY: both hold len f32.
-        unsafe { unary_cuda::unary(&self.gpu, op, self.device_ptr(), out.device_ptr(), self.len)? };
+        // SAFETY: both hold len elements of t.
+        unsafe {
+            unary_cuda::unary(
+                &self.gpu,
+                op,
+                t,
+                self.device_ptr(),
+                out.device_ptr(),
+                self.len,
+            )?
+        };
         Ok(out)
     }
 
@@ -158,38 +168,50 @@ impl Elementwise for CudaStorage {
     }
 
     /// # Errors
-    /// Not f32, different devices, out of memory, or a launch failure.
+    /// Not f32, bf16 or f16, different dtypes or devices, out of memory, or a launch failure.
     fn relu_backward(&self, y: &CudaStorage) -> Result<CudaStorage> {
-        self.activation_backward("relu_backward", y, unary_cuda::relu_backward)
+        self.activation_backward("relu_backward", y, &FLOAT_TYPES, unary_cuda::relu_backward)
     }
 
     /// # Errors
     /// Not f32, different devices, out of memory, or a launch failure.
     fn gelu_backward(&self, x: &CudaStorage) -> Result<CudaStorage> {
-        self.activation_backward("gelu_backward", x, unary_cuda::gelu_backward)
+        self.activation_backward("gelu_backward", x, &[DType::F32], unary_cuda::gelu_backward)
     }
 }
 
-/// An activation's backward kernel: the gradient, what the forward saved, the input's gradient, their length.
-type BackwardKernel =
-    unsafe fn(&cohort_kernels::cuda::Gpu, u64, u64, u64, usize) -> cohort_kernels::Result<()>;
+/// An activation's backward kernel: the element type, the gradient, what the forward saved, the input's gradient,
+/// their length.
+type BackwardKernel = unsafe fn(
+    &cohort_kernels::cuda::Gpu,
+    CudaType,
+    u64,
+    u64,
+    u64,
+    usize,
+) -> cohort_kernels::Result<()>;
 
 impl CudaStorage {
-    /// The gradient `self` through an activation whose forward saved `saved` (its input or output), by `kernel`.
+    /// The gradient `self` through an activation whose forward saved `saved` (its input or output, of `self`'s
+    /// dtype, one of `types`), by `kernel`.
     fn activation_backward(
         &self,
         op: &'static str,
         saved: &CudaStorage,
+        types: &[DType],
         kernel: BackwardKernel,
     ) -> Result<CudaStorage> {
-        want(op, self, &[DType::F32])?;
-        want(op, saved, &[DType::F32])?;
+        let t = want(op, self, types)?;
+        if saved.dtype != self.dtype {
+            return Err(mismatch(op, self.dtype, saved.dtype));
+        }
         same_device(op, self, saved)?;
-        let dx = self.sibling(self.len, DType::F32)?;
-        // SAFETY: all three hold len f32 (same shapes, checked by the caller).
+        let dx = self.sibling(self.len, self.dtype)?;
+        // SAFETY: all three hold len elements of t (same shapes, checked by the caller).
         unsafe {
             kernel(
                 &self.gpu,
+                t,
                 self.device_ptr(),
                 saved.device_ptr(),
                 dx.device_ptr(),
