@@ -7,6 +7,10 @@
 //!   sums), PyTorch's `torch.backends.{cuda.matmul,cudnn}.allow_tf32 = True`.
 //! - [`Precision::Bf16`], [`Precision::F16`]: mixed precision, `torch.autocast(dtype=...)`: f32
 //!   operands of a product are cast to the low type, the product sums in fp32 and returns f32;
+//!   a convolution given an input already in the low type returns its output (and the input's
+//!   gradient) in that type, so that a model's activations stay 16-bit through the convolutions,
+//!   ReLUs, max pooling, batch norm (f32 statistics) and residual sums between them, as autocast
+//!   keeps them (autograd's layers cast to f32 where another layer follows);
 //!   fused attention rounds its operands to the low type inside the kernel (tensor cores, heads up
 //!   to 128 wide), its softmax and tensors staying f32; TF32 leaves attention in fp32.
 //!   Parameters, their gradients and optimizer state stay f32 (the master weights); the autograd

@@ -200,9 +200,12 @@ impl Tensor {
         }
     }
 
+    /// f32 or f64; on CUDA also bf16 and f16, whose kernels exist for the ops a mixed policy keeps activations
+    /// in the low type through (the storage names any other).
     pub(crate) fn require_float(&self, op: &'static str) -> Result<()> {
         match self.dtype {
             DType::F32 | DType::F64 => Ok(()),
+            DType::BF16 | DType::F16 if self.device.is_cuda() => Ok(()),
             dtype => Err(Error::UnsupportedDType {
                 op,
                 dtype,

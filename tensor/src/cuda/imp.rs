@@ -179,7 +179,8 @@ fn unsupported(op: &'static str, dtype: DType) -> Error {
     let hint = match dtype {
         DType::F64 => " on CUDA (f64 is CPU-only: cast to f32 with to_dtype)",
         DType::F16 | DType::BF16 => {
-            " on CUDA (f16/bf16 are storage types: cast to f32 with to_dtype to compute)"
+            " on CUDA (f16/bf16 compute only in the ops a mixed policy keeps activations in: convolutions, \
+             ReLU, add, max pooling, batch norm; cast to f32 with to_dtype)"
         }
         DType::I32 | DType::U8 => " on CUDA (cast to f32 with to_dtype)",
         DType::F32 => " on CUDA",
