@@ -35,6 +35,7 @@
 mod attention;
 pub mod backend;
 mod batchnorm;
+mod conv;
 pub mod cpu;
 pub mod cuda;
 mod device;
