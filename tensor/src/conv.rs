@@ -8,7 +8,7 @@ use cohort_kernels::pool::PoolParams;
 use crate::backend::{Convolutions, CudaBackend};
 use crate::storage::Storage;
 use crate::tensor::{elem_count, map2};
-use crate::{Error, Precision, Result, Tensor};
+use crate::{DType, Error, Precision, Result, Tensor};
 
 impl Tensor {
     fn conv_params(
@@ -230,8 +230,8 @@ impl Tensor {
     }
 
     /// Gradient of [`Tensor::conv2d`] with respect to its bias, from the output's gradient `grad_out`
-    /// (`[N, O, OH, OW]`): each channel's sum, `[O]`, in f32 on CUDA (where the gradient may be bf16 or f16) and
-    /// in the gradient's type on the CPU.
+    /// (`[N, O, OH, OW]`): each channel's sum, `[O]`, in f32 from a bf16 or f16 gradient (on CUDA), else in the
+    /// gradient's type.
     ///
     /// # Errors
     /// Not of rank 4, or not a float type.
@@ -245,7 +245,9 @@ impl Tensor {
                 reason: "expected an output gradient [N, O, OH, OW]".into(),
             });
         };
-        if let Storage::Cuda(g) = &*grad_out.read() {
+        // A 16-bit gradient's sums in f32, in one kernel; an f32 one's through the reduction as before (with
+        // the per-channel kernel the fp32 CNN's step ran 1.5 % slower in two calls on the H100).
+        if let (Storage::Cuda(g), DType::BF16 | DType::F16) = (&*grad_out.read(), grad_out.dtype) {
             let sums = g.conv_bias_grad([batch, c_out, oh * ow])?;
             return Ok(Tensor::from_storage(Storage::Cuda(sums), vec![c_out]));
         }
