@@ -99,3 +99,70 @@ impl Module for Sequential {
         "sequential"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use cohort_tensor::{DType, Device, Tensor};
+
+    use super::*;
+
+    /// A layer that passes its input on and notes the dtype it was given in a log shared by the layers.
+    #[derive(Debug)]
+    struct Notes {
+        takes_16bit: bool,
+        log: Arc<Mutex<Vec<DType>>>,
+    }
+
+    impl Module for Notes {
+        fn forward(&self, _tape: &Tape, x: Features) -> Result<Features> {
+            self.log.lock().unwrap().push(x.var.value().dtype());
+            Ok(x)
+        }
+
+        fn takes_16bit(&self) -> bool {
+            self.takes_16bit
+        }
+
+        fn params(&self) -> Vec<(String, Param)> {
+            Vec::new()
+        }
+
+        fn kind(&self) -> &'static str {
+            "notes"
+        }
+    }
+
+    #[test]
+    fn a_layer_that_does_not_take_16_bit_features_is_given_them_in_f32_and_their_gradient_returns_16_bit()
+     {
+        let tape = Tape::new();
+        let x = Tensor::from_vec(vec![1.5f32, -2.0, 0.25], &[1, 3], &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let xv = tape.watch(x);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut net = Sequential::new();
+        for takes_16bit in [true, false, true] {
+            let log = Arc::clone(&log);
+            net.push(Notes { takes_16bit, log });
+        }
+        let y = net.forward(&tape, Features::shared(xv.clone())).unwrap();
+        // The first layer takes bf16 as it comes; the second is given f32, and so the third sees f32 too.
+        assert_eq!(*log.lock().unwrap(), [DType::BF16, DType::F32, DType::F32]);
+        assert_eq!(y.var.value().dtype(), DType::F32);
+        let grads = tape.backward(&y.var.sum_all().unwrap()).unwrap();
+        let g = grads.get(&xv).expect("the input's gradient");
+        assert_eq!(
+            g.dtype(),
+            DType::BF16,
+            "a gradient comes back in its value's dtype"
+        );
+        assert_eq!(
+            g.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+            [1.0; 3]
+        );
+    }
+}
