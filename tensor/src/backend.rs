@@ -176,13 +176,13 @@ pub trait Elementwise: Sized {
     /// ReLU's backward from its output: the gradient `self` where `y > 0`, else 0.
     ///
     /// # Errors
-    /// As [`Elementwise::bias_relu`].
+    /// As [`Elementwise::bias_act`].
     fn relu_backward(&self, y: &Self) -> Result<Self>;
 
     /// GELU's (tanh form) backward from its input: the gradient `self` times GELU's derivative at `x`, in one pass.
     ///
     /// # Errors
-    /// As [`Elementwise::bias_relu`].
+    /// As [`Elementwise::bias_act`].
     fn gelu_backward(&self, x: &Self) -> Result<Self>;
 }
 

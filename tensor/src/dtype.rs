@@ -14,9 +14,10 @@ pub enum DType {
     F32,
     /// 64-bit float: CPU only (gradient checks).
     F64,
-    /// IEEE half: a storage type (cast to f32 to compute).
+    /// IEEE half: stored, and computed in by the ops a mixed policy keeps activations in on CUDA (see
+    /// [`crate::Precision`]); cast to f32 for the others.
     F16,
-    /// bfloat16: a storage type (cast to f32 to compute).
+    /// bfloat16: as [`DType::F16`].
     BF16,
     /// 32-bit signed integer: labels and indices.
     I32,
