@@ -7,11 +7,12 @@ set -u
 [ -d gpu-bundle ] || tar xJf gpu-bundle.tar.xz
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=$PWD/gpu-bundle; L=/tmp/logs; mkdir -p $L
-t0=$(date +%s)
+t0=$(date +%s); runs=0; bad=0
 runbin() { # file dir label
   local n=$(basename $1)
   (cd $2 && CARGO_MANIFEST_DIR=$PWD CARGO_BIN_EXE_cohort=$B/bin/cohort timeout 200 $B/$1 --include-ignored) > $L/$n$3.log 2>&1; local rc=$?
   echo "$n$3 rc=$rc $(grep -E '^test result' $L/$n$3.log | tail -1 | cut -c1-70)"
+  runs=$((runs+1)); [ $rc = 0 ] || bad=$((bad+1))
   [ $rc = 0 ] || grep -E "panicked|FAILED|differ" -A3 $L/$n$3.log | cut -c1-300 | head -24
 }
 case "${1:-tests}" in
@@ -19,7 +20,9 @@ tests)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c 'import json; [print(t["file"]+"\t"+t["package_dir"]) for t in json.load(open("gpu-bundle/MANIFEST.json"))["tests"] if "fragmentation" not in t["file"]]' > /tmp/tests.tsv
   while IFS=$'\t' read -r file dir; do runbin $file $dir ""; done < /tmp/tests.tsv
-  echo "tests done in $(( $(date +%s)-t0 )) s"
+  # One line that survives a cut output tail: runs, those that failed, and the tests' sums.
+  echo "tests done in $(( $(date +%s)-t0 )) s: $runs runs, $bad with rc != 0, $(cat $L/*.log \
+    | awk '/^test result/ {p+=$4; f+=$6} END {print p" passed, "f" failed"}')"
   mkdir -p /tmp/hidden
   if mv /usr/lib/x86_64-linux-gnu/libcudnn* /tmp/hidden/ 2>/dev/null && ldconfig; then
     echo "cudnn entries in ldconfig now: $(ldconfig -p | grep -c cudnn)"
