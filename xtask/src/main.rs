@@ -13,6 +13,8 @@
 //!   xtask --no-default-features -- bench` measures the AVX2 paths (and JAX capped at AVX2) on a CPU with AVX-512.
 //! - `cargo xtask profile [--n 1,128]`: one fused training step's time per phase, and per kernel on a GPU
 //!   (`COHORT_CUDA_PROFILE=1`).
+//! - `cargo xtask cuda-check [--cxx g++]`: every CUDA kernel source checked for syntax and types by the host's C++
+//!   compiler, without nvcc or a GPU.
 
 mod attention;
 mod bench;
@@ -20,6 +22,7 @@ mod bundle;
 mod cnn;
 mod cohort;
 mod cotrain;
+mod cuda_check;
 mod input_bound;
 mod input_reference;
 mod peak;
@@ -45,6 +48,8 @@ enum Task {
     Bench(bench::Args),
     /// Where one fused training step's time goes: per phase, and per kernel on a GPU (`COHORT_CUDA_PROFILE=1`).
     Profile(profile::Args),
+    /// Check every CUDA kernel source with the host C++ compiler (syntax and types; no nvcc or GPU needed).
+    CudaCheck(cuda_check::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,6 +63,7 @@ fn main() -> anyhow::Result<()> {
             timed_in_release("profile")?;
             profile::run(&args)
         }
+        Task::CudaCheck(args) => cuda_check::run(&args),
     }
 }
 
