@@ -139,3 +139,47 @@ fn a_mixed_policy_keeps_the_activations_between_convolutions_in_its_low_type() {
         assert_eq!(out.var.value().dtype(), kept, "{p}: the stem's features");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sixteen_bit_features_meet_f32_ones_and_evaluation_in_f32() {
+    let dev = Device::Cuda(0);
+    let x = Tensor::rand_uniform(&[4, 3, 16, 16], -1.0, 1.0, DType::F32, 3, &dev).unwrap();
+    let run = |spec: &str, p: Precision, training: bool| {
+        let model = ModelSpec::from_toml(spec)
+            .unwrap()
+            .build(&[3, 16, 16], &BuildOptions::new(2, 7, dev))
+            .unwrap();
+        let _p = p.enter();
+        let tape = Tape::new();
+        tape.set_training(training);
+        let out = model.forward(&tape, &x).unwrap();
+        if training {
+            let y = Tensor::from_vec(vec![1i32, 2, 3, 4], &[4], &dev).unwrap();
+            tape.backward(&loss::cross_entropy(&out, &y).unwrap())
+                .unwrap();
+            for q in model.params() {
+                assert_eq!(q.grad().unwrap().dtype(), DType::F32, "{p}: {}", q.name());
+            }
+        }
+        assert_eq!(out.value().dtype(), DType::F32, "{p}");
+        out.value()
+            .to_device(&Device::Cpu)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    // A residual straight on the input: its inner convolution's bf16 output meets the f32 image, in f32.
+    let first = r#"layers = [{ residual = [{ conv = 3, kernel = 3, padding = 1 }], act = "relu" },
+        { global_avgpool = true }, { linear = 10 }]"#;
+    // Batch norm in evaluation composes f32 ops, on its 16-bit input cast.
+    for (spec, training) in [(first, true), (first, false), (RESNET, false)] {
+        let want = run(spec, Precision::Fp32, training);
+        let got = run(spec, Precision::Bf16, training);
+        let err = norm_err(&got, &want);
+        assert!(
+            err <= 0.05,
+            "training {training}: bf16 output off fp32's by {err:.3e}"
+        );
+    }
+}
