@@ -491,11 +491,11 @@ pub trait CudaBackend: BackendStorage {
     /// `self` not 16-bit or `bias` not f32, different devices, out of memory, or a launch failure.
     fn conv_epilogue(self, bias: Option<&Self>, p: &ConvParams, act: (bool, bool)) -> Result<Self>;
 
-    /// A convolution's bias gradient from its output's gradient `self` (`dims` `[N, O, OH·OW]`, f32, bf16 or
-    /// f16): each channel's sum, in f32 (`[O]`).
+    /// A convolution's bias gradient from its output's 16-bit gradient `self` (`dims` `[N, O, OH·OW]`, bf16 or
+    /// f16): each channel's sum, in f32 (`[O]`). An f32 gradient's runs through [`Reductions`].
     ///
     /// # Errors
-    /// Not a float type, out of memory, or a launch failure.
+    /// Not bf16 or f16, out of memory, or a launch failure.
     fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<Self>;
 
     /// ReLU's backward from the gradient `self` and the output `y` with the gradient of the bias before

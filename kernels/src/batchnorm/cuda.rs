@@ -3,7 +3,9 @@
 //! activations are f32, bf16 or f16 (a mixed policy keeps them in the low type); statistics and parameters f32.
 
 use super::BatchNormShape;
-use crate::cuda::{CudaType, Gpu, KernelSource, Launch, kernel_args, unsupported};
+use crate::cuda::{
+    CudaType, FloatKernels, Gpu, KernelSource, Launch, float_kernel, float_kernels, kernel_args,
+};
 use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
@@ -39,33 +41,33 @@ impl Dims {
     }
 }
 
-/// A kernel's entry points by activation type (f32, bf16, f16), each for u32 and u64 indices.
-type Entries = [[&'static str; 2]; 3];
-
+/// A kernel's entry points for u32 and for u64 indices, each by activation type.
 macro_rules! entries {
     ($base:literal) => {
         [
-            [concat!($base, "_u32_f32"), concat!($base, "_u64_f32")],
-            [concat!($base, "_u32_bf16"), concat!($base, "_u64_bf16")],
-            [concat!($base, "_u32_f16"), concat!($base, "_u64_f16")],
+            [
+                Some(concat!($base, "_u32_f32")),
+                Some(concat!($base, "_u32_bf16")),
+                Some(concat!($base, "_u32_f16")),
+            ],
+            [
+                Some(concat!($base, "_u64_f32")),
+                Some(concat!($base, "_u64_bf16")),
+                Some(concat!($base, "_u64_f16")),
+            ],
         ]
     };
 }
 
 /// The entry point of `names` for activations of `ty` and `s`'s index width: u32 where every index (with a grid
 /// stride past the end) fits.
-fn entry(op: &str, s: &BatchNormShape, ty: CudaType, names: Entries) -> Result<&'static str> {
-    let by_type = match ty {
-        CudaType::F32 => names[0],
-        CudaType::BF16 => names[1],
-        CudaType::F16 => names[2],
-        other => return Err(unsupported(op, other)),
-    };
-    Ok(if s.len() < 1 << 31 {
-        by_type[0]
-    } else {
-        by_type[1]
-    })
+fn entry(
+    op: &str,
+    s: &BatchNormShape,
+    ty: CudaType,
+    names: [FloatKernels; 2],
+) -> Result<&'static str> {
+    float_kernel(op, ty, names[usize::from(s.len() >= 1 << 31)])
 }
 
 /// How the per-channel sums are spread: `splits` blocks of up to `chunk` elements per channel, enough blocks to
@@ -146,11 +148,7 @@ pub unsafe fn forward(
     const OP: &str = "batch_norm";
     let stats = entry(OP, s, ty, entries!("batch_norm_stats"))?;
     let apply = entry(OP, s, ty, entries!("batch_norm_apply"))?;
-    let finalize = match ty {
-        CudaType::BF16 => "batch_norm_finalize_bf16",
-        CudaType::F16 => "batch_norm_finalize_f16",
-        _ => "batch_norm_finalize_f32",
-    };
+    let finalize = float_kernel(OP, ty, float_kernels!("batch_norm_finalize"))?;
     let plan = Split::new(gpu, s)?;
     let d = plan.dims;
     plan.with_partials(gpu, |partial| {

@@ -32,8 +32,8 @@ pub use gpu::{
 
 #[cfg(feature = "cuda")]
 pub(crate) use gpu::{
-    Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err, kernel_args,
-    unsupported,
+    FloatKernels, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, cuda_err,
+    float_kernel, float_kernels, kernel_args, unsupported,
 };
 #[cfg(feature = "cuda")]
 pub(crate) use modules::KernelSource;

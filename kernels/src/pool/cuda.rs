@@ -1,7 +1,7 @@
 //! CUDA max pooling (`max_pool.cu`).
 
 use super::PoolParams;
-use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args, unsupported};
+use crate::cuda::{CudaType, Gpu, KernelSource, float_kernel, float_kernels, kernel_args};
 use crate::{Error, Result};
 
 pub(crate) static SRC: KernelSource = KernelSource {
@@ -25,12 +25,7 @@ pub unsafe fn max_pool2d(
     out: u64,
     idx: u64,
 ) -> Result<()> {
-    let name = match ty {
-        CudaType::F32 => "max_pool2d_f32",
-        CudaType::BF16 => "max_pool2d_bf16",
-        CudaType::F16 => "max_pool2d_f16",
-        other => return Err(unsupported("max_pool2d", other)),
-    };
+    let name = float_kernel("max_pool2d", ty, float_kernels!("max_pool2d"))?;
     let n = p.planes * p.out_h() * p.out_w();
     if n == 0 {
         return Ok(());
@@ -65,11 +60,12 @@ pub unsafe fn max_pool2d_backward_16bit(
     idx: u64,
     grad_in: u64,
 ) -> Result<()> {
-    let name = match ty {
-        CudaType::BF16 => "max_pool2d_backward_gather_bf16",
-        CudaType::F16 => "max_pool2d_backward_gather_f16",
-        other => return Err(unsupported("max_pool2d_backward_16bit", other)),
-    };
+    let gather = [
+        None,
+        Some("max_pool2d_backward_gather_bf16"),
+        Some("max_pool2d_backward_gather_f16"),
+    ];
+    let name = float_kernel("max_pool2d_backward_16bit", ty, gather)?;
     if p.stride < p.kernel {
         return Err(Error::Cuda(format!(
             "max_pool2d_backward_16bit: windows of {k} with stride {s} overlap; their gradients add up in f32",

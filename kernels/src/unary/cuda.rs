@@ -1,7 +1,10 @@
 //! CUDA element-wise unary float ops (`unary.cu`).
 
 use super::UnaryOp;
-use crate::cuda::{CudaType, Gpu, KernelSource, Launch, aligned16, kernel_args, unsupported};
+use crate::cuda::{
+    CudaType, Gpu, KernelSource, Launch, aligned16, float_kernel, float_kernels, kernel_args,
+    unsupported,
+};
 use crate::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
 use crate::{Error, Result};
 
@@ -111,12 +114,7 @@ pub unsafe fn relu_backward(
     dx: u64,
     n: usize,
 ) -> Result<()> {
-    let name = match ty {
-        CudaType::F32 => "relu_backward_f32",
-        CudaType::BF16 => "relu_backward_bf16",
-        CudaType::F16 => "relu_backward_f16",
-        other => return Err(unsupported("relu_backward", other)),
-    };
+    let name = float_kernel("relu_backward", ty, float_kernels!("relu_backward"))?;
     // SAFETY: forwarded to the caller.
     unsafe { backward_pass(gpu, name, (dy, y, dx), n) }
 }

@@ -13,8 +13,8 @@ pub use capture::{GpuGraph, Turn};
 pub use copies::{CopyEvent, HostCopy, PinnedBuffer, pinned_host_bytes};
 pub use shape::CudaType;
 pub(crate) use shape::{
-    Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides, kernel_args,
-    unsupported,
+    FloatKernels, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides,
+    float_kernel, float_kernels, kernel_args, unsupported,
 };
 
 use blas::Blas;

@@ -162,6 +162,32 @@ pub(crate) fn unsupported(op: &str, ty: CudaType) -> Error {
     ))
 }
 
+/// A kernel's entry points for the float types, in the order f32, bf16, f16 (`None` where it has none).
+pub(crate) type FloatKernels = [Option<&'static str>; 3];
+
+/// The entry points `<base>_f32`, `<base>_bf16` and `<base>_f16` of a kernel compiled for each float type.
+macro_rules! float_kernels {
+    ($base:literal) => {
+        [
+            Some(concat!($base, "_f32")),
+            Some(concat!($base, "_bf16")),
+            Some(concat!($base, "_f16")),
+        ]
+    };
+}
+pub(crate) use float_kernels;
+
+/// The entry point of `names` for elements of `ty`; [`unsupported`]'s error where it has none.
+pub(crate) fn float_kernel(op: &str, ty: CudaType, names: FloatKernels) -> Result<&'static str> {
+    let name = match ty {
+        CudaType::F32 => names[0],
+        CudaType::BF16 => names[1],
+        CudaType::F16 => names[2],
+        CudaType::I32 | CudaType::U8 => None,
+    };
+    name.ok_or_else(|| unsupported(op, ty))
+}
+
 /// Whether every address is 16-byte aligned (four-wide float loads).
 pub(crate) fn aligned16(ptrs: &[u64]) -> bool {
     ptrs.iter().all(|p| p % 16 == 0)

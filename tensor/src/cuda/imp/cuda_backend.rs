@@ -251,16 +251,12 @@ impl CudaBackend for CudaStorage {
         Ok(out.unwrap_or(self))
     }
 
-    /// Each channel's sum of the output gradient `self`, in f32.
+    /// Each channel's sum of the 16-bit output gradient `self`, in f32.
     ///
     /// # Errors
-    /// Not a float type, out of memory, or a launch failure.
+    /// Not bf16 or f16, out of memory, or a launch failure.
     fn conv_bias_grad(&self, [batch, channels, inner]: [usize; 3]) -> Result<CudaStorage> {
-        let ty = want(
-            "conv2d_backward_bias",
-            self,
-            &[DType::F32, DType::BF16, DType::F16],
-        )?;
+        let ty = want("conv2d_backward_bias", self, &[DType::BF16, DType::F16])?;
         let out = self.sibling(channels, DType::F32)?;
         let shape = BatchNormShape {
             outer: batch,
