@@ -35,24 +35,35 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
     return make_float2(block_sum(a), block_sum(b));
 }
 
-template <typename I, typename T>
-__device__ void stats(Dims d, u64 chunk, const T* x, float* partial) {
+// The sums, over this block's split of its channel (grid (channels, splits), `chunk` elements a split), of the pair
+// `f` gives for each element's offset, into partial[ch][split][0..2].
+template <typename I, typename F>
+__device__ __forceinline__ void split_sums(const Dims& d, u64 chunk, float* partial, F f) {
     const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const I n = (I)(d.outer * d.rows * d.inner);
     const I start = (I)(split * chunk);
     const I end = start + (I)chunk < n ? start + (I)chunk : n;
-    const float k = to_f32(x[element_offset<I>(d, ch, 0)]);
     float s1 = 0.0f, s2 = 0.0f;
     for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
-        const float v = to_f32(x[element_offset<I>(d, ch, e)]) - k;
-        s1 += v;
-        s2 += v * v;
+        const float2 v = f(element_offset<I>(d, ch, e));
+        s1 += v.x;
+        s2 += v.y;
     }
     const float2 s = block_sum2(s1, s2);
     if (threadIdx.x == 0) {
         partial[((u64)ch * splits + split) * 2] = s.x;
         partial[((u64)ch * splits + split) * 2 + 1] = s.y;
     }
+}
+
+// Each channel's values shifted by its first one (k: sums that keep their precision) and their squares.
+template <typename I, typename T>
+__device__ void stats(Dims d, u64 chunk, const T* x, float* partial) {
+    const float k = to_f32(x[element_offset<I>(d, (I)blockIdx.x, 0)]);
+    split_sums<I>(d, chunk, partial, [=](u64 o) {
+        const float v = to_f32(x[o]) - k;
+        return make_float2(v, v * v);
+    });
 }
 
 // running_mean == 0: no running statistics to move.
@@ -90,26 +101,15 @@ __device__ void apply(Dims d, int relu, const T* x, const float* mean, const flo
     }
 }
 
+// dy (where the rectified output passed it) and dy * (x - mean).
 template <typename I, typename T>
 __device__ void grad_stats(Dims d, u64 chunk, const T* x, const T* out, const T* dy, const float* mean,
                            float* partial) {
-    const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const I n = (I)(d.outer * d.rows * d.inner);
-    const I start = (I)(split * chunk);
-    const I end = start + (I)chunk < n ? start + (I)chunk : n;
-    const float m = mean[ch];
-    float sd = 0.0f, sdx = 0.0f;
-    for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
-        const u64 o = element_offset<I>(d, ch, e);
+    const float m = mean[blockIdx.x];
+    split_sums<I>(d, chunk, partial, [=](u64 o) {
         const float g = out && !(to_f32(out[o]) > 0.0f) ? 0.0f : to_f32(dy[o]);
-        sd += g;
-        sdx += g * (to_f32(x[o]) - m);
-    }
-    const float2 s = block_sum2(sd, sdx);
-    if (threadIdx.x == 0) {
-        partial[((u64)ch * splits + split) * 2] = s.x;
-        partial[((u64)ch * splits + split) * 2 + 1] = s.y;
-    }
+        return make_float2(g, g * (to_f32(x[o]) - m));
+    });
 }
 
 extern "C" __global__ void batch_norm_grad_finalize(u64 channels, u64 splits, const float* partial,
@@ -141,24 +141,18 @@ __device__ void grad_input(Dims d, const T* x, const T* out, const T* dy, const 
 
 
 // Each channel's sum of T x into f32 (a convolution's bias gradient from a 16-bit output gradient): channel_sums
-// (grid (channels, splits)) sums a split into partial[ch][split], channel_sums_finalize a channel's splits.
+// (grid (channels, splits)) sums a split into partial[ch][split][0] (the pair's second is 0), channel_sums_finalize
+// a channel's splits.
 template <typename I, typename T>
 __device__ void channel_sums(Dims d, u64 chunk, const T* x, float* partial) {
-    const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const I n = (I)(d.outer * d.rows * d.inner);
-    const I start = (I)(split * chunk);
-    const I end = start + (I)chunk < n ? start + (I)chunk : n;
-    float s = 0.0f;
-    for (I e = start + threadIdx.x; e < end; e += blockDim.x) s += to_f32(x[element_offset<I>(d, ch, e)]);
-    s = block_sum(s);
-    if (threadIdx.x == 0) partial[(u64)ch * splits + split] = s;
+    split_sums<I>(d, chunk, partial, [=](u64 o) { return make_float2(to_f32(x[o]), 0.0f); });
 }
 
 extern "C" __global__ void channel_sums_finalize(u64 channels, u64 splits, const float* partial, float* out) {
     const u64 ch = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= channels) return;
     double acc = 0.0;
-    for (u64 s = 0; s < splits; ++s) acc += partial[ch * splits + s];
+    for (u64 s = 0; s < splits; ++s) acc += partial[(ch * splits + s) * 2];
     out[ch] = (float)acc;
 }
 
