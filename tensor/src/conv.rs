@@ -58,6 +58,19 @@ impl Tensor {
         Ok(p)
     }
 
+    /// Checks that `self` has the shape of `p`'s output (an output gradient for a backward pass).
+    fn is_output_of(&self, op: &'static str, p: &ConvParams) -> Result<()> {
+        let out = [p.batch, p.c_out, p.out_h(), p.out_w()];
+        if self.shape != out {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape.clone(),
+                rhs: out.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
     /// 2-D convolution, NCHW: `self [N,C,H,W]`, `weight [O,C/groups,kh,kw]`, `bias [O]`.
     ///
     /// # Errors
@@ -168,13 +181,7 @@ impl Tensor {
         const OP: &str = "conv2d_backward_input";
         let math = Precision::current().math_for(grad_out, weight);
         let p = Tensor::conv_params(OP, input_shape, &weight.shape, stride, padding, groups)?;
-        if grad_out.shape != [p.batch, p.c_out, p.out_h(), p.out_w()] {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                lhs: grad_out.shape.clone(),
-                rhs: vec![p.batch, p.c_out, p.out_h(), p.out_w()],
-            });
-        }
+        grad_out.is_output_of(OP, &p)?;
         if let Some(m) = math.filter(|m| !m.f32_operands()) {
             return Tensor::conv_16bit(
                 (ConvPass::BackwardData, m),
@@ -206,13 +213,7 @@ impl Tensor {
         const OP: &str = "conv2d_backward_weight";
         let math = Precision::current().math_for(input, grad_out);
         let p = Tensor::conv_params(OP, &input.shape, weight_shape, stride, padding, groups)?;
-        if grad_out.shape != [p.batch, p.c_out, p.out_h(), p.out_w()] {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                lhs: grad_out.shape.clone(),
-                rhs: vec![p.batch, p.c_out, p.out_h(), p.out_w()],
-            });
-        }
+        grad_out.is_output_of(OP, &p)?;
         if let Some(m) = math.filter(|m| !m.f32_operands()) {
             return Tensor::conv_16bit(
                 (ConvPass::BackwardFilter, m),
