@@ -183,6 +183,26 @@ impl Case {
         download_as(gpu, out, n, self.math)
     }
 
+    /// Variant `v` of `key`'s pass launched on fresh targets: how far it is off `want` beyond `tolerance` (see
+    /// [`off`]), or why the launch failed; `None` when it matches.
+    fn check(
+        &self,
+        gpu: &Gpu,
+        dnn: &Dnn,
+        (key, desc): (&Key, &Desc),
+        v: Variant,
+        (want, tolerance): (&[f32], f32),
+    ) -> Option<String> {
+        let (out, n, ops) = self.target(gpu, key.pass);
+        let ws = gpu.alloc(v.workspace.max(1)).unwrap();
+        // SAFETY: the operands hold what `key.p` describes in `key.math`'s type, the workspace what the algorithm
+        // and its staging need.
+        if let Err(e) = unsafe { dnn.launch(gpu, key, desc, v, ops, ws.ptr()) } {
+            return Some(format!("launch failed: {e}"));
+        }
+        off(&self.read(gpu, &out, n), want, tolerance)
+    }
+
     /// `pass` through `dnn` (choosing its algorithm if new); its result.
     fn run(&self, gpu: &Gpu, dnn: &mut Dnn, pass: ConvPass) -> Vec<f32> {
         let (out, n, x) = self.target(gpu, pass);
@@ -253,12 +273,7 @@ fn every_algorithm_cudnn_offers_matches_the_cpu() {
             let want = case.want(pass);
             for v in variants {
                 fused += usize::from(v.fused);
-                let (out, n, x) = case.target(&gpu, pass);
-                let ws = gpu.alloc(v.workspace.max(1)).unwrap();
-                // SAFETY: the operands hold what `p` describes, the workspace what the algorithm needs.
-                unsafe { dnn.launch(&gpu, &key, &desc, v, x, ws.ptr()) }
-                    .unwrap_or_else(|e| panic!("{what} on {v:?}: {e}"));
-                if let Some(e) = off(&case.read(&gpu, &out, n), &want, 1e-4) {
+                if let Some(e) = case.check(&gpu, &dnn, (&key, &desc), v, (&want, 1e-4)) {
                     wrong.push(format!("{what} on {v:?}: {e}"));
                 }
             }
@@ -549,15 +564,7 @@ fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
                 let want = case.want(pass);
                 for v in dnn.variants(&key, &desc) {
                     channels_last += usize::from(v.layout == Layout::Nhwc);
-                    let (out, n, ops) = case.target(&gpu, pass);
-                    let ws = gpu.alloc(v.workspace.max(1)).unwrap();
-                    // SAFETY: the operands hold what `p` describes in `math`'s type, the workspace what the
-                    // algorithm and its staging need.
-                    if let Err(e) = unsafe { dnn.launch(&gpu, &key, &desc, v, ops, ws.ptr()) } {
-                        wrong.push(format!("{what} on {v:?}: {e}"));
-                        continue;
-                    }
-                    if let Some(e) = off(&case.read(&gpu, &out, n), &want, tolerance) {
+                    if let Some(e) = case.check(&gpu, &dnn, (&key, &desc), v, (&want, tolerance)) {
                         wrong.push(format!("{what} on {v:?}: {e}"));
                     }
                 }
