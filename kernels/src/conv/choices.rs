@@ -42,6 +42,10 @@ pub enum ConvDecision {
         /// this existed are NCHW.
         #[serde(default)]
         channels_last: bool,
+        /// On f32 copies of 16-bit operands, converted in the workspace around the call; choices saved before
+        /// this existed are in the policy's own type.
+        #[serde(default)]
+        in_f32: bool,
         /// The `cudnnMathType_t` it runs with; `None` in choices saved before this existed: the policy's own.
         #[serde(default)]
         math_type: Option<u32>,
@@ -126,6 +130,7 @@ mod tests {
                             workspace: 0,
                             fused_bias: true,
                             channels_last: false,
+                            in_f32: false,
                             math_type: None,
                         },
                     ),
@@ -135,7 +140,8 @@ mod tests {
                             algo: 5,
                             workspace: 3 << 30,
                             fused_bias: false,
-                            channels_last: true,
+                            channels_last: false,
+                            in_f32: true,
                             math_type: Some(0),
                         },
                     ),
@@ -153,6 +159,16 @@ mod tests {
         let old = json.replace("\"math\":\"bf16\",", "");
         let back: GemmChoices = serde_json::from_str(&old).unwrap();
         assert_eq!(back.convolutions.entries[1].math, Math::Fp32, "{old}");
+        // One saved before f32 staging: in the policy's own type.
+        let old = json.replace("\"in_f32\":true,", "");
+        let back: GemmChoices = serde_json::from_str(&old).unwrap();
+        assert!(
+            matches!(
+                back.convolutions.entries[1].decision,
+                ConvDecision::Cudnn { in_f32: false, .. }
+            ),
+            "{old}"
+        );
     }
 
     #[test]

@@ -23,7 +23,9 @@
 //! a few per cent of one convolution are not worth a member's peak memory.
 //!
 //! Layouts: under `Tf32`, `Bf16` and `F16` every algorithm is also a candidate on channels-last operands,
-//! transposed inside its workspace around the call ([`desc`]): cuDNN's tensor-core kernels are NHWC ones.
+//! transposed inside its workspace around the call ([`desc`]): cuDNN's tensor-core kernels are NHWC ones. Under
+//! `Bf16` and `F16` every f32 algorithm (TF32 math) is one too, on the operands converted to f32 in its workspace:
+//! for a few channels cuDNN's 16-bit kernels are legacy engines many times slower than its f32 ones.
 //!
 //! Fusion: the forward's only epilogue is a bias (the `conv2d` entry point has no activation flag), which cuDNN
 //! fuses in `cudnnConvolutionBiasActivationForward` with an identity activation, only on
@@ -43,8 +45,9 @@ use cudarc::cudnn::{result as dnn, sys};
 use self::desc::{Desc, Layout, Staging, Views, dims, policy_math};
 use super::cuda::{Operands, Workspace, cudnn_mode};
 use super::{ConvParams, ConvPass, CudnnMode};
+use crate::copy::cuda::cast;
 use crate::cuda::decisions::Decisions;
-use crate::cuda::{GemmTuning, Gpu, cuda_err};
+use crate::cuda::{CudaType, GemmTuning, Gpu, cuda_err};
 use crate::matmul::lt::time_runs;
 use crate::{Error, Math, Result};
 
@@ -305,6 +308,16 @@ struct Key {
     math: Math,
 }
 
+impl Key {
+    /// The key a candidate of `layout` is listed, filtered and run under ([`Layout::math`]).
+    fn listed_as(&self, layout: Layout) -> Key {
+        Key {
+            math: layout.math(self.math),
+            ..*self
+        }
+    }
+}
+
 /// `cudnn fwd+bias 7x64x13x11 -> 128 k3x3 s2 p1`: a pass's label in profiles and tuning reports.
 fn label(key: &Key) -> String {
     let p = &key.p;
@@ -346,6 +359,17 @@ impl Desc {
             }
         }
     }
+}
+
+/// One of a pass's three operands.
+#[derive(Clone, Copy, Debug)]
+enum Part {
+    /// The input (or its gradient).
+    X,
+    /// The weight (or its gradient).
+    W,
+    /// The output (or its gradient).
+    Y,
 }
 
 /// How a [`Choice`] was made.
@@ -597,10 +621,10 @@ impl Dnn {
         let what = format!(
             "{}{}",
             label(key),
-            if kept.layout == Layout::Nhwc {
-                " (channels last)"
-            } else {
-                ""
+            match kept.layout {
+                Layout::Nchw => "",
+                Layout::Nhwc => " (channels last)",
+                Layout::F32 => " (in f32)",
             }
         );
         tracing::debug!(
@@ -625,22 +649,23 @@ impl Dnn {
     }
 
     /// The candidates for `key`, the heuristics' order kept, NCHW first, then (under a policy with tensor-core
-    /// math) channels last: every algorithm cuDNN reports as supported for the layout but those [`inexact`]
-    /// names, within [`workspace_cap`] with its staging, in deterministic mode only those it
-    /// reports as deterministic, each once per layout; a forward with a bias also as one call where cuDNN allows
-    /// it (NCHW only), tried before the same algorithm unfused.
+    /// math) channels last, then (under a 16-bit one) in f32: every algorithm cuDNN reports as supported for the
+    /// layout but those [`inexact`] names, within [`workspace_cap`] with its staging, in deterministic mode only
+    /// those it reports as deterministic, each once per layout; a forward with a bias also as one call where cuDNN
+    /// allows it (NCHW only), tried before the same algorithm unfused.
     fn variants(&self, key: &Key, desc: &Desc) -> Vec<Variant> {
         let det = crate::deterministic();
         let cap = workspace_cap(&key.p);
         let mut variants = Vec::new();
-        for layout in [Layout::Nchw, Layout::Nhwc] {
+        for layout in [Layout::Nchw, Layout::Nhwc, Layout::F32] {
             let Some(views) = desc.views(layout) else {
                 continue;
             };
             let staging = Staging::new(layout, &key.p, key.math).bytes();
-            for c in self.candidates(key, desc.conv, views) {
+            let listed = key.listed_as(layout);
+            for c in self.candidates(&listed, desc.conv, views) {
                 let deterministic = c.determinism == DETERMINISTIC;
-                let Some(math_type) = run_math(key.math, c.math_type) else {
+                let Some(math_type) = run_math(listed.math, c.math_type) else {
                     continue;
                 };
                 let again = variants.iter().any(|v: &Variant| {
@@ -677,8 +702,8 @@ impl Dnn {
         variants
     }
 
-    /// What `cudnnGet*Algorithm_v7` reports as supported for `pass`, in its order (best expected first); empty
-    /// where it fails.
+    /// What `cudnnGet*Algorithm_v7` reports as supported for `key` on the views `d` (listed under `key.math`: see
+    /// [`Key::listed_as`]), in its order (best expected first); empty where it fails.
     fn candidates(
         &self,
         key: &Key,
@@ -804,47 +829,39 @@ impl Dnn {
         // SAFETY: the handle is live, the stream one of this device's, which outlive the handle's use.
         unsafe { dnn::set_stream(h, gpu.stream().cu_stream() as sys::cudaStream_t) }
             .map_err(|e| cuda_err("cudnnSetStream", e))?;
-        match (v.layout, &d.nhwc) {
-            (Layout::Nchw, _) => {
-                // SAFETY: forwarded to the caller; the workspace is the algorithm's alone.
-                unsafe { self.convolve(key, (d, &d.nchw), v, x, (ws, v.workspace)) }?
-            }
-            (Layout::Nhwc, Some(last)) => {
-                let staging = Staging::new(Layout::Nhwc, &key.p, key.math);
+        match v.layout {
+            // SAFETY: forwarded to the caller; the workspace is the algorithm's alone.
+            Layout::Nchw => unsafe { self.convolve(key, (d, &d.nchw), v, x, (ws, v.workspace)) }?,
+            staged => {
+                let views = d.views(staged).ok_or_else(|| {
+                    Error::Cuda(format!(
+                        "{}: a {staged:?} algorithm with no descriptors for it",
+                        label(key)
+                    ))
+                })?;
+                let staging = Staging::new(staged, &key.p, key.math);
                 let [sx, sw, sy] = staging.at(ws);
                 let own = (ws + staging.bytes() as u64, v.workspace - staging.bytes());
-                let (nchw, nhwc) = (&d.nchw, &last.views);
-                let w_in = ((last.w_nchw, x.w), (last.w_nhwc, sw));
-                let x_in = ((nchw.x, x.x), (nhwc.x, sx));
-                let y_in = ((nchw.y, x.y), (nhwc.y, sy));
                 let (ins, out) = match key.pass {
-                    ConvPass::Forward { .. } => ([x_in, w_in], ((nhwc.y, sy), (nchw.y, x.y))),
-                    ConvPass::BackwardData => ([w_in, y_in], ((nhwc.x, sx), (nchw.x, x.x))),
-                    ConvPass::BackwardFilter => {
-                        ([x_in, y_in], ((last.w_nhwc, sw), (last.w_nchw, x.w)))
-                    }
+                    ConvPass::Forward { .. } => ([Part::X, Part::W], Part::Y),
+                    ConvPass::BackwardData => ([Part::W, Part::Y], Part::X),
+                    ConvPass::BackwardFilter => ([Part::X, Part::Y], Part::W),
                 };
-                let staged = Operands {
+                let at = Operands {
                     x: sx,
                     w: sw,
                     y: sy,
                     bias: 0,
                 };
-                // SAFETY: forwarded to the caller; the staging holds the three transposed operands and the
+                // SAFETY: forwarded to the caller; the staging holds the three staged operands and the
                 // algorithm's own workspace follows it, disjoint parts of the caller's `v.workspace` bytes.
                 unsafe {
-                    for (from, to) in ins {
-                        self.transpose(from, to)?;
+                    for part in ins {
+                        self.stage(gpu, (key, d), staged, part, (x, at), true)?;
                     }
-                    self.convolve(key, (d, nhwc), v, staged, own)?;
-                    self.transpose(out.0, out.1)?;
+                    self.convolve(key, (d, views), v, at, own)?;
+                    self.stage(gpu, (key, d), staged, out, (x, at), false)?;
                 }
-            }
-            (Layout::Nhwc, None) => {
-                return Err(Error::Cuda(format!(
-                    "{}: a channels-last algorithm with no channels-last descriptors",
-                    label(key)
-                )));
             }
         }
         if key.pass == (ConvPass::Forward { bias: true }) && !v.fused {
@@ -865,6 +882,57 @@ impl Dnn {
             }
         }
         Ok(())
+    }
+
+    /// Copies operand `part` between the caller's operands `x` and their staged copies `at` in `layout`: into the
+    /// staging when `inward`, else back out.
+    ///
+    /// # Safety
+    /// `x` holds the pass's operands as [`Dnn::run`] says, `at` room for their staged copies, on `gpu`.
+    unsafe fn stage(
+        &self,
+        gpu: &Gpu,
+        (key, d): (&Key, &Desc),
+        layout: Layout,
+        part: Part,
+        (x, at): (Operands, Operands),
+        inward: bool,
+    ) -> Result<()> {
+        let p = &key.p;
+        let (held, staged, n) = match part {
+            Part::X => (x.x, at.x, p.input_len()),
+            Part::W => (x.w, at.w, p.weight_len()),
+            Part::Y => (x.y, at.y, p.output_len()),
+        };
+        match (layout, &d.nhwc) {
+            (Layout::Nhwc, Some(last)) => {
+                let (nchw, nhwc) = match part {
+                    Part::X => (d.nchw.x, last.views.x),
+                    Part::W => (last.w_nchw, last.w_nhwc),
+                    Part::Y => (d.nchw.y, last.views.y),
+                };
+                let (from, to) = ((nchw, held), (nhwc, staged));
+                let (from, to) = if inward { (from, to) } else { (to, from) };
+                // SAFETY: per the caller; the descriptors describe the operand in either layout.
+                unsafe { self.transpose(from, to) }
+            }
+            (Layout::F32, _) => {
+                let (held_ty, f32) = (CudaType::operands_of(key.math), CudaType::F32);
+                // SAFETY: per the caller: `n` elements of the held type at `held`, room for as many f32 at
+                // `staged`.
+                unsafe {
+                    if inward {
+                        cast(gpu, held_ty, f32, held, staged, n)
+                    } else {
+                        cast(gpu, f32, held_ty, staged, held, n)
+                    }
+                }
+            }
+            _ => Err(Error::Cuda(format!(
+                "{}: no {layout:?} staging for its operands",
+                label(key)
+            ))),
+        }
     }
 
     /// Copies the tensor `from` describes into the layout `to` describes.

@@ -21,6 +21,19 @@ pub(super) enum Layout {
     Nchw,
     /// Transposed to channels last around the call.
     Nhwc,
+    /// As the caller holds them, converted to f32 around the call (16-bit operands only).
+    F32,
+}
+
+impl Layout {
+    /// The policy a candidate of this layout is listed and run under, for operands of the policy `math`: TF32 for
+    /// f32 copies of 16-bit operands.
+    pub(super) fn math(self, math: Math) -> Math {
+        match self {
+            Layout::F32 => Math::Tf32,
+            Layout::Nchw | Layout::Nhwc => math,
+        }
+    }
 }
 
 /// The x, w and y descriptors of one layout.
@@ -96,6 +109,8 @@ pub(super) struct Desc {
     /// Their channels-last twins, under a policy with tensor-core math (`None` under `Fp32`, whose FMA kernels
     /// gain nothing from the transposes).
     pub nhwc: Option<ChannelsLast>,
+    /// Their f32 twins, under a 16-bit policy.
+    pub f32: Option<Views>,
     /// `[1, O, 1, 1]`, for a forward with a bias (else null).
     pub bias: sys::cudnnTensorDescriptor_t,
     /// The identity, for a forward with a fused bias (else null).
@@ -201,6 +216,7 @@ impl Desc {
             conv: std::ptr::null_mut(),
             nchw: Views::new(NCHW, dt, dims)?,
             nhwc: None,
+            f32: None,
             bias: std::ptr::null_mut(),
             act: std::ptr::null_mut(),
         };
@@ -240,6 +256,9 @@ impl Desc {
             last.w_nhwc = tensor4d(NHWC, [o, cg, kh, kw], dt)?;
             d.nhwc = Some(last);
         }
+        if !math.f32_operands() {
+            d.f32 = Some(Views::new(NCHW, F32, dims)?);
+        }
         if pass == (ConvPass::Forward { bias: true }) {
             d.bias = tensor4d(NCHW, [1, o, 1, 1], dt)?;
             d.act = dnn::create_activation_descriptor()?;
@@ -261,32 +280,34 @@ impl Desc {
         match layout {
             Layout::Nchw => Some(&self.nchw),
             Layout::Nhwc => self.nhwc.as_ref().map(|l| &l.views),
+            Layout::F32 => self.f32.as_ref(),
         }
     }
 }
 
-/// Where a channels-last call keeps its transposed operands: the start of its workspace, each operand's bytes
+/// Where a channels-last or f32 call keeps its staged operands: the start of its workspace, each operand's bytes
 /// rounded up to 256 so that every part stays aligned; the algorithm's own workspace follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Staging {
-    /// Bytes of the transposed x, w and y.
+    /// Bytes of the staged x, w and y.
     pub parts: [usize; 3],
 }
 
 impl Staging {
     /// The staging `layout` needs for `p` under `math`: none for NCHW.
     pub(super) fn new(layout: Layout, p: &ConvParams, math: Math) -> Staging {
-        let bytes = CudaType::operands_of(math).size();
+        let bytes = match layout {
+            Layout::Nchw => return Staging { parts: [0; 3] },
+            Layout::Nhwc => CudaType::operands_of(math).size(),
+            Layout::F32 => CudaType::F32.size(),
+        };
         let round = |elements: usize| (elements * bytes).next_multiple_of(256);
         Staging {
-            parts: match layout {
-                Layout::Nchw => [0; 3],
-                Layout::Nhwc => [
-                    round(p.input_len()),
-                    round(p.weight_len()),
-                    round(p.output_len()),
-                ],
-            },
+            parts: [
+                round(p.input_len()),
+                round(p.weight_len()),
+                round(p.output_len()),
+            ],
         }
     }
 
@@ -295,7 +316,7 @@ impl Staging {
         self.parts.iter().sum()
     }
 
-    /// The addresses of the transposed x, w and y in the workspace at `ws`.
+    /// The addresses of the staged x, w and y in the workspace at `ws`.
     pub(super) fn at(&self, ws: u64) -> [u64; 3] {
         let [x, w, _] = self.parts.map(|b| b as u64);
         [ws, ws + x, ws + x + w]

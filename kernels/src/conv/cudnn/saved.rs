@@ -29,6 +29,7 @@ impl Dnn {
                         workspace: c.run.workspace,
                         fused_bias: c.run.fused,
                         channels_last: c.run.layout == Layout::Nhwc,
+                        in_f32: c.run.layout == Layout::F32,
                         math_type: Some(c.run.math_type as u32),
                     },
                 },
@@ -76,7 +77,7 @@ impl Dnn {
     }
 
     /// The entry `decision` makes for `key`, where it can run: an algorithm the heuristics report as supported for
-    /// the geometry in its layout and math type (the policy's own where none was saved), needing no more workspace
+    /// the geometry in its layout and math type (the layout's policy's own where none was saved), needing no more workspace
     /// than saved, fused only where cuDNN allows it (NCHW).
     fn entry(&self, key: &Key, decision: &ConvDecision) -> Option<Entry> {
         let ConvDecision::Cudnn {
@@ -84,16 +85,19 @@ impl Dnn {
             workspace,
             fused_bias,
             channels_last,
+            in_f32,
             math_type,
         } = *decision
         else {
             return Some(Entry::Own);
         };
-        let layout = if channels_last {
-            Layout::Nhwc
-        } else {
-            Layout::Nchw
+        let layout = match (channels_last, in_f32) {
+            (false, false) => Layout::Nchw,
+            (true, false) => Layout::Nhwc,
+            (false, true) => Layout::F32,
+            (true, true) => return None,
         };
+        let listed = key.listed_as(layout);
         if fused_bias
             && (key.pass != (ConvPass::Forward { bias: true })
                 || algo != IMPLICIT_PRECOMP_GEMM
@@ -102,15 +106,15 @@ impl Dnn {
             return None;
         }
         let math_type = match math_type {
-            Some(saved) => run_math(key.math, saved)?,
-            None => policy_math(key.math),
+            Some(saved) => run_math(listed.math, saved)?,
+            None => policy_math(listed.math),
         };
         let desc = Desc::new(key)?;
         let views = desc.views(layout)?;
         let found = self
-            .candidates(key, desc.conv, views)
+            .candidates(&listed, desc.conv, views)
             .into_iter()
-            .find(|c| c.algo == algo && run_math(key.math, c.math_type) == Some(math_type))?;
+            .find(|c| c.algo == algo && run_math(listed.math, c.math_type) == Some(math_type))?;
         let need = self
             .workspace_size(key.pass, (desc.conv, math_type), views, algo)
             .ok()?

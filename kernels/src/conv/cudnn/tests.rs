@@ -390,6 +390,7 @@ fn the_fastest_algorithm_is_kept_and_saved_choices_run_without_timing() {
         workspace: 0,
         fused_bias: false,
         channels_last: false,
+        in_f32: false,
         math_type: None,
     };
     assert_eq!(third.adopt(&broken), saved.entries.len() - 1);
@@ -542,11 +543,11 @@ fn download_as(gpu: &Gpu, buf: &DeviceBuffer, n: usize, math: Math) -> Vec<f32> 
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
+fn every_algorithm_in_every_layout_matches_the_cpu_under_tf32_and_bf16() {
     let _mode = exclusive(false);
     let gpu = gpu();
     let dnn = fresh(&gpu);
-    let mut channels_last = 0;
+    let (mut channels_last, mut in_f32) = (0, 0);
     let mut wrong = Vec::new();
     // Within these fractions of the largest magnitude: TF32 rounds the operands to 10-bit mantissas, bf16 to 7
     // bits and its output too (the CPU reference takes the same rounded operands).
@@ -564,6 +565,7 @@ fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
                 let want = case.want(pass);
                 for v in dnn.variants(&key, &desc) {
                     channels_last += usize::from(v.layout == Layout::Nhwc);
+                    in_f32 += usize::from(v.layout == Layout::F32);
                     if let Some(e) = case.check(&gpu, &dnn, (&key, &desc), v, (&want, tolerance)) {
                         wrong.push(format!("{what} on {v:?}: {e}"));
                     }
@@ -581,4 +583,5 @@ fn every_algorithm_in_either_layout_matches_the_cpu_under_tf32_and_bf16() {
         channels_last > 0,
         "no channels-last algorithm was offered under TF32 or bf16"
     );
+    assert!(in_f32 > 0, "no f32 algorithm was offered under bf16");
 }
