@@ -67,6 +67,9 @@ const DETERMINISTIC: u32 = 1;
 /// `CUDNN_TENSOR_OP_MATH` and `CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION`: tensor-core results, which the FMA
 /// descriptors should never be offered.
 const TENSOR_OP_MATH: [u32; 2] = [1, 2];
+/// The backward filter algorithms cuDNN documents as deterministic, in the order its heuristics ranked them for
+/// 16-bit passes: `ALGO_1`, `WINOGRAD_NONFUSED`, `FFT`, `FFT_TILING` (a 16-bit pass takes no other: [`inexact`]).
+const FILTER_16BIT: [u32; 4] = [1, 5, 2, 6];
 /// `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`, the one algorithm that fuses a bias with no activation.
 const IMPLICIT_PRECOMP_GEMM: u32 = 1;
 
@@ -711,6 +714,9 @@ impl Dnn {
         d: &Views,
     ) -> Vec<Perf> {
         let pass = key.pass;
+        if pass == ConvPass::BackwardFilter && !key.math.f32_operands() {
+            return self.filter_16bit(key, conv, d);
+        }
         // The listing depends on the descriptor's math type, which a candidate's run changes.
         if set_math(conv, policy_math(key.math)).is_err() {
             return Vec::new();
@@ -766,6 +772,41 @@ impl Dnn {
             .filter(|c| c.status == SUCCESS && known(c.algo) && !inexact(key, c))
             .copied()
             .collect()
+    }
+
+    /// The candidates for a 16-bit backward filter pass (`key`) on the views `d`, without the heuristics: on the
+    /// H100 with cuDNN 9.14 `cudnnGetConvolutionBackwardFilterAlgorithm_v7` took 1.9 to 2.7 s for every such call
+    /// on NCHW operands (every other pass and layout lists in under 3 ms), which a run paid per geometry and made
+    /// a short bf16 run many times slower than an fp32 one. Instead, each algorithm [`FILTER_16BIT`] names, with
+    /// each math type, is a candidate where cuDNN gives its workspace size (it refuses the unsupported ones) and
+    /// [`inexact`] does not rule it out.
+    fn filter_16bit(
+        &self,
+        key: &Key,
+        conv: sys::cudnnConvolutionDescriptor_t,
+        d: &Views,
+    ) -> Vec<Perf> {
+        use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH};
+        let mut found = Vec::new();
+        for algo in FILTER_16BIT {
+            for math in [CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH] {
+                let Ok(memory) = self.workspace_size(key.pass, (conv, math), d, algo) else {
+                    continue;
+                };
+                let c = Perf {
+                    algo,
+                    status: SUCCESS,
+                    memory,
+                    determinism: DETERMINISTIC,
+                    math_type: math as u32,
+                    ..Perf::default()
+                };
+                if !inexact(key, &c) {
+                    found.push(c);
+                }
+            }
+        }
+        found
     }
 
     /// Bytes of workspace `algo` needs for `pass` on `d`.
