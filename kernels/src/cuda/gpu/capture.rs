@@ -3,12 +3,13 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result as drv, sys};
 
+use super::memory::scratch_bytes;
 use super::{DeviceBuffer, Gpu, PinnedBuffer, cuda_err, lock};
 use crate::{Error, Result};
 
@@ -77,7 +78,7 @@ impl Gpu {
         }
         let _turn = self.turn();
         self.bind()?;
-        let mut guard = lock(&self.lanes);
+        let mut guard = lock(&self.capture.lanes);
         let l = &mut *guard;
         while l.streams.len() < lanes {
             let stream = self
@@ -137,15 +138,15 @@ impl Gpu {
 
     /// Whether a CUDA graph is being captured on the compute stream.
     pub fn is_capturing(&self) -> bool {
-        self.capturing.load(Ordering::Acquire)
-            && lock(&self.turns).owner == Some(std::thread::current().id())
+        self.capture.capturing.load(Ordering::Acquire)
+            && lock(&self.capture.turns).owner == Some(std::thread::current().id())
     }
 
     /// This thread's turn to use the device (queue work, or allocate and free where that may
     /// synchronize): waits while another thread captures a graph here, and keeps a capture from
     /// beginning until the returned guard drops.
     pub fn turn(&self) -> Turn<'_> {
-        let mut t = lock(&self.turns);
+        let mut t = lock(&self.capture.turns);
         while let Some(owner) = t.owner {
             if owner == std::thread::current().id() {
                 return Turn {
@@ -190,7 +191,7 @@ impl Gpu {
             ));
         }
         {
-            let mut t = lock(&self.turns);
+            let mut t = lock(&self.capture.turns);
             if t.owner == Some(me) {
                 return Err(Error::Cuda(format!(
                     "cuda:{} is already capturing a CUDA graph: finish that capture first",
@@ -202,7 +203,7 @@ impl Gpu {
             }
             t.owner = Some(me);
         }
-        self.capturing.store(true, Ordering::Release);
+        self.capture.capturing.store(true, Ordering::Release);
         let r = self.bind().and_then(|()| {
             self.compute
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -216,21 +217,43 @@ impl Gpu {
 
     /// Ends a capture's hold on the device: other threads may queue work again.
     fn release_turns(&self) {
-        self.capturing.store(false, Ordering::Release);
-        let mut t = lock(&self.turns);
+        self.capture.capturing.store(false, Ordering::Release);
+        let mut t = lock(&self.capture.turns);
         t.owner = None;
-        t.wake(&self.turn_changed);
+        t.wake(&self.capture.turn_changed);
     }
 
     /// Waits (counted as waiting) until the turns change.
     fn wait_for_turns<'a>(&self, mut t: MutexGuard<'a, Turns>) -> MutexGuard<'a, Turns> {
         t.waiting += 1;
         let mut t = self
+            .capture
             .turn_changed
             .wait(t)
             .unwrap_or_else(PoisonError::into_inner);
         t.waiting -= 1;
         t
+    }
+
+    /// Keeps `host` (the pinned source of a captured copy) for the graph being captured: its replays copy from it.
+    pub(super) fn keep_for_graph(&self, host: PinnedBuffer) {
+        lock(&self.capture.host).push(host);
+    }
+
+    /// The address of a scratch area of at least `bytes` for an op being captured (on the side stream where `side`),
+    /// the graph's own. The graph's nodes on one stream run one after another, so they share the graph's area as
+    /// eager ops share the stream's; a larger need gets a new area (earlier nodes keep theirs).
+    pub(super) fn graph_scratch(&self, side: bool, bytes: usize) -> Result<u64> {
+        let list = if side {
+            &self.capture.side_scratch
+        } else {
+            &self.capture.scratch
+        };
+        let mut areas = lock(list);
+        if areas.last().is_none_or(|a| a.bytes() < bytes) {
+            areas.push(self.alloc(scratch_bytes(bytes))?);
+        }
+        Ok(areas.last().map(DeviceBuffer::ptr).unwrap_or_default())
     }
 
     /// Ends the capture begun by [`Gpu::begin_capture`] and instantiates the graph.
@@ -244,9 +267,9 @@ impl Gpu {
                 "end_capture without begin_capture: no CUDA graph is being captured".into(),
             ));
         }
-        let host = std::mem::take(&mut *lock(&self.captured_host));
-        let mut scratch = std::mem::take(&mut *lock(&self.captured_scratch));
-        scratch.append(&mut lock(&self.captured_side_scratch));
+        let host = std::mem::take(&mut *lock(&self.capture.host));
+        let mut scratch = std::mem::take(&mut *lock(&self.capture.scratch));
+        scratch.append(&mut lock(&self.capture.side_scratch));
         let r = self.compute.end_capture(sys::CUgraphInstantiate_flags(0));
         self.release_turns();
         match r {
@@ -265,6 +288,25 @@ impl Gpu {
             )),
         }
     }
+}
+
+/// A device's capture state: whose work the device takes, and what a capture in progress keeps for its graph.
+#[derive(Default)]
+pub(super) struct Capture {
+    /// A CUDA graph is being captured on the compute stream (by `turns.owner`).
+    capturing: AtomicBool,
+    /// Whose work the device takes: every thread's, or only the capturing thread's while a capture
+    /// runs (a capture records whatever is queued on the compute stream, by any thread).
+    turns: Mutex<Turns>,
+    turn_changed: Condvar,
+    /// Host bytes copied to the device during the capture, kept (pinned) for the graph's replays.
+    host: Mutex<Vec<PinnedBuffer>>,
+    /// Scratch areas of ops captured meanwhile: each graph owns its own, so graphs may replay concurrently.
+    scratch: Mutex<Vec<DeviceBuffer>>,
+    /// Those of ops captured on the side stream, whose nodes run alongside the compute stream's.
+    side_scratch: Mutex<Vec<DeviceBuffer>>,
+    /// Side streams for replaying graphs concurrently ([`Gpu::replay_concurrently`]), created on first use.
+    lanes: Mutex<Lanes>,
 }
 
 /// Who may queue work on a device ([`Gpu::turn`]).
@@ -303,9 +345,9 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if self.counted {
             TURNS_HELD.set(TURNS_HELD.get().saturating_sub(1));
-            let mut t = lock(&self.gpu.turns);
+            let mut t = lock(&self.gpu.capture.turns);
             t.active -= 1;
-            t.wake(&self.gpu.turn_changed);
+            t.wake(&self.gpu.capture.turn_changed);
         }
     }
 }

@@ -174,10 +174,10 @@ impl Gpu {
             // A graph replays the copy long after `src` is gone: copy from pinned bytes it keeps.
             let mut keep = self.alloc_pinned(src.len())?;
             keep.as_mut_slice().copy_from_slice(src);
-            // SAFETY: caller guarantees dst; `keep` lives as long as the graph (captured_host).
+            // SAFETY: caller guarantees dst; `keep` lives as long as the graph (keep_for_graph).
             unsafe { drv::memcpy_htod_async(dst, keep.as_slice(), self.compute.cu_stream()) }
                 .map_err(|e| cuda_err("copying host to device", e))?;
-            lock(&self.captured_host).push(keep);
+            self.keep_for_graph(keep);
             return Ok(());
         }
         // SAFETY: caller guarantees dst; a pageable source is staged before the call returns,

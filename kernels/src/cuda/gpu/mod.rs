@@ -1,16 +1,21 @@
-//! The per-device context: the driver context, its streams and its error flag, device allocations, scratch, and
-//! kernel launches. By concern beside it: `shape` (launch geometry, strides, element types), `copies` (host and
-//! device copies, pinned memory), `blas` (the cuBLAS and cuBLASLt handles), `dnn` (the cuDNN handle, or why there
-//! is none), `capture` (CUDA graphs and the turns that keep other threads' work out of a capture).
+//! The per-device context: the driver context, its streams, its error flags and the side stream. By concern beside
+//! it: `memory` (device buffers, the arena they may come from, scratch areas), `launch` (kernel functions from their
+//! modules, launches, per-kernel timing), `shape` (launch geometry, strides, element types), `copies` (host and
+//! device copies, pinned memory), `blas` (the cuBLAS and cuBLASLt handles), `dnn` (the cuDNN handle, or why there is
+//! none), `capture` (CUDA graphs, what a capture keeps for its graph, and the turns that keep other threads' work
+//! out of a capture).
 
 mod blas;
 mod capture;
 mod copies;
 mod dnn;
+mod launch;
+mod memory;
 mod shape;
 
 pub use capture::{GpuGraph, Turn};
 pub use copies::{CopyEvent, HostCopy, PinnedBuffer, pinned_host_bytes};
+pub use memory::{DeviceArena, DeviceBuffer};
 pub use shape::CudaType;
 pub(crate) use shape::{
     FloatKernels, Launch, StridedShape, aligned16, broadcast_strides, contiguous_strides,
@@ -18,26 +23,20 @@ pub(crate) use shape::{
 };
 
 use blas::Blas;
-use capture::{Lanes, Turns};
+use capture::Capture;
 use dnn::DnnSlot;
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::ThreadId;
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, result as drv, sys,
 };
 
-use super::KernelTime;
-
-/// Dynamic shared memory a kernel may take without opting in (48 KiB on every architecture since Volta).
-const DEFAULT_SHARED: u32 = 48 << 10;
-use super::modules::{self, KernelSource, Origin, Target};
+use super::modules::Target;
 use super::profile::Profile;
 use crate::matmul::lt::Lt;
 use crate::{Error, Result};
@@ -96,79 +95,6 @@ pub fn device_count() -> Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
-/// Where a device's own buffers (scratch areas, library workspaces, error flags) come from once installed with
-/// [`Gpu::set_arena`]: the tensor crate's caching allocator, so that a process-wide memory limit covers them and
-/// they count in its report. Without one they are `cuMemAlloc`ed.
-pub trait DeviceArena: Send + Sync {
-    /// At least `bytes` of device memory in the device's context, 256-byte aligned. `may_sync` is false while a
-    /// CUDA graph is being captured: the arena may then not synchronize the device (no page moves, no trim).
-    ///
-    /// # Errors
-    /// Out of memory (the allocator's own error, kept as the source of [`Error::DeviceMemory`]).
-    fn alloc(
-        &self,
-        bytes: usize,
-        may_sync: bool,
-    ) -> std::result::Result<u64, Box<dyn std::error::Error + Send + Sync>>;
-    /// Gives back what [`alloc`](DeviceArena::alloc) returned; the device has finished with it.
-    fn free(&self, ptr: u64);
-}
-
-/// Who frees a [`DeviceBuffer`].
-enum Owner {
-    Driver,
-    Arena(Arc<dyn DeviceArena>),
-}
-
-/// A device allocation owned by one value: scratch space, workspaces, tests, benches; from the device's arena
-/// where one is installed, else from `cuMemAlloc`.
-///
-/// Tensors do not use it: their storage comes from the caching allocator.
-pub struct DeviceBuffer {
-    ptr: u64,
-    bytes: usize,
-    ctx: Arc<CudaContext>,
-    owner: Owner,
-}
-
-impl fmt::Debug for DeviceBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeviceBuffer({:#x}, {} bytes)", self.ptr, self.bytes)
-    }
-}
-
-impl DeviceBuffer {
-    /// The device address.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_err() {
-            return;
-        }
-        match &self.owner {
-            // SAFETY: ptr came from cuMemAlloc in this context and is freed once; cuMemFree
-            // waits for work still using it.
-            Owner::Driver => drop(unsafe { drv::free_sync(self.ptr) }),
-            // As cuMemFree does, wait for work still using it (on any stream: a graph's scratch may be read by
-            // a replay on a side lane) before the arena hands it to someone else. A broken context keeps it.
-            Owner::Arena(arena) => {
-                if self.ctx.synchronize().is_ok() {
-                    arena.free(self.ptr);
-                }
-            }
-        }
-    }
-}
-
 thread_local! {
     /// This thread's work goes to the side stream (inside [`Gpu::on_side`]).
     static ON_SIDE: Cell<bool> = const { Cell::new(false) };
@@ -215,6 +141,8 @@ pub struct Gpu {
     target: Target,
     compute_capability: (u32, u32),
     sm_count: u32,
+    /// The most dynamic shared memory a block may opt in to, in bytes.
+    shared_per_block: usize,
     name: String,
     blas: Mutex<Option<Blas>>,
     /// cuBLASLt and its tuned algorithms (f32 products), created on first use.
@@ -231,22 +159,10 @@ pub struct Gpu {
     flags: Mutex<HashMap<ThreadId, DeviceBuffer>>,
     /// The side stream's scratch area (see [`Gpu::with_scratch`]).
     side_scratch: Mutex<Option<DeviceBuffer>>,
-    /// A CUDA graph is being captured on the compute stream (by `turns.owner`).
-    capturing: AtomicBool,
-    /// Whose work the device takes: every thread's, or only the capturing thread's while a capture
-    /// runs (a capture records whatever is queued on the compute stream, by any thread).
-    turns: Mutex<Turns>,
-    turn_changed: Condvar,
-    /// Host bytes copied to the device during a capture, kept (pinned) for the graph's replays.
-    captured_host: Mutex<Vec<PinnedBuffer>>,
     /// Pinned buffers of finished [`HostCopy`]s, reused: pinning memory costs more than a step.
     host_copy_buffers: Mutex<Vec<PinnedBuffer>>,
-    /// Scratch areas of ops captured meanwhile: each graph owns its own, so graphs may replay concurrently.
-    captured_scratch: Mutex<Vec<DeviceBuffer>>,
-    /// Those of ops captured on the side stream, whose nodes run alongside the compute stream's.
-    captured_side_scratch: Mutex<Vec<DeviceBuffer>>,
-    /// Side streams for replaying graphs concurrently ([`Gpu::replay_concurrently`]), created on first use.
-    lanes: Mutex<Lanes>,
+    /// Whose work the device takes, and what a capture in progress keeps for its graph.
+    capture: Capture,
     /// GPU time per kernel, when `COHORT_CUDA_PROFILE` asks for it.
     profile: Option<Profile>,
     /// Where [`Gpu::alloc`] takes memory from, once installed.
@@ -311,6 +227,11 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_err("reading the multiprocessor count", e))?;
+        let shared_per_block = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| cuda_err("reading the shared memory per block", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
         Ok(Gpu {
             ordinal,
@@ -322,6 +243,7 @@ impl Gpu {
             target: Target::of(cc),
             compute_capability: (cc.0.max(0) as u32, cc.1.max(0) as u32),
             sm_count: sm_count.max(1) as u32,
+            shared_per_block: shared_per_block.max(0) as usize,
             name,
             blas: Mutex::new(None),
             lt: Mutex::new(None),
@@ -331,14 +253,8 @@ impl Gpu {
             scratch: Mutex::new(None),
             flags: Mutex::new(HashMap::new()),
             side_scratch: Mutex::new(None),
-            capturing: AtomicBool::new(false),
-            turns: Mutex::new(Turns::default()),
-            turn_changed: Condvar::new(),
-            captured_host: Mutex::new(Vec::new()),
             host_copy_buffers: Mutex::new(Vec::new()),
-            captured_scratch: Mutex::new(Vec::new()),
-            captured_side_scratch: Mutex::new(Vec::new()),
-            lanes: Mutex::new(Lanes::default()),
+            capture: Capture::default(),
             profile: Profile::from_env(),
             arena: OnceLock::new(),
         })
@@ -374,6 +290,11 @@ impl Gpu {
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// The most dynamic shared memory one block may opt in to, in bytes (227 KiB on an H100).
+    pub fn shared_per_block(&self) -> usize {
+        self.shared_per_block
     }
 
     /// The compute capability (major, minor).
@@ -452,228 +373,14 @@ impl Gpu {
         let mut flags = lock(&self.flags);
         let thread = std::thread::current().id();
         if let Some(b) = flags.get(&thread) {
-            return Ok(b.ptr);
+            return Ok(b.ptr());
         }
         self.bind()?;
         let flag = self.alloc(16)?;
-        clear_flag(flag.ptr)?;
-        let ptr = flag.ptr;
+        clear_flag(flag.ptr())?;
+        let ptr = flag.ptr();
         flags.insert(thread, flag);
         Ok(ptr)
-    }
-
-    /// Allocates `bytes` (at least 1) of device memory owned by the returned buffer, from the device's arena where
-    /// one is installed.
-    ///
-    /// # Errors
-    /// The device (or the arena: [`Error::DeviceMemory`]) is out of memory.
-    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
-        self.bind()?;
-        let (ptr, owner) = match self.arena.get() {
-            Some(arena) => {
-                let ptr = arena
-                    .alloc(bytes.max(1), !self.is_capturing())
-                    .map_err(|source| Error::DeviceMemory {
-                        what: format!("{bytes} bytes of runtime scratch or workspace"),
-                        source,
-                    })?;
-                (ptr, Owner::Arena(arena.clone()))
-            }
-            None => {
-                // SAFETY: plain allocation in the bound context.
-                let ptr = unsafe { drv::malloc_sync(bytes.max(1)) }
-                    .map_err(|e| cuda_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
-                (ptr, Owner::Driver)
-            }
-        };
-        Ok(DeviceBuffer {
-            ptr,
-            bytes,
-            ctx: self.ctx.clone(),
-            owner,
-        })
-    }
-
-    /// Makes [`Gpu::alloc`] (every scratch area, library workspace and flag the runtime makes from now on) take
-    /// memory from `arena`; buffers made before keep theirs. `false` when an arena was installed already.
-    pub fn set_arena(&self, arena: Arc<dyn DeviceArena>) -> bool {
-        self.arena.set(arena).is_ok()
-    }
-
-    /// Runs `f` with a device scratch area of at least `bytes`, owned by this device and reused
-    /// by every op of the stream the work goes to (safe because all of them are ordered on it).
-    /// During a capture the area is the graph's own.
-    pub(crate) fn with_scratch<R>(
-        &self,
-        bytes: usize,
-        f: impl FnOnce(u64) -> Result<R>,
-    ) -> Result<R> {
-        // Growing the area synchronizes the stream, which another thread's capture must not see.
-        let _turn = self.turn();
-        let side = ON_SIDE.get();
-        if self.is_capturing() {
-            // The graph's nodes on one stream run one after another, so they share the graph's
-            // area like eager ops share the stream's; a larger need gets a new area (earlier
-            // nodes keep theirs).
-            let list = if side {
-                &self.captured_side_scratch
-            } else {
-                &self.captured_scratch
-            };
-            let mut areas = lock(list);
-            if areas.last().is_none_or(|a| a.bytes < bytes) {
-                areas.push(self.alloc(bytes.next_power_of_two().max(1 << 16))?);
-            }
-            let ptr = areas.last().map(|a| a.ptr).unwrap_or_default();
-            drop(areas);
-            return f(ptr);
-        }
-        let (area, stream) = if side {
-            (&self.side_scratch, &self.side)
-        } else {
-            (&self.scratch, &self.compute)
-        };
-        let mut guard = lock(area);
-        let big_enough = guard.as_ref().is_some_and(|b| b.bytes >= bytes);
-        if !big_enough {
-            // Work still queued may read the old area: let it finish before the area is freed.
-            if guard.is_some() {
-                stream
-                    .synchronize()
-                    .map_err(|e| cuda_err("synchronizing before growing the scratch area", e))?;
-            }
-            guard.take();
-            *guard = Some(self.alloc(bytes.next_power_of_two().max(1 << 16))?);
-        }
-        let ptr = guard.as_ref().map(|b| b.ptr).unwrap_or_default();
-        f(ptr)
-    }
-
-    /// A kernel of `src`, loading (and on first use in the process, compiling) its module.
-    pub(crate) fn function(
-        &self,
-        src: &'static KernelSource,
-        name: &'static str,
-    ) -> Result<CudaFunction> {
-        if let Some(f) = lock(&self.functions).get(name) {
-            return Ok(f.clone());
-        }
-        let module = {
-            let cached = lock(&self.modules).get(src.name).cloned();
-            match cached {
-                Some(m) => m,
-                None => {
-                    let m = self.load_module(src)?;
-                    lock(&self.modules).insert(src.name, m.clone());
-                    m
-                }
-            }
-        };
-        let f = module
-            .load_function(name)
-            .map_err(|e| cuda_err(&format!("finding kernel {name} in {}.cu", src.name), e))?;
-        lock(&self.functions).insert(name, f.clone());
-        Ok(f)
-    }
-
-    /// Loads `src`'s module; a cached cubin that the driver refuses is compiled again once.
-    fn load_module(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>> {
-        let load = |ptx| {
-            self.ctx
-                .load_module(ptx)
-                .map_err(|e| cuda_err(&format!("loading module {}.cu", src.name), e))
-        };
-        let (ptx, origin) = modules::image(src, self.target)?;
-        match load(ptx) {
-            Err(e) if origin == Origin::Disk => {
-                tracing::warn!("kernel cache: {e}; compiling {}.cu again", src.name);
-                load(modules::recompile(src, self.target)?)
-            }
-            loaded => loaded,
-        }
-    }
-
-    /// A 1-D grid-stride launch over `n` items with `block` threads per block.
-    pub(crate) fn grid(&self, n: usize, block: u32) -> Launch {
-        let blocks = n
-            .div_ceil(block as usize)
-            .clamp(1, self.sm_count as usize * 16) as u32;
-        Launch {
-            grid: (blocks, 1, 1),
-            block: (block, 1, 1),
-            shared: 0,
-        }
-    }
-
-    /// Launches kernel `name` of `src` on the compute stream (the side stream inside [`Gpu::on_side`]), opting it
-    /// in to more than [`DEFAULT_SHARED`] bytes of dynamic shared memory where `cfg` asks for them.
-    ///
-    /// # Safety
-    /// `args` must point at values whose types and order match the kernel's parameters, and
-    /// every device address among them must be valid for what the kernel reads and writes.
-    pub(crate) unsafe fn launch(
-        &self,
-        src: &'static KernelSource,
-        name: &'static str,
-        cfg: Launch,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
-        let f = self.function(src, name)?;
-        if cfg.shared > DEFAULT_SHARED {
-            // more dynamic shared memory than a launch gets unasked: a driver call, no synchronisation
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                cfg.shared as i32,
-            )
-            .map_err(|e| {
-                cuda_err(
-                    &format!("giving {name} {} bytes of shared memory", cfg.shared),
-                    e,
-                )
-            })?;
-        }
-        let _turn = self.turn();
-        self.bind()?;
-        self.timed(
-            || name.to_string(),
-            || {
-                // SAFETY: forwarded to the caller.
-                unsafe {
-                    drv::launch_kernel(
-                        f.cu_function(),
-                        cfg.grid,
-                        cfg.block,
-                        cfg.shared,
-                        self.stream().cu_stream(),
-                        args,
-                    )
-                }
-                .map_err(|e| cuda_err(&format!("launching {name}"), e))
-            },
-        )
-    }
-
-    /// Runs `f`, which queues work on the compute stream, timed under `label` when profiling.
-    pub(crate) fn timed<R>(
-        &self,
-        label: impl FnOnce() -> String,
-        f: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
-        match &self.profile {
-            Some(p) if !self.is_capturing() => p.span(self.stream(), label, f),
-            _ => f(),
-        }
-    }
-
-    /// GPU time per kernel since the last call (waiting for it), the most expensive first; empty
-    /// unless the process runs with `COHORT_CUDA_PROFILE=1`.
-    ///
-    /// # Errors
-    /// A timing event failed.
-    pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
-        let _turn = self.turn();
-        self.bind()?;
-        self.profile.as_ref().map_or(Ok(Vec::new()), Profile::drain)
     }
 
     /// The stream this thread's work goes to: the compute stream, or the side stream inside
