@@ -1,5 +1,6 @@
 """PyTorch's side of `cargo xtask bench`'s `attention` part (xtask/src/attention.rs): causal self-attention of a
-packed projection `[n, L, 3, heads, d]`, forward and backward, in fp32 and in bf16 (autocast over f32 inputs), at
+packed projection `[n, L, 3, heads, d]`, forward and backward, in fp32, in tf32 (the TF32 flags on) and in bf16
+(autocast over f32 inputs), at
 several sequence lengths with the same number of tokens. Forms: `sdpa`, `F.scaled_dot_product_attention(is_causal=True)`
 on views of the packed tensor (PyTorch picks its fused kernel: in fp32 the memory-efficient one, in bf16 flash or
 cuDNN's), and `math`, the same call restricted to its

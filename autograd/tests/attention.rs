@@ -2,7 +2,7 @@
 //! weighted values) in f64 on the CPU: outputs and gradients, with causal and padding masks, query and key counts
 //! on and off the kernels' tiles, every head-width tier of the CUDA kernels, and widths with and without their
 //! vector reads. On a GPU (f32) the same cases against that reference, also with the products on tensor cores in
-//! bf16 and f16, and memory linear in the sequence length:
+//! bf16, f16 and TF32, and memory linear in the sequence length:
 //! `cargo test -p cohort-autograd --features cohort-tensor/cuda --test attention -- --include-ignored`.
 
 use cohort_autograd::{Result, Tape, Var};
@@ -141,14 +141,25 @@ fn fused_matches_composed(dev: &Device) -> Result<()> {
     }
 }
 
-/// Under a mixed policy on CUDA, the products on tensor cores in the 16-bit type (heads up to 128 wide; the
-/// 160-wide ones stay fp32): within the type's rounding of the composed f64 ops, relative to the largest value.
+/// Under a mixed policy on CUDA the products run on tensor cores in the 16-bit type, under TF32 in TF32 (heads up
+/// to 128 wide; the 160-wide ones stay fp32): within the type's rounding of the composed f64 ops, relative to the
+/// largest value.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn cuda_mixed_precision_matches_composed() -> Result<()> {
+fn cuda_tensor_core_policies_match_composed() -> Result<()> {
     let dev = Device::Cuda(0);
     matches_composed(&dev, DType::F32, Precision::Bf16, 3e-2)?;
-    matches_composed(&dev, DType::F32, Precision::F16, 5e-3)
+    matches_composed(&dev, DType::F32, Precision::F16, 5e-3)?;
+    matches_composed(&dev, DType::F32, Precision::Tf32, 5e-3)?;
+    // TF32 is not the fp32 kernels under another name: operands rounded to 10-bit mantissas give another output.
+    let qkv = Tensor::rand_uniform(&[1, 70, 3 * 64], -2.0, 2.0, DType::F32, 7, &dev)?;
+    let r = Tensor::rand_uniform(&[1, 70, 64], -1.0, 1.0, DType::F32, 8, &dev)?;
+    let under = |p: Precision| {
+        let _policy = p.enter();
+        run(&qkv, &r, |x| x.attention(1, false, None))
+    };
+    assert_ne!(under(Precision::Fp32)?.0, under(Precision::Tf32)?.0);
+    Ok(())
 }
 
 /// Fused attention on `dev` in `dt` under `precision` against the composed ops in f64 on the CPU: every output and

@@ -4,7 +4,9 @@
 //!
 //! - [`Precision::Fp32`] (the default): fp32 multiply-adds, results the CPU's to rounding.
 //! - [`Precision::Tf32`]: f32 tensors, products on TF32 tensor cores (10-bit mantissas in, fp32
-//!   sums), PyTorch's `torch.backends.{cuda.matmul,cudnn}.allow_tf32 = True`.
+//!   sums), PyTorch's `torch.backends.{cuda.matmul,cudnn}.allow_tf32 = True`; fused attention's
+//!   products too (heads up to 128 wide), where PyTorch's fp32 attention keeps fp32's accuracy
+//!   whatever the flags.
 //! - [`Precision::Bf16`], [`Precision::F16`]: mixed precision, `torch.autocast(dtype=...)`: f32
 //!   operands of a product are cast to the low type, the product sums in fp32 and returns f32;
 //!   a convolution given an input already in the low type returns its output (and the input's
@@ -12,7 +14,7 @@
 //!   ReLUs, max pooling, batch norm (f32 statistics) and residual sums between them, as autocast
 //!   keeps them (autograd's layers cast to f32 where another layer follows);
 //!   fused attention rounds its operands to the low type inside the kernel (tensor cores, heads up
-//!   to 128 wide), its softmax and tensors staying f32; TF32 leaves attention in fp32.
+//!   to 128 wide), its softmax and tensors staying f32.
 //!   Parameters, their gradients and optimizer state stay f32 (the master weights); the autograd
 //!   ops keep the low copies of what a product's backward needs, which halves that memory. f16's
 //!   narrow range needs loss scaling (`cohort_optim::LossScaler`); bf16's does not.

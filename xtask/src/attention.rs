@@ -1,7 +1,7 @@
 //! The `attention` part of `cargo xtask bench`: the fused self-attention kernel alone, forward and backward, beside
 //! PyTorch's `scaled_dot_product_attention` on the same packed projection (`bench/torch_attention.py`: its fused
-//! kernel, and its unfused math backend), in fp32 and in bf16 (autocast, where PyTorch's SDPA runs its flash
-//! kernels and ours its tensor-core ones), at sequence lengths 128 to 2,048 with the same number of tokens
+//! kernel, and its unfused math backend), in fp32, tf32 (ours on tensor cores in TF32, PyTorch's with its TF32 flags
+//! on) and bf16 (autocast, where PyTorch's SDPA runs its flash kernels and ours its tensor-core ones), at sequence lengths 128 to 2,048 with the same number of tokens
 //! (16,384), 4 causal heads of width 64. A call is one forward and one backward with a fixed output gradient; the
 //! figure is calls per second, timed as the [`workload`] module says; the peak is the tenant's over the timed calls,
 //! the inputs included, as PyTorch's `max_memory_allocated()` is. GPU-only.
@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use crate::cohort;
 use crate::workload::{self, Table, Timing};
 
-/// The precisions measured: attention's products in fp32, or in bf16 on tensor cores (TF32 leaves them fp32).
-const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
+/// The precisions measured: attention's products in fp32, or on tensor cores in TF32 or bf16.
+const PRECISIONS: [Precision; 3] = [Precision::Fp32, Precision::Tf32, Precision::Bf16];
 
 /// Shapes and timing, passed as they are to the PyTorch script.
 struct Workload {
@@ -132,7 +132,7 @@ mod tests {
     fn script_gets_the_same_workload() {
         assert_eq!(
             Workload::new(true).script_args().join(" "),
-            "--precisions fp32,bf16 --tokens 16384 --lens 128,512,2048 --heads 4 --head-dim 64 --warmup 5 \
+            "--precisions fp32,tf32,bf16 --tokens 16384 --lens 128,512,2048 --heads 4 --head-dim 64 --warmup 5 \
              --windows 3 --window-s 0.25"
         );
     }

@@ -1,5 +1,5 @@
-//! CUDA fused attention: `attention.cu` (fp32 multiply-adds) and `tensor_core.cu` (16-bit tensor cores, fp32
-//! sums): a forward kernel, then for the gradients one kernel per tile of queries (their gradient) and one per tile
+//! CUDA fused attention: `attention.cu` (fp32 multiply-adds) and `tensor_core.cu` (16-bit or TF32 tensor cores,
+//! fp32 sums): a forward kernel, then for the gradients one kernel per tile of queries (their gradient) and one per tile
 //! of keys (the keys' and values' gradients), so no element is written twice.
 
 use super::AttentionShape;
@@ -34,12 +34,14 @@ pub enum AttentionMath {
     Bf16,
     /// float16 operands on tensor cores, fp32 sums (sm_80 and later).
     F16,
+    /// TF32 operands (f32 rounded to 10-bit mantissas) on tensor cores, fp32 sums (sm_80 and later).
+    Tf32,
 }
 
 /// The kernels for a head width and arithmetic (`[forward, grad_q, grad_kv]`), compiled for the width rounded up to
 /// 32, 64, 128 or 256 columns, with the rows of a tile, the threads of a block and each kernel's bytes of shared
 /// memory. In fp32 a block's 256 threads each hold a 4 × 4 (or 2 × 2) patch of a tile's scores, tiles of 64 (or
-/// 32) rows of f32; on tensor cores 4 warps each take 16 of a tile's 64 rows, tiles of 16-bit values.
+/// 32) rows of f32; on tensor cores 4 warps each take 16 of a tile's 64 rows, tiles of the operand type.
 struct Tiling {
     src: &'static KernelSource,
     kernels: [&'static str; 3],
@@ -60,8 +62,8 @@ macro_rules! kernels {
 }
 
 impl Tiling {
-    /// The kernels `math` asks for, or the fp32 ones where the device (before sm_80) or the head's width does not
-    /// allow tensor cores.
+    /// The kernels `math` asks for, or the fp32 ones where the device (before sm_80, or too little shared memory
+    /// for TF32's tiles of a wide head) or the head's width does not allow tensor cores.
     fn new(gpu: &Gpu, d: usize, math: AttentionMath) -> Result<Tiling> {
         if gpu.compute_capability() >= (8, 0) && d <= MAX_TENSOR_CORE_HEAD_DIM {
             let dp = if d <= 32 {
@@ -73,27 +75,34 @@ impl Tiling {
             };
             let kernels = match (math, dp) {
                 (AttentionMath::F32, _) => None,
-                (AttentionMath::Bf16, 32) => Some(kernels!("bf16", 32)),
-                (AttentionMath::Bf16, 64) => Some(kernels!("bf16", 64)),
-                (AttentionMath::Bf16, _) => Some(kernels!("bf16", 128)),
-                (AttentionMath::F16, 32) => Some(kernels!("f16", 32)),
-                (AttentionMath::F16, 64) => Some(kernels!("f16", 64)),
-                (AttentionMath::F16, _) => Some(kernels!("f16", 128)),
+                (AttentionMath::Bf16, 32) => Some((kernels!("bf16", 32), 2)),
+                (AttentionMath::Bf16, 64) => Some((kernels!("bf16", 64), 2)),
+                (AttentionMath::Bf16, _) => Some((kernels!("bf16", 128), 2)),
+                (AttentionMath::F16, 32) => Some((kernels!("f16", 32), 2)),
+                (AttentionMath::F16, 64) => Some((kernels!("f16", 64), 2)),
+                (AttentionMath::F16, _) => Some((kernels!("f16", 128), 2)),
+                (AttentionMath::Tf32, 32) => Some((kernels!("tf32", 32), 4)),
+                (AttentionMath::Tf32, 64) => Some((kernels!("tf32", 64), 4)),
+                (AttentionMath::Tf32, _) => Some((kernels!("tf32", 128), 4)),
             };
-            if let Some(kernels) = kernels {
-                // 16-bit tiles [64][dp + 8] and transposed ones [dp][64 + 8]; grad_kv's f32 deltas and lse of 64 rows
-                let (tile, transposed, row) = (2 * 64 * (dp + 8), 2 * dp * (64 + 8), 4 * 64);
-                return Ok(Tiling {
-                    src: &TENSOR_CORE_SRC,
-                    kernels,
-                    rows: 64,
-                    threads: 128,
-                    shared: [
-                        2 * tile + transposed,
-                        4 * tile + transposed,
-                        4 * tile + 2 * transposed + 2 * row,
-                    ],
-                });
+            if let Some((kernels, size)) = kernels {
+                // tiles [64][dp + 8] and transposed ones [dp][64 + 8] of the operand type; grad_kv's f32 deltas
+                // and lse of 64 rows
+                let (tile, transposed, row) = (size * 64 * (dp + 8), size * dp * (64 + 8), 4 * 64);
+                let shared = [
+                    2 * tile + transposed,
+                    4 * tile + transposed,
+                    4 * tile + 2 * transposed + 2 * row,
+                ];
+                if shared.iter().all(|&s| s <= gpu.shared_per_block()) {
+                    return Ok(Tiling {
+                        src: &TENSOR_CORE_SRC,
+                        kernels,
+                        rows: 64,
+                        threads: 128,
+                        shared,
+                    });
+                }
             }
         }
         let (kernels, dp, rows) = match d {

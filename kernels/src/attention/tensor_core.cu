@@ -1,15 +1,16 @@
 // Fused self-attention on tensor cores: attention.cu's three kernels with their products in a 16-bit type (bf16 or
-// f16) summed in fp32, as PyTorch's flash SDPA runs under autocast. Inputs, outputs, log-sum-exps and the softmax
-// stay f32: rows are rounded to the 16-bit type as they are staged in shared memory, and probabilities and score
-// gradients as they become the next product's operand.
+// f16) or in TF32, summed in fp32, as PyTorch's flash SDPA runs under autocast. Inputs, outputs, log-sum-exps and the
+// softmax stay f32: rows are rounded to the operand type as they are staged in shared memory, and probabilities and
+// score gradients as they become the next product's operand.
 //
 // A block of 4 warps takes a tile of 64 rows (queries in the forward pass and dq, keys in dk and dv) of one
 // (sequence, head), 16 rows a warp, and walks the other side's tiles of 64 rows, 32 columns at a time. Products are
-// mma.sync m16n8k16: lane holds rows lane/4 and lane/4 + 8 and columns 2(lane%4) and +1 of each block of 8, in the
-// accumulators as in the A operand, so one product's probabilities are the next one's operand without a trip
-// through shared memory. Tiles are [64][DP + 8] (DP: d padded with zeros), and [DP][64 + 8] where a product needs
-// the rows as its reduced side; the pad of 8 puts a fragment's 32 reads on 32 banks. No atomics: one writer per
-// output element, so results are the same from run to run. mma.sync on 16-bit types needs sm_80.
+// mma.sync m16n8k16 (16-bit) or m16n8k8 (TF32): lane holds rows lane/4 and lane/4 + 8 and columns 2(lane%4) and +1
+// of each block of 8 in the accumulators, and the operand types below read their A operand in that layout, so one
+// product's probabilities are the next one's operand without a trip through shared memory. Tiles are [64][DP + 8]
+// (DP: d padded with zeros), and [DP][64 + 8] where a product needs the rows as its reduced side; the pad of 8 puts a
+// fragment's reads on distinct banks in either element size. No atomics: one writer per output element, so results
+// are the same from run to run. mma.sync on these types needs sm_80.
 
 #if __CUDA_ARCH__ >= 800
 
@@ -17,76 +18,6 @@
 #define TC_CHUNK 32
 #define TC_THREADS 128
 #define TC_LDT (TC_ROWS + 8)
-
-// A 16-bit type's conversion and product, `name` as PTX spells it (bf16, f16).
-#define SIXTEEN_BIT(T, name)                                                                                      \
-    struct T {                                                                                                   \
-        /* (lo, hi) rounded to nearest into one register, lo in the low half (the lower column) */               \
-        static __device__ __forceinline__ u32 pack(float lo, float hi) {                                         \
-            u32 d;                                                                                               \
-            asm("cvt.rn." name "x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));                             \
-            return d;                                                                                            \
-        }                                                                                                        \
-        static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {          \
-            asm("mma.sync.aligned.m16n8k16.row.col.f32." name "." name ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "   \
-                "{%8,%9}, {%0,%1,%2,%3};"                                                                        \
-                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                 \
-                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                 \
-        }                                                                                                        \
-    };
-SIXTEEN_BIT(Bf16, "bf16")
-SIXTEEN_BIT(F16, "f16")
-
-// Loads in flight per thread while a tile is staged (pairs of columns).
-#define TC_BATCH 8
-
-// Rows [r0, r0 + 64) of a buffer whose rows are `stride` apart, d columns each, in T into a tile [64][DP + 8];
-// rows past len and columns past d are zero. Pairs of columns are read as one 8-byte load where d is even (every
-// pair is then aligned: strides and head offsets are multiples of d) and src is.
-template <class T, int DP>
-__device__ __forceinline__ void stage(u16* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
-    constexpr int PER = TC_ROWS * DP / 2 / TC_THREADS, BATCH = TC_BATCH;
-    const bool pairs = d % 2 == 0 && reinterpret_cast<u64>(src) % 8 == 0;
-    for (int b0 = 0; b0 < PER; b0 += BATCH) {
-        float2 v[BATCH];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int e = (b0 + b) * TC_THREADS + threadIdx.x, r = e / (DP / 2), c = 2 * (e % (DP / 2));
-            const bool in = r0 + r < len;
-            const float* p = src + (r0 + r) * stride + c;
-            if (pairs)
-                v[b] = in && c < d ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
-            else
-                v[b] = make_float2(in && c < d ? p[0] : 0.0f, in && c + 1 < d ? p[1] : 0.0f);
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int e = (b0 + b) * TC_THREADS + threadIdx.x, r = e / (DP / 2), c = 2 * (e % (DP / 2));
-            *reinterpret_cast<u32*>(tile + r * (DP + 8) + c) = T::pack(v[b].x, v[b].y);
-        }
-    }
-}
-
-// The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows.
-template <class T, int DP>
-__device__ __forceinline__ void stage_t(u16* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
-    constexpr int PER = TC_ROWS / 2 * DP / TC_THREADS, BATCH = TC_BATCH;
-    for (int b0 = 0; b0 < PER; b0 += BATCH) {
-        float2 v[BATCH];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
-            const bool in = c < d;
-            v[b] = make_float2(in && r0 + r < len ? src[(r0 + r) * stride + c] : 0.0f,
-                               in && r0 + r + 1 < len ? src[(r0 + r + 1) * stride + c] : 0.0f);
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
-            *reinterpret_cast<u32*>(tile + c * TC_LDT + r) = T::pack(v[b].x, v[b].y);
-        }
-    }
-}
 
 // A shared-memory address as ldmatrix takes it.
 __device__ __forceinline__ u32 shared_address(const u16* p) {
@@ -104,32 +35,167 @@ __device__ __forceinline__ void load_blocks(u32 (&r)[4], const u16* row) {
                  : "r"(shared_address(row)));
 }
 
-// The lane's share of an A operand (16 x 16): rows [r0, r0 + 16), columns [k0, k0 + 16) of a tile `ld` wide.
-__device__ __forceinline__ void operand_a(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
-    const int lane = threadIdx.x % 32, b = lane / 8;  // blocks: rows +0 / +8 (b % 2), columns +0 / +8 (b / 2)
-    load_blocks(a, tile + (r0 + lane % 8 + 8 * (b % 2)) * ld + k0 + 8 * (b / 2));
+// An operand type: tiles of E, products reducing K columns at a time (mma m16n8kK), and
+//   put2(p, lo, hi)              two adjacent values, rounded, at p;
+//   operand_a(a, tile, ld, r0, k0)  the lane's share of the A operand (16 x K): rows [r0, r0 + 16), columns
+//                                [k0, k0 + K) of a tile `ld` wide;
+//   operand_b2(b, tile, ld, n0, k0) the lane's share of two B operands (K x 8) whose columns n are rows n0 + n and
+//                                n0 + 8 + n of a tile `ld` wide, over its columns [k0, k0 + K): the first in b[0],
+//                                b[1], the second in b[2], b[3];
+//   weights(a, w, k)             the A operand of the k-th K columns of a 16 x 32 patch w in the accumulators' layout;
+//   mma(c, a, b0, b1)            c += a · b.
+
+// 16-bit types: pairs of values in one register, operands loaded by ldmatrix. T gives pack (a rounded pair, lo in the
+// low half) and mma.
+template <class T>
+struct SixteenBit {
+    using E = u16;
+    static constexpr int K = 16;
+    static __device__ __forceinline__ void put2(u16* p, float lo, float hi) {
+        *reinterpret_cast<u32*>(p) = T::pack(lo, hi);
+    }
+    static __device__ __forceinline__ void operand_a(u32 (&a)[4], const u16* tile, int ld, int r0, int k0) {
+        const int lane = threadIdx.x % 32, b = lane / 8;  // blocks: rows +0 / +8 (b % 2), columns +0 / +8 (b / 2)
+        load_blocks(a, tile + (r0 + lane % 8 + 8 * (b % 2)) * ld + k0 + 8 * (b / 2));
+    }
+    static __device__ __forceinline__ void operand_b2(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
+        const int lane = threadIdx.x % 32, m = lane / 8;  // blocks: columns +0 / +8 (m % 2), rows +0 / +8 (m / 2)
+        load_blocks(b, tile + (n0 + lane % 8 + 8 * (m / 2)) * ld + k0 + 8 * (m % 2));
+    }
+    static __device__ __forceinline__ void weights(u32 (&a)[4], const float (&w)[4][4], int k) {
+        a[0] = T::pack(w[2 * k][0], w[2 * k][1]), a[1] = T::pack(w[2 * k][2], w[2 * k][3]);
+        a[2] = T::pack(w[2 * k + 1][0], w[2 * k + 1][1]), a[3] = T::pack(w[2 * k + 1][2], w[2 * k + 1][3]);
+    }
+};
+
+// A 16-bit type's conversion and product, `name` as PTX spells it (bf16, f16).
+#define SIXTEEN_BIT(T, name)                                                                                      \
+    struct T : SixteenBit<T> {                                                                                   \
+        static __device__ __forceinline__ u32 pack(float lo, float hi) {                                         \
+            u32 d;                                                                                               \
+            asm("cvt.rn." name "x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));                             \
+            return d;                                                                                            \
+        }                                                                                                        \
+        static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {          \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." name "." name ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "   \
+                "{%8,%9}, {%0,%1,%2,%3};"                                                                        \
+                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                 \
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                 \
+        }                                                                                                        \
+    };
+SIXTEEN_BIT(Bf16, "bf16")
+SIXTEEN_BIT(F16, "f16")
+
+// TF32 (fp32's range, 10-bit mantissas): tiles of f32 values rounded to TF32, products m16n8k8. A lane's share of a
+// k8 operand is reduced-side slots t and t + 4 (t = lane % 4); both operands of a product place slot t at column 2t
+// and slot t + 4 at 2t + 1 (the order of a sum's terms is the product's to choose), so a lane reads each row's pair as
+// one 8-byte load, and an accumulator's pair (columns 2t, 2t + 1) is already an A operand.
+struct Tf32 {
+    using E = float;
+    static constexpr int K = 8;
+    static __device__ __forceinline__ u32 round(float x) {
+        u32 r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+        return r;
+    }
+    static __device__ __forceinline__ void put2(float* p, float lo, float hi) {
+        *reinterpret_cast<float2*>(p) = make_float2(__uint_as_float(round(lo)), __uint_as_float(round(hi)));
+    }
+    // Rows `row` and row + 8 of a tile `ld` wide, columns 2(lane%4) and +1 from k0: {top pair, bottom pair}.
+    static __device__ __forceinline__ void pairs(float2& top, float2& bottom, const float* tile, int ld, int row,
+                                                 int k0) {
+        const float* p = tile + (row + threadIdx.x % 32 / 4) * ld + k0 + 2 * (threadIdx.x % 4);
+        top = *reinterpret_cast<const float2*>(p);
+        bottom = *reinterpret_cast<const float2*>(p + 8 * ld);
+    }
+    static __device__ __forceinline__ void operand_a(u32 (&a)[4], const float* tile, int ld, int r0, int k0) {
+        float2 top, bottom;
+        pairs(top, bottom, tile, ld, r0, k0);
+        a[0] = __float_as_uint(top.x), a[1] = __float_as_uint(bottom.x);
+        a[2] = __float_as_uint(top.y), a[3] = __float_as_uint(bottom.y);
+    }
+    static __device__ __forceinline__ void operand_b2(u32 (&b)[4], const float* tile, int ld, int n0, int k0) {
+        float2 first, second;
+        pairs(first, second, tile, ld, n0, k0);
+        b[0] = __float_as_uint(first.x), b[1] = __float_as_uint(first.y);
+        b[2] = __float_as_uint(second.x), b[3] = __float_as_uint(second.y);
+    }
+    static __device__ __forceinline__ void weights(u32 (&a)[4], const float (&w)[4][4], int k) {
+        a[0] = round(w[k][0]), a[1] = round(w[k][2]), a[2] = round(w[k][1]), a[3] = round(w[k][3]);
+    }
+    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Loads in flight per thread while a tile is staged (pairs of columns).
+#define TC_BATCH 8
+
+// Rows [r0, r0 + 64) of a buffer whose rows are `stride` apart, d columns each, in T into a tile [64][DP + 8];
+// rows past len and columns past d are zero. Pairs of columns are read as one 8-byte load where d is even (every
+// pair is then aligned: strides and head offsets are multiples of d) and src is.
+template <class T, int DP>
+__device__ __forceinline__ void stage(typename T::E* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+    constexpr int PER = TC_ROWS * DP / 2 / TC_THREADS, BATCH = TC_BATCH;
+    const bool pairs = d % 2 == 0 && reinterpret_cast<u64>(src) % 8 == 0;
+    for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        float2 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, r = e / (DP / 2), c = 2 * (e % (DP / 2));
+            const bool in = r0 + r < len;
+            const float* p = src + (r0 + r) * stride + c;
+            if (pairs)
+                v[b] = in && c < d ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
+            else
+                v[b] = make_float2(in && c < d ? p[0] : 0.0f, in && c + 1 < d ? p[1] : 0.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, r = e / (DP / 2), c = 2 * (e % (DP / 2));
+            T::put2(tile + r * (DP + 8) + c, v[b].x, v[b].y);
+        }
+    }
 }
 
-// The lane's share of two B operands (16 x 8) whose columns n are rows n0 + n and n0 + 8 + n of a tile `ld` wide,
-// over its columns [k0, k0 + 16): {b0, b1} of the first in b[0], b[1], of the second in b[2], b[3].
-__device__ __forceinline__ void operand_b2(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x % 32, m = lane / 8;  // blocks: columns +0 / +8 (m % 2), rows +0 / +8 (m / 2)
-    load_blocks(b, tile + (n0 + lane % 8 + 8 * (m / 2)) * ld + k0 + 8 * (m % 2));
+// The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows.
+template <class T, int DP>
+__device__ __forceinline__ void stage_t(typename T::E* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+    constexpr int PER = TC_ROWS / 2 * DP / TC_THREADS, BATCH = TC_BATCH;
+    for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        float2 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
+            const bool in = c < d;
+            v[b] = make_float2(in && r0 + r < len ? src[(r0 + r) * stride + c] : 0.0f,
+                               in && r0 + r + 1 < len ? src[(r0 + r + 1) * stride + c] : 0.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
+            T::put2(tile + c * TC_LDT + r, v[b].x, v[b].y);
+        }
+    }
 }
 
 // s = rows [r0, r0 + 16) of tile x · rows [n0, n0 + 32) of tile y (both [64][DP + 8]), as four 16 x 8 blocks.
 template <class T, int DP>
-__device__ __forceinline__ void dots(float (&s)[4][4], const u16* x, int r0, const u16* y, int n0) {
+__device__ __forceinline__ void dots(float (&s)[4][4], const typename T::E* x, int r0, const typename T::E* y,
+                                           int n0) {
 #pragma unroll
     for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < DP; k += 16) {
+    for (int k = 0; k < DP; k += T::K) {
         u32 a[4];
-        operand_a(a, x, DP + 8, r0, k);
+        T::operand_a(a, x, DP + 8, r0, k);
 #pragma unroll
         for (int n = 0; n < 4; n += 2) {
             u32 b[4];
-            operand_b2(b, y, DP + 8, n0 + 8 * n, k);
+            T::operand_b2(b, y, DP + 8, n0 + 8 * n, k);
             T::mma(s[n], a, b[0], b[1]);
             T::mma(s[n + 1], a, b[2], b[3]);
         }
@@ -139,15 +205,16 @@ __device__ __forceinline__ void dots(float (&s)[4][4], const u16* x, int r0, con
 // acc (16 x DP) += w · rows [k0, k0 + 32) of the other side, w the 16 x 32 weights from `dots`' layout and vt
 // those rows transposed ([DP][64 + 8]).
 template <class T, int DP>
-__device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float (&w)[4][4], const u16* vt, int k0) {
+__device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float (&w)[4][4], const typename T::E* vt,
+                                                 int k0) {
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const u32 a[4] = {T::pack(w[2 * k][0], w[2 * k][1]), T::pack(w[2 * k][2], w[2 * k][3]),
-                          T::pack(w[2 * k + 1][0], w[2 * k + 1][1]), T::pack(w[2 * k + 1][2], w[2 * k + 1][3])};
+    for (int k = 0; k < TC_CHUNK / T::K; ++k) {
+        u32 a[4];
+        T::weights(a, w, k);
 #pragma unroll
         for (int n = 0; n < DP / 8; n += 2) {
             u32 b[4];
-            operand_b2(b, vt, TC_LDT, 8 * n, k0 + 16 * k);
+            T::operand_b2(b, vt, TC_LDT, 8 * n, k0 + T::K * k);
             T::mma(acc[n], a, b[0], b[1]);
             T::mma(acc[n + 1], a, b[2], b[3]);
         }
@@ -219,9 +286,10 @@ extern __shared__ uint4 tc_smem[];
 template <class T, int DP>
 __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const float* mask, float* out, float* lse) {
-    u16* qs = reinterpret_cast<u16*>(tc_smem);
-    u16* ks = qs + TC_ROWS * (DP + 8);
-    u16* vt = ks + TC_ROWS * (DP + 8);
+    using E = typename T::E;
+    E* qs = reinterpret_cast<E*>(tc_smem);
+    E* ks = qs + TC_ROWS * (DP + 8);
+    E* vt = ks + TC_ROWS * (DP + 8);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;  // causal: longest tiles first
@@ -289,11 +357,12 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
                        const float* mask, const float* out, const float* lse, const float* dout, float* delta,
                        float* dqkv) {
     constexpr int TILE = TC_ROWS * (DP + 8);
-    u16* qs = reinterpret_cast<u16*>(tc_smem);
-    u16* dos = qs + TILE;
-    u16* ks = dos + TILE;
-    u16* vs = ks + TILE;
-    u16* kt = vs + TILE;
+    using E = typename T::E;
+    E* qs = reinterpret_cast<E*>(tc_smem);
+    E* dos = qs + TILE;
+    E* ks = dos + TILE;
+    E* vs = ks + TILE;
+    E* kt = vs + TILE;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;
@@ -350,12 +419,13 @@ template <class T, int DP>
 __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const float* mask, const float* lse, const float* dout, const float* delta, float* dqkv) {
     constexpr int TILE = TC_ROWS * (DP + 8);
-    u16* ks = reinterpret_cast<u16*>(tc_smem);
-    u16* vs = ks + TILE;
-    u16* qs = vs + TILE;
-    u16* dos = qs + TILE;
-    u16* qt = dos + TILE;
-    u16* dot = qt + DP * TC_LDT;
+    using E = typename T::E;
+    E* ks = reinterpret_cast<E*>(tc_smem);
+    E* vs = ks + TILE;
+    E* qs = vs + TILE;
+    E* dos = qs + TILE;
+    E* qt = dos + TILE;
+    E* dot = qt + DP * TC_LDT;
     float* ls = reinterpret_cast<float*>(dot + DP * TC_LDT);
     float* dls = ls + TC_ROWS;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -406,7 +476,7 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     store<DP>(dk + width, stride, r0, len, d, av, 1.0f, 1.0f);
 }
 
-// Entry points per 16-bit type and padded head width DP (32, 64, 128).
+// Entry points per operand type and padded head width DP (32, 64, 128).
 #define TENSOR_CORE_KERNELS(TY, T, DP)                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_forward_##TY##_##DP(                      \
         u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
@@ -430,5 +500,8 @@ TENSOR_CORE_KERNELS(bf16, Bf16, 128)
 TENSOR_CORE_KERNELS(f16, F16, 32)
 TENSOR_CORE_KERNELS(f16, F16, 64)
 TENSOR_CORE_KERNELS(f16, F16, 128)
+TENSOR_CORE_KERNELS(tf32, Tf32, 32)
+TENSOR_CORE_KERNELS(tf32, Tf32, 64)
+TENSOR_CORE_KERNELS(tf32, Tf32, 128)
 
 #endif

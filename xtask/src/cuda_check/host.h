@@ -1,6 +1,8 @@
 // Host stand-ins for what the kernel sources use of CUDA, so that g++ can check their syntax and types without
 // nvcc or a GPU (`cargo xtask cuda-check`). Declarations only: nothing here runs. NVRTC remains the judge of
 // what compiles for the device (intrinsics, inline PTX).
+// The newest architecture the kernels gate code on, so that g++ sees all of it.
+#define __CUDA_ARCH__ 900
 #define __device__
 #define __global__
 #define __forceinline__ inline

@@ -1,5 +1,6 @@
-//! Fused self-attention on [`CudaStorage`] ([`Attention`]): f32 tensors, the products in the thread's precision
-//! policy's 16-bit type on tensor cores under a mixed one (as PyTorch's SDPA under autocast), fp32 otherwise.
+//! Fused self-attention on [`CudaStorage`] ([`Attention`]): f32 tensors, the products on tensor cores in the
+//! thread's precision policy's 16-bit type under a mixed one (as PyTorch's SDPA under autocast) and in TF32 under
+//! `tf32` (as every other product of that policy), in fp32 multiply-adds under `fp32`.
 
 use cohort_kernels::attention::AttentionShape;
 use cohort_kernels::attention::cuda::{self as attention_cuda, AttentionMath};
@@ -13,7 +14,8 @@ fn math() -> AttentionMath {
     match Precision::current() {
         Precision::Bf16 => AttentionMath::Bf16,
         Precision::F16 => AttentionMath::F16,
-        Precision::Fp32 | Precision::Tf32 => AttentionMath::F32,
+        Precision::Tf32 => AttentionMath::Tf32,
+        Precision::Fp32 => AttentionMath::F32,
     }
 }
 
