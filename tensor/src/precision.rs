@@ -2,7 +2,9 @@
 //! attention's products) of the ops on this thread run, as PyTorch's `allow_tf32` flags and
 //! `torch.autocast` choose it.
 //!
-//! - [`Precision::Fp32`] (the default): fp32 multiply-adds, results the CPU's to rounding.
+//! - [`Precision::Fp32`] (the default): fp32 multiply-adds, results the CPU's to rounding; fused
+//!   attention's products run as three TF32 tensor-core products each (3xTF32, fp32's accuracy,
+//!   as PyTorch's fp32 attention does).
 //! - [`Precision::Tf32`]: f32 tensors, products on TF32 tensor cores (10-bit mantissas in, fp32
 //!   sums), PyTorch's `torch.backends.{cuda.matmul,cudnn}.allow_tf32 = True`; fused attention's
 //!   products too (heads up to 128 wide), where PyTorch's fp32 attention keeps fp32's accuracy

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::cohort;
 use crate::workload::{self, Table, Timing};
 
-/// The precisions measured: attention's products in fp32, or on tensor cores in TF32 or bf16.
+/// The precisions measured: attention's products in fp32 (3xTF32), TF32 or bf16, all on tensor cores.
 const PRECISIONS: [Precision; 3] = [Precision::Fp32, Precision::Tf32, Precision::Bf16];
 
 /// Shapes and timing, passed as they are to the PyTorch script.

@@ -1,6 +1,6 @@
-//! CUDA fused attention: `attention.cu` (fp32 multiply-adds) and `tensor_core.cu` (16-bit or TF32 tensor cores,
-//! fp32 sums): a forward kernel, then for the gradients one kernel per tile of queries (their gradient) and one per tile
-//! of keys (the keys' and values' gradients), so no element is written twice.
+//! CUDA fused attention: `attention.cu` (fp32 multiply-adds) and `tensor_core.cu` (16-bit, TF32 or 3xTF32 tensor
+//! cores, fp32 sums): a forward kernel, then for the gradients one kernel per tile of queries (their gradient) and one
+//! per tile of keys (the keys' and values' gradients), so no element is written twice.
 
 use super::AttentionShape;
 use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
@@ -28,7 +28,8 @@ pub const MAX_TENSOR_CORE_HEAD_DIM: usize = 128;
 /// In what arithmetic attention's products run; the softmax and every tensor stay f32 whichever.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionMath {
-    /// fp32 multiply-adds.
+    /// fp32 accuracy: each product as three TF32 ones on tensor cores (3xTF32, as PyTorch's fp32 attention runs;
+    /// sm_80 and later), fp32 multiply-adds on older devices and for heads wider than 128.
     F32,
     /// bfloat16 operands on tensor cores, fp32 sums (sm_80 and later).
     Bf16,
@@ -62,8 +63,9 @@ macro_rules! kernels {
 }
 
 impl Tiling {
-    /// The kernels `math` asks for, or the fp32 ones where the device (before sm_80, or too little shared memory
-    /// for TF32's tiles of a wide head) or the head's width does not allow tensor cores.
+    /// The kernels `math` asks for, on tensor cores (fp32 as 3xTF32), or the fp32 multiply-add ones where the
+    /// device (before sm_80, or too little shared memory for f32 tiles of a wide head) or the head's width does not
+    /// allow tensor cores.
     fn new(gpu: &Gpu, d: usize, math: AttentionMath) -> Result<Tiling> {
         if gpu.compute_capability() >= (8, 0) && d <= MAX_TENSOR_CORE_HEAD_DIM {
             let dp = if d <= 32 {
@@ -73,36 +75,36 @@ impl Tiling {
             } else {
                 128
             };
-            let kernels = match (math, dp) {
-                (AttentionMath::F32, _) => None,
-                (AttentionMath::Bf16, 32) => Some((kernels!("bf16", 32), 2)),
-                (AttentionMath::Bf16, 64) => Some((kernels!("bf16", 64), 2)),
-                (AttentionMath::Bf16, _) => Some((kernels!("bf16", 128), 2)),
-                (AttentionMath::F16, 32) => Some((kernels!("f16", 32), 2)),
-                (AttentionMath::F16, 64) => Some((kernels!("f16", 64), 2)),
-                (AttentionMath::F16, _) => Some((kernels!("f16", 128), 2)),
-                (AttentionMath::Tf32, 32) => Some((kernels!("tf32", 32), 4)),
-                (AttentionMath::Tf32, 64) => Some((kernels!("tf32", 64), 4)),
-                (AttentionMath::Tf32, _) => Some((kernels!("tf32", 128), 4)),
+            let (kernels, size) = match (math, dp) {
+                (AttentionMath::F32, 32) => (kernels!("tf32x3", 32), 4),
+                (AttentionMath::F32, 64) => (kernels!("tf32x3", 64), 4),
+                (AttentionMath::F32, _) => (kernels!("tf32x3", 128), 4),
+                (AttentionMath::Bf16, 32) => (kernels!("bf16", 32), 2),
+                (AttentionMath::Bf16, 64) => (kernels!("bf16", 64), 2),
+                (AttentionMath::Bf16, _) => (kernels!("bf16", 128), 2),
+                (AttentionMath::F16, 32) => (kernels!("f16", 32), 2),
+                (AttentionMath::F16, 64) => (kernels!("f16", 64), 2),
+                (AttentionMath::F16, _) => (kernels!("f16", 128), 2),
+                (AttentionMath::Tf32, 32) => (kernels!("tf32", 32), 4),
+                (AttentionMath::Tf32, 64) => (kernels!("tf32", 64), 4),
+                (AttentionMath::Tf32, _) => (kernels!("tf32", 128), 4),
             };
-            if let Some((kernels, size)) = kernels {
-                // tiles [64][dp + 8] and transposed ones [dp][64 + 8] of the operand type; grad_kv's f32 deltas
-                // and lse of 64 rows
-                let (tile, transposed, row) = (size * 64 * (dp + 8), size * dp * (64 + 8), 4 * 64);
-                let shared = [
-                    2 * tile + transposed,
-                    4 * tile + transposed,
-                    4 * tile + 2 * transposed + 2 * row,
-                ];
-                if shared.iter().all(|&s| s <= gpu.shared_per_block()) {
-                    return Ok(Tiling {
-                        src: &TENSOR_CORE_SRC,
-                        kernels,
-                        rows: 64,
-                        threads: 128,
-                        shared,
-                    });
-                }
+            // tiles [64][dp + 8] and transposed ones [dp][64 + 8] of the operand type; grad_kv's f32 deltas and
+            // lse of 64 rows
+            let (tile, transposed, row) = (size * 64 * (dp + 8), size * dp * (64 + 8), 4 * 64);
+            let shared = [
+                2 * tile + transposed,
+                4 * tile + transposed,
+                4 * tile + 2 * transposed + 2 * row,
+            ];
+            if shared.iter().all(|&s| s <= gpu.shared_per_block()) {
+                return Ok(Tiling {
+                    src: &TENSOR_CORE_SRC,
+                    kernels,
+                    rows: 64,
+                    threads: 128,
+                    shared,
+                });
             }
         }
         let (kernels, dp, rows) = match d {

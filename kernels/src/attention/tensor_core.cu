@@ -1,7 +1,8 @@
 // Fused self-attention on tensor cores: attention.cu's three kernels with their products in a 16-bit type (bf16 or
-// f16) or in TF32, summed in fp32, as PyTorch's flash SDPA runs under autocast. Inputs, outputs, log-sum-exps and the
-// softmax stay f32: rows are rounded to the operand type as they are staged in shared memory, and probabilities and
-// score gradients as they become the next product's operand.
+// f16) or in TF32, summed in fp32, as PyTorch's flash SDPA runs under autocast, or in three TF32 products for fp32
+// accuracy (Tf32x3, the fp32 policy). Inputs, outputs, log-sum-exps and the softmax stay f32: rows are rounded to the
+// operand type as they are staged in shared memory (Tf32x3: split as they are read), and probabilities and score
+// gradients as they become the next product's operand.
 //
 // A block of 4 warps takes a tile of 64 rows (queries in the forward pass and dq, keys in dk and dv) of one
 // (sequence, head), 16 rows a warp, and walks the other side's tiles of 64 rows, 32 columns at a time. Products are
@@ -43,12 +44,24 @@ __device__ __forceinline__ void load_blocks(u32 (&r)[4], const u16* row) {
 //                                n0 + 8 + n of a tile `ld` wide, over its columns [k0, k0 + K): the first in b[0],
 //                                b[1], the second in b[2], b[3];
 //   weights(a, w, k)             the A operand of the k-th K columns of a 16 x 32 patch w in the accumulators' layout;
-//   mma(c, a, b0, b1)            c += a · b.
+//   mma2(c0, c1, a, b)           c0 += a · the first B operand, c1 += a · the second;
+// with A and B2 the types of a lane's share of an A operand and of two B operands.
+
+// The fragments of a type whose product takes one register set per operand: T gives mma(c, a, b0, b1), c += a · b.
+template <class T>
+struct OneProduct {
+    using A = u32[4];
+    using B2 = u32[4];
+    static __device__ __forceinline__ void mma2(float (&c0)[4], float (&c1)[4], const A& a, const B2& b) {
+        T::mma(c0, a, b[0], b[1]);
+        T::mma(c1, a, b[2], b[3]);
+    }
+};
 
 // 16-bit types: pairs of values in one register, operands loaded by ldmatrix. T gives pack (a rounded pair, lo in the
 // low half) and mma.
 template <class T>
-struct SixteenBit {
+struct SixteenBit : OneProduct<T> {
     using E = u16;
     static constexpr int K = 16;
     static __device__ __forceinline__ void put2(u16* p, float lo, float hi) {
@@ -90,7 +103,7 @@ SIXTEEN_BIT(F16, "f16")
 // k8 operand is reduced-side slots t and t + 4 (t = lane % 4); both operands of a product place slot t at column 2t
 // and slot t + 4 at 2t + 1 (the order of a sum's terms is the product's to choose), so a lane reads each row's pair as
 // one 8-byte load, and an accumulator's pair (columns 2t, 2t + 1) is already an A operand.
-struct Tf32 {
+struct Tf32 : OneProduct<Tf32> {
     using E = float;
     static constexpr int K = 8;
     static __device__ __forceinline__ u32 round(float x) {
@@ -120,14 +133,67 @@ struct Tf32 {
         b[0] = __float_as_uint(first.x), b[1] = __float_as_uint(first.y);
         b[2] = __float_as_uint(second.x), b[3] = __float_as_uint(second.y);
     }
+    // The k-th 8 columns of w in an A operand's slots, unrounded.
+    static __device__ __forceinline__ void slots(u32 (&a)[4], const float (&w)[4][4], int k) {
+        a[0] = __float_as_uint(w[k][0]), a[1] = __float_as_uint(w[k][2]);
+        a[2] = __float_as_uint(w[k][1]), a[3] = __float_as_uint(w[k][3]);
+    }
     static __device__ __forceinline__ void weights(u32 (&a)[4], const float (&w)[4][4], int k) {
-        a[0] = round(w[k][0]), a[1] = round(w[k][2]), a[2] = round(w[k][1]), a[3] = round(w[k][3]);
+        slots(a, w, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = round(__uint_as_float(a[i]));
     }
     static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// fp32 accuracy on TF32 tensor cores (3xTF32, as CUTLASS and PyTorch's fp32 attention run): tiles of unrounded f32,
+// each operand value x split into big = tf32(x) and small = tf32(x - big), and a · b taken as small·big + big·small +
+// big·big (small·small, 2^-22 of the product, dropped). Three products where TF32 runs one, in Tf32's layout.
+struct Tf32x3 {
+    using E = float;
+    static constexpr int K = 8;
+    struct Split {
+        u32 big[4], small[4];
+    };
+    using A = Split;
+    using B2 = Split;
+    // big holds unrounded values; both halves afterwards.
+    static __device__ __forceinline__ void split(Split& s) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = __uint_as_float(s.big[i]);
+            s.big[i] = Tf32::round(x);
+            s.small[i] = Tf32::round(x - __uint_as_float(s.big[i]));
+        }
+    }
+    static __device__ __forceinline__ void put2(float* p, float lo, float hi) {
+        *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+    }
+    static __device__ __forceinline__ void operand_a(Split& a, const float* tile, int ld, int r0, int k0) {
+        Tf32::operand_a(a.big, tile, ld, r0, k0);
+        split(a);
+    }
+    static __device__ __forceinline__ void operand_b2(Split& b, const float* tile, int ld, int n0, int k0) {
+        Tf32::operand_b2(b.big, tile, ld, n0, k0);
+        split(b);
+    }
+    static __device__ __forceinline__ void weights(Split& a, const float (&w)[4][4], int k) {
+        Tf32::slots(a.big, w, k);
+        split(a);
+    }
+    static __device__ __forceinline__ void mma2(float (&c0)[4], float (&c1)[4], const A& a, const B2& b) {
+        // the small terms first, so the big product is added to sums that already hold them
+        Tf32::mma(c0, a.small, b.big[0], b.big[1]);
+        Tf32::mma(c1, a.small, b.big[2], b.big[3]);
+        Tf32::mma(c0, a.big, b.small[0], b.small[1]);
+        Tf32::mma(c1, a.big, b.small[2], b.small[3]);
+        Tf32::mma(c0, a.big, b.big[0], b.big[1]);
+        Tf32::mma(c1, a.big, b.big[2], b.big[3]);
     }
 };
 
@@ -190,14 +256,13 @@ __device__ __forceinline__ void dots(float (&s)[4][4], const typename T::E* x, i
     for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
     for (int k = 0; k < DP; k += T::K) {
-        u32 a[4];
+        typename T::A a;
         T::operand_a(a, x, DP + 8, r0, k);
 #pragma unroll
         for (int n = 0; n < 4; n += 2) {
-            u32 b[4];
+            typename T::B2 b;
             T::operand_b2(b, y, DP + 8, n0 + 8 * n, k);
-            T::mma(s[n], a, b[0], b[1]);
-            T::mma(s[n + 1], a, b[2], b[3]);
+            T::mma2(s[n], s[n + 1], a, b);
         }
     }
 }
@@ -209,14 +274,13 @@ __device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float 
                                                  int k0) {
 #pragma unroll
     for (int k = 0; k < TC_CHUNK / T::K; ++k) {
-        u32 a[4];
+        typename T::A a;
         T::weights(a, w, k);
 #pragma unroll
         for (int n = 0; n < DP / 8; n += 2) {
-            u32 b[4];
+            typename T::B2 b;
             T::operand_b2(b, vt, TC_LDT, 8 * n, k0 + T::K * k);
-            T::mma(acc[n], a, b[0], b[1]);
-            T::mma(acc[n + 1], a, b[2], b[3]);
+            T::mma2(acc[n], acc[n + 1], a, b);
         }
     }
 }
@@ -503,5 +567,8 @@ TENSOR_CORE_KERNELS(f16, F16, 128)
 TENSOR_CORE_KERNELS(tf32, Tf32, 32)
 TENSOR_CORE_KERNELS(tf32, Tf32, 64)
 TENSOR_CORE_KERNELS(tf32, Tf32, 128)
+TENSOR_CORE_KERNELS(tf32x3, Tf32x3, 32)
+TENSOR_CORE_KERNELS(tf32x3, Tf32x3, 64)
+TENSOR_CORE_KERNELS(tf32x3, Tf32x3, 128)
 
 #endif

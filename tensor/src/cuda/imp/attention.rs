@@ -1,6 +1,7 @@
 //! Fused self-attention on [`CudaStorage`] ([`Attention`]): f32 tensors, the products on tensor cores in the
 //! thread's precision policy's 16-bit type under a mixed one (as PyTorch's SDPA under autocast) and in TF32 under
-//! `tf32` (as every other product of that policy), in fp32 multiply-adds under `fp32`.
+//! `tf32` (as every other product of that policy), and under `fp32` as three TF32 products on tensor cores
+//! (3xTF32: fp32's accuracy, as PyTorch's fp32 SDPA runs), or fp32 multiply-adds where tensor cores cannot take it.
 
 use cohort_kernels::attention::AttentionShape;
 use cohort_kernels::attention::cuda::{self as attention_cuda, AttentionMath};
