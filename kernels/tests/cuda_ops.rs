@@ -1007,11 +1007,11 @@ fn fused_optimizer_steps_match_the_cpu() {
             // SAFETY: every buffer holds `len` f32; the state is a StepState.
             unsafe {
                 if use_adam {
-                    optim_cuda::adam_step(&g, &bufs, &adam, None).unwrap();
+                    optim_cuda::adam_step(&g, &bufs, &adam, None, None).unwrap();
                 } else if k == 0 {
-                    optim_cuda::sgd_step(&g, &bufs, &sgd, None).unwrap();
+                    optim_cuda::sgd_step(&g, &bufs, &sgd, None, None).unwrap();
                 } else {
-                    optim_cuda::sgd_step(&g, &bufs, &sgd, Some(state.ptr())).unwrap();
+                    optim_cuda::sgd_step(&g, &bufs, &sgd, Some(state.ptr()), None).unwrap();
                 }
             }
             let lrs: Vec<Vec<f64>> = lrs
@@ -1252,7 +1252,7 @@ fn counted_adam_steps_advance_their_device_state_and_follow_its_scale() {
     let scaled: Vec<f64> = lrs.iter().map(|l| l * f64::from(scale)).collect();
     for step in [3, 4] {
         // SAFETY: every buffer holds n f32; the state is a StepState.
-        unsafe { optim_cuda::adam_step(&g, &bufs, &h, Some(state.ptr())).unwrap() };
+        unsafe { optim_cuda::adam_step(&g, &bufs, &h, Some(state.ptr()), None).unwrap() };
         optim_cpu::adam_step(
             &mut p,
             &gr,

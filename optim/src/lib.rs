@@ -3,7 +3,7 @@
 //! state for checkpoints.
 //!
 //! Adam and AdamW update every parameter in one call (`Tensor::adam_step_many_`: one fused launch on the GPU);
-//! SGD makes one fused call per parameter (`Tensor::sgd_step_`), covering all members of a fused parameter.
+//! SGD likewise (`Tensor::sgd_step_many_`), covering all members of a fused parameter.
 //!
 //! ```
 //! use cohort_autograd::{BuildOptions, ModelSpec, Tape, loss};
@@ -28,7 +28,7 @@ mod loss_scale;
 mod optimizer;
 mod schedule;
 
-pub use loss_scale::LossScaler;
+pub use loss_scale::{LossScale, LossScaler};
 pub use optimizer::{OptimConfig, Optimizer, OptimizerState};
 pub use schedule::Schedule;
 

@@ -5,9 +5,14 @@
 //! are divided by it again. Where any of them came out infinite or NaN (the scale was too large), the
 //! update is skipped and the scale halved; after [`GROWTH_INTERVAL`] clean steps in a row it doubles.
 //! bfloat16 has f32's range and needs none of this.
+//!
+//! The scale, its counts and the overflow flag live on the model's device (as the capturable
+//! GradScaler keeps them), and every step of the scaler runs there: the optimizer's fused update reads
+//! the flag and skips itself. No step waits on a read-back, so a scaled step can be captured in a CUDA
+//! graph and replayed; the host reads the scale when it wants to tell it ([`LossScaler::read_later`]).
 
 use cohort_autograd::Var;
-use cohort_tensor::Tensor;
+use cohort_tensor::{Device, HostRead, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::{Optimizer, Result};
@@ -22,17 +27,21 @@ const MIN_SCALE: f64 = 1.0;
 /// Nor rises above f16's largest finite value.
 const MAX_SCALE: f64 = 65504.0 * 65536.0;
 
-/// The scale and its clean-step count: kept in a checkpoint so a resumed run goes on with the same scale.
+/// A loss scale as the host sees it: the scale, its clean-step count and the steps skipped so far.
+/// Kept in a checkpoint so a resumed run goes on with the same scale.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LossScaler {
-    scale: f64,
-    clean: u64,
-    skipped: u64,
+pub struct LossScale {
+    /// The factor the loss is multiplied by.
+    pub scale: f64,
+    /// Steps in a row whose gradients were finite.
+    pub clean: u64,
+    /// Updates skipped so far (gradients not finite).
+    pub skipped: u64,
 }
 
-impl Default for LossScaler {
-    fn default() -> LossScaler {
-        LossScaler {
+impl Default for LossScale {
+    fn default() -> LossScale {
+        LossScale {
             scale: INITIAL_SCALE,
             clean: 0,
             skipped: 0,
@@ -40,96 +49,105 @@ impl Default for LossScaler {
     }
 }
 
+impl LossScale {
+    /// The scale a state read back holds (see [`LossScaler::read_later`]).
+    ///
+    /// # Errors
+    /// A read of another length than a loss scale state's.
+    pub fn from_state(state: &[f32]) -> Result<LossScale> {
+        match *state {
+            [_, scale, clean, skipped] => Ok(LossScale {
+                scale: f64::from(scale),
+                clean: clean as u64,
+                skipped: skipped as u64,
+            }),
+            _ => Err(crate::Error::State {
+                name: "loss_scale".into(),
+                reason: format!(
+                    "{} values read back where a loss scale state has 4",
+                    state.len()
+                ),
+            }),
+        }
+    }
+}
+
+/// Dynamic loss scaling on a device: the scale, its counts and the overflow flag in one tensor there.
+#[derive(Clone, Debug)]
+pub struct LossScaler {
+    state: Tensor,
+}
+
 impl LossScaler {
-    /// A scaler at [`INITIAL_SCALE`].
-    #[must_use]
-    pub fn new() -> LossScaler {
-        LossScaler::default()
+    /// A scaler on `dev` going on from `start` ([`LossScale::default`] for a new run).
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn new(start: LossScale, dev: &Device) -> Result<LossScaler> {
+        let state = Tensor::loss_scale_state(start.scale, start.clean, start.skipped, dev)?;
+        Ok(LossScaler { state })
     }
 
-    /// The factor the loss is multiplied by now.
-    #[must_use]
-    pub fn scale(&self) -> f64 {
-        self.scale
-    }
-
-    /// Updates skipped so far (gradients not finite).
-    #[must_use]
-    pub fn skipped(&self) -> u64 {
-        self.skipped
-    }
-
-    /// `loss` times the scale: what the backward pass starts from.
+    /// `loss` times the scale: what the backward pass starts from. The scale is read on the device.
     ///
     /// # Errors
     /// When the tensor op fails.
     pub fn scaled(&self, loss: &Var) -> Result<Var> {
-        Ok(loss.mul_scalar(self.scale)?)
+        let scale = Var::constant(self.state.narrow(0, 1, 1)?);
+        Ok(loss.mul(&scale)?)
     }
 
     /// After the backward pass of a [`scaled`](LossScaler::scaled) loss: divides `opt`'s gradients by
-    /// the scale and steps it if all of them are finite, otherwise leaves the parameters as they are.
-    /// Either way the scale moves on (see the module docs). Returns whether the update ran. Reads one
-    /// number back from the device, as PyTorch's scaler does before its step.
+    /// the scale and steps it unless one of them is not finite, then moves the scale on (see the
+    /// module docs). Queued on the device, nothing read back; a skipped step counts as a step of
+    /// `opt` all the same, as PyTorch's schedulers step past one.
     ///
     /// # Errors
     /// When a tensor op or the update fails.
-    pub fn step(&mut self, opt: &mut Optimizer) -> Result<bool> {
+    pub fn step(&self, opt: &mut Optimizer) -> Result<()> {
         let grads = opt.grads();
-        if !all_finite(&grads)? {
-            self.skipped += 1;
-            self.clean = 0;
-            self.scale = (self.scale * 0.5).max(MIN_SCALE);
-            return Ok(false);
-        }
-        let inv = 1.0 / self.scale;
-        for g in &grads {
-            g.assign_(&g.mul_scalar(inv)?)?;
-        }
-        opt.step()?;
-        self.clean += 1;
-        if self.clean >= GROWTH_INTERVAL {
-            self.clean = 0;
-            self.scale = (self.scale * 2.0).min(MAX_SCALE);
-        }
-        Ok(true)
+        Tensor::unscale_grads_(&grads.iter().collect::<Vec<_>>(), &self.state)?;
+        opt.step_unless(Some(&self.state))?;
+        Tensor::update_loss_scale_(&self.state, GROWTH_INTERVAL, MIN_SCALE, MAX_SCALE)?;
+        Ok(())
     }
-}
 
-/// Whether every element of `grads` is finite: one sum over all of them (an infinity or NaN anywhere
-/// makes it one too), read back once.
-fn all_finite(grads: &[Tensor]) -> Result<bool> {
-    let mut total: Option<Tensor> = None;
-    for g in grads {
-        let s = g.sum_all()?;
-        total = Some(match total {
-            Some(t) => t.add(&s)?,
-            None => s,
-        });
+    /// The scale now, waiting for the device's steps to finish.
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn read(&self) -> Result<LossScale> {
+        LossScale::from_state(&self.state.to_vec::<f32>()?)
     }
-    Ok(match total {
-        Some(t) => t.to_vec::<f32>()?.iter().all(|v| v.is_finite()),
-        None => true,
-    })
+
+    /// The scale as of the steps queued so far, on its way to the host (see
+    /// [`LossScale::from_state`]).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn read_later(&self) -> Result<HostRead> {
+        Ok(self.state.read_later()?)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use cohort_autograd::{BuildOptions, ModelSpec, Tape, loss};
-    use cohort_tensor::{DType, Device};
+    use cohort_tensor::DType;
 
     use super::*;
     use crate::{OptimConfig, Schedule};
 
-    fn setup() -> (cohort_autograd::Model, Optimizer, Tensor, Tensor) {
-        let dev = Device::Cpu;
+    const CPU: Device = Device::Cpu;
+
+    fn setup(config: OptimConfig) -> (cohort_autograd::Model, Optimizer, Tensor, Tensor) {
         let spec = ModelSpec::from_toml(r#"layers = [{ linear = 3 }]"#).unwrap();
-        let model = spec.build(&[4], &BuildOptions::new(1, 0, dev)).unwrap();
-        let opt = Optimizer::new(OptimConfig::sgd(0.1), model.params())
+        let model = spec.build(&[4], &BuildOptions::new(1, 0, CPU)).unwrap();
+        let opt = Optimizer::new(config, model.params())
             .unwrap()
             .with_schedule(Schedule::Constant);
-        let x = Tensor::rand_uniform(&[8, 4], -1.0, 1.0, DType::F32, 1, &dev).unwrap();
-        let y = Tensor::from_vec(vec![0i32, 1, 2, 0, 1, 2, 0, 1], &[8], &dev).unwrap();
+        let x = Tensor::rand_uniform(&[8, 4], -1.0, 1.0, DType::F32, 1, &CPU).unwrap();
+        let y = Tensor::from_vec(vec![0i32, 1, 2, 0, 1, 2, 0, 1], &[8], &CPU).unwrap();
         (model, opt, x, y)
     }
 
@@ -137,56 +155,113 @@ mod tests {
         model.params()[0].value().to_vec::<f32>().unwrap()
     }
 
+    /// Back-propagates the model's loss times `factor` (on top of the scaler's scale where one is given).
+    fn backward(
+        model: &cohort_autograd::Model,
+        x: &Tensor,
+        y: &Tensor,
+        scaler: Option<&LossScaler>,
+        factor: f64,
+    ) {
+        let tape = Tape::new();
+        let l = loss::cross_entropy(&model.forward(&tape, x).unwrap(), y).unwrap();
+        let l = match scaler {
+            Some(s) => s.scaled(&l).unwrap(),
+            None => l,
+        };
+        tape.backward(&l.mul_scalar(factor).unwrap()).unwrap();
+    }
+
     #[test]
     fn a_scaled_step_equals_the_plain_one() {
-        let (model, mut opt, x, y) = setup();
-        let (plain_model, mut plain_opt, ..) = setup();
-        let mut scaler = LossScaler::new();
-        let tape = Tape::new();
-        let l = loss::cross_entropy(&model.forward(&tape, &x).unwrap(), &y).unwrap();
-        tape.backward(&scaler.scaled(&l).unwrap()).unwrap();
-        assert!(scaler.step(&mut opt).unwrap());
-        let tape = Tape::new();
-        let l = loss::cross_entropy(&plain_model.forward(&tape, &x).unwrap(), &y).unwrap();
-        tape.backward(&l).unwrap();
-        plain_opt.step().unwrap();
-        for (a, b) in weights(&model).iter().zip(weights(&plain_model)) {
-            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        for config in [OptimConfig::adam(1e-2), OptimConfig::sgd(0.1)] {
+            let (model, mut opt, x, y) = setup(config.clone());
+            let (plain_model, mut plain_opt, ..) = setup(config);
+            let scaler = LossScaler::new(LossScale::default(), &CPU).unwrap();
+            backward(&model, &x, &y, Some(&scaler), 1.0);
+            scaler.step(&mut opt).unwrap();
+            backward(&plain_model, &x, &y, None, 1.0);
+            plain_opt.step().unwrap();
+            for (a, b) in weights(&model).iter().zip(weights(&plain_model)) {
+                assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+            }
+            let want = LossScale {
+                scale: INITIAL_SCALE,
+                clean: 1,
+                skipped: 0,
+            };
+            assert_eq!(scaler.read().unwrap(), want);
+            assert_eq!(opt.steps(), 1);
         }
-        assert_eq!((scaler.scale(), scaler.skipped()), (INITIAL_SCALE, 0));
     }
 
     #[test]
     fn an_overflow_skips_the_update_and_halves_the_scale() {
-        let (model, mut opt, x, y) = setup();
-        let before = weights(&model);
-        let mut scaler = LossScaler::new();
-        let tape = Tape::new();
-        let l = loss::cross_entropy(&model.forward(&tape, &x).unwrap(), &y).unwrap();
-        tape.backward(&l.mul_scalar(f64::INFINITY).unwrap())
-            .unwrap();
-        assert!(!scaler.step(&mut opt).unwrap());
-        assert_eq!(
-            weights(&model),
-            before,
-            "a skipped step changed the weights"
-        );
-        assert_eq!(opt.steps(), 0);
-        assert_eq!((scaler.scale(), scaler.skipped()), (INITIAL_SCALE / 2.0, 1));
+        // SGD with dampened momentum starts its buffer from the first gradient: an overflowed one must not.
+        let dampened = OptimConfig::Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.5,
+            weight_decay: 0.0,
+            nesterov: false,
+        };
+        for config in [OptimConfig::adam(1e-2), OptimConfig::sgd(0.1), dampened] {
+            let (model, mut opt, x, y) = setup(config);
+            let before = weights(&model);
+            let scaler = LossScaler::new(LossScale::default(), &CPU).unwrap();
+            backward(&model, &x, &y, Some(&scaler), f64::INFINITY);
+            scaler.step(&mut opt).unwrap();
+            opt.zero_grad();
+            assert_eq!(
+                weights(&model),
+                before,
+                "a skipped step changed the weights"
+            );
+            // Adam's moments start at zero whatever the gradient; a dampened momentum buffer would not.
+            for (name, t) in opt.state_dict().tensors {
+                let v = t.to_vec::<f32>().unwrap();
+                assert!(
+                    v.iter().all(|&x| x == 0.0),
+                    "a skipped step moved {name}: {v:?}"
+                );
+            }
+            assert_eq!(opt.steps(), 1, "a skipped step counts as a step");
+            let want = LossScale {
+                scale: INITIAL_SCALE / 2.0,
+                clean: 0,
+                skipped: 1,
+            };
+            assert_eq!(scaler.read().unwrap(), want);
+            // The flag cleared: the next, finite step updates.
+            backward(&model, &x, &y, Some(&scaler), 1.0);
+            scaler.step(&mut opt).unwrap();
+            assert_ne!(
+                weights(&model),
+                before,
+                "the step after a skip did not update"
+            );
+            assert_eq!(scaler.read().unwrap().clean, 1);
+        }
     }
 
     #[test]
     fn the_scale_doubles_after_its_interval_of_clean_steps() {
-        let (model, mut opt, x, y) = setup();
-        let mut scaler = LossScaler {
+        let (model, mut opt, x, y) = setup(OptimConfig::adam(1e-3));
+        let start = LossScale {
             clean: GROWTH_INTERVAL - 1,
-            ..LossScaler::new()
+            ..LossScale::default()
         };
-        let tape = Tape::new();
-        let l = loss::cross_entropy(&model.forward(&tape, &x).unwrap(), &y).unwrap();
-        tape.backward(&scaler.scaled(&l).unwrap()).unwrap();
-        assert!(scaler.step(&mut opt).unwrap());
-        assert_eq!(scaler.scale(), INITIAL_SCALE * 2.0);
-        opt.zero_grad();
+        let scaler = LossScaler::new(start, &CPU).unwrap();
+        backward(&model, &x, &y, Some(&scaler), 1.0);
+        scaler.step(&mut opt).unwrap();
+        let want = LossScale {
+            scale: INITIAL_SCALE * 2.0,
+            clean: 0,
+            skipped: 0,
+        };
+        assert_eq!(scaler.read().unwrap(), want);
+        let read = scaler.read_later().unwrap().wait::<f32>().unwrap();
+        assert_eq!(LossScale::from_state(&read).unwrap(), want);
+        assert!(LossScale::from_state(&read[..3]).is_err());
     }
 }

@@ -466,6 +466,17 @@ impl Optimizer {
     /// # Errors
     /// When a tensor op fails (device, dtype).
     pub fn step(&mut self) -> Result<()> {
+        self.step_unless(None)
+    }
+
+    /// [`Optimizer::step`], except that no parameter or state changes where the overflow flag of the
+    /// loss scale state `overflow` (see [`LossScaler`](crate::LossScaler)) is raised when the update
+    /// runs: on CUDA the fused launch reads it, so no host read waits for the gradients. The step is
+    /// counted either way, as a skipped step counts for the schedule.
+    ///
+    /// # Errors
+    /// When a tensor op fails (device, dtype), or `overflow` is not a loss scale state.
+    pub fn step_unless(&mut self, overflow: Option<&Tensor>) -> Result<()> {
         let lrs = self.current_lrs();
         self.lrs_now.clear();
         self.lrs_now.extend(lrs);
@@ -487,12 +498,28 @@ impl Optimizer {
                 nesterov,
                 ..
             } => {
-                for slot in &mut self.slots {
+                // PyTorch starts a momentum buffer at the first gradient; the fused update computes
+                // momentum * buf + (1 - dampening) * g, so a dampened one starts from
+                // buf = dampening / momentum * g. That start reads the gradient, so an overflowed one
+                // must not make it: the flag is read here, once, before any buffer exists.
+                let starts = *momentum > 0.0
+                    && *dampening != 0.0
+                    && self
+                        .slots
+                        .iter()
+                        .any(|s| s.bufs.is_empty() && s.param.grad().is_some());
+                if starts
+                    && let Some(o) = overflow
+                    && o.to_vec::<f32>()?[0] != 0.0
+                {
+                    self.step = t;
+                    return Ok(());
+                }
+                let mut grads = Vec::with_capacity(self.slots.len());
+                for (i, slot) in self.slots.iter_mut().enumerate() {
                     let Some(g) = slot.param.grad() else { continue };
                     let p = slot.param.value();
                     if *momentum > 0.0 && slot.bufs.is_empty() {
-                        // PyTorch starts the buffer at the first gradient; the fused update computes
-                        // momentum * buf + (1 - dampening) * g, so start from buf = dampening / momentum * g.
                         let b = if *dampening == 0.0 {
                             Tensor::zeros(p.shape(), p.dtype(), &p.device())?
                         } else {
@@ -505,18 +532,24 @@ impl Optimizer {
                         };
                         slot.bufs.push(b);
                     }
-                    let lrs = lrs_for(p);
-                    Tensor::sgd_step_(
-                        p,
-                        &g,
-                        slot.bufs.first(),
-                        lrs,
-                        *momentum,
-                        *dampening,
-                        *weight_decay,
-                        *nesterov,
-                    )?;
+                    grads.push((i, g));
                 }
+                let entries: Vec<_> = grads
+                    .iter()
+                    .map(|(i, g)| {
+                        let s = &self.slots[*i];
+                        let p = s.param.value();
+                        (p, g, s.bufs.first(), lrs_for(p))
+                    })
+                    .collect();
+                Tensor::sgd_step_many_(
+                    &entries,
+                    *momentum,
+                    *dampening,
+                    *weight_decay,
+                    *nesterov,
+                    overflow,
+                )?;
             }
             OptimConfig::Adam {
                 betas,
@@ -560,6 +593,7 @@ impl Optimizer {
                     *weight_decay,
                     decoupled,
                     t,
+                    overflow,
                 )?;
             }
         }

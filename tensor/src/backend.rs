@@ -525,16 +525,42 @@ pub trait CudaBackend: BackendStorage {
     ) -> Result<Option<(Self, Self)>>;
 
     /// One Adam / AdamW step over many parameters at once (per-parameter learning rates in each entry;
-    /// `h.lrs` is ignored).
+    /// `h.lrs` is ignored), none where `skip`'s overflow flag (a loss scale state) is raised when it runs.
     ///
     /// # Errors
     /// As [`OptimizerSteps::adam_step`], for any entry; nothing is updated then.
-    fn adam_step_many(params: &mut [AdamEntry<'_, Self>], h: &AdamParams<'_>) -> Result<()>;
+    fn adam_step_many(
+        params: &mut [AdamEntry<'_, Self>],
+        h: &AdamParams<'_>,
+        skip: Option<&Self>,
+    ) -> Result<()>;
 
     /// One SGD step over many parameters at once (per-parameter learning rates in each entry; `h.lrs`
-    /// is ignored).
+    /// is ignored), none where `skip`'s overflow flag (a loss scale state) is raised when it runs.
     ///
     /// # Errors
     /// As [`OptimizerSteps::sgd_step`], for any entry; nothing is updated then.
-    fn sgd_step_many(params: &mut [SgdEntry<'_, Self>], h: &SgdParams<'_>) -> Result<()>;
+    fn sgd_step_many(
+        params: &mut [SgdEntry<'_, Self>],
+        h: &SgdParams<'_>,
+        skip: Option<&Self>,
+    ) -> Result<()>;
+
+    /// Divides every f32 gradient by the scale in the loss scale `state` (four f32: overflow flag, scale,
+    /// clean steps, skipped steps) and raises its flag where a quotient is not finite, reading nothing back.
+    ///
+    /// # Errors
+    /// Not f32, different devices, or a launch failure.
+    fn unscale_grads(grads: &mut [&mut Self], state: &mut Self) -> Result<()>;
+
+    /// Moves the loss scale `state` on after a step (GradScaler's update), on the device.
+    ///
+    /// # Errors
+    /// A launch failure.
+    fn update_loss_scale(
+        state: &mut Self,
+        interval: u64,
+        min_scale: f32,
+        max_scale: f32,
+    ) -> Result<()>;
 }

@@ -44,6 +44,7 @@ mod error;
 mod layernorm;
 pub mod memory;
 mod ops;
+mod optim;
 mod precision;
 mod products;
 mod random;

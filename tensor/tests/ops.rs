@@ -946,7 +946,7 @@ fn optimizers(dev: &Device) -> Result<()> {
             let entries: Vec<_> = (0..3)
                 .map(|i| (&pa[i], &g[i], &ma[i], &va[i], lrs[i]))
                 .collect();
-            Tensor::adam_step_many_(&entries, 0.9, 0.99, 1e-8, 0.01, true, step)?;
+            Tensor::adam_step_many_(&entries, 0.9, 0.99, 1e-8, 0.01, true, step, None)?;
             for i in 0..3 {
                 Tensor::adam_step_(
                     &pb[i], &g[i], &mb[i], &vb[i], lrs[i], 0.9, 0.99, 1e-8, 0.01, true, step,
@@ -960,7 +960,7 @@ fn optimizers(dev: &Device) -> Result<()> {
             (&pa[0], &g[0], &ma[0], &va[0], lrs[0]),
             (&pa[0], &g[1], &ma[1], &va[1], lrs[1]),
         ];
-        assert!(Tensor::adam_step_many_(&dup, 0.9, 0.99, 1e-8, 0.0, false, 1).is_err());
+        assert!(Tensor::adam_step_many_(&dup, 0.9, 0.99, 1e-8, 0.0, false, 1, None).is_err());
         // SGD on many parameters at once equals one call per parameter.
         let bufs_a = zeros()?;
         let bufs_b = zeros()?;
@@ -968,7 +968,7 @@ fn optimizers(dev: &Device) -> Result<()> {
             let entries: Vec<_> = (0..3)
                 .map(|i| (&pa[i], &g[i], Some(&bufs_a[i]), lrs[i]))
                 .collect();
-            Tensor::sgd_step_many_(&entries, 0.9, 0.0, 0.01, true)?;
+            Tensor::sgd_step_many_(&entries, 0.9, 0.0, 0.01, true, None)?;
             for i in 0..3 {
                 Tensor::sgd_step_(
                     &pb[i],
@@ -986,7 +986,7 @@ fn optimizers(dev: &Device) -> Result<()> {
             assert_close("sgd_step_many_", &pa[i], shapes[i], &host(&pb[i]), tol(dt));
         }
         let no_buf = [(&pa[0], &g[0], None, lrs[0])];
-        assert!(Tensor::sgd_step_many_(&no_buf, 0.9, 0.0, 0.0, false).is_err());
+        assert!(Tensor::sgd_step_many_(&no_buf, 0.9, 0.0, 0.0, false, None).is_err());
         // A single rate applies to all members.
         let p = Tensor::ones(&[2, 2], dt, dev)?;
         let g = Tensor::ones(&[2, 2], dt, dev)?;
@@ -1070,7 +1070,124 @@ fn reads_later(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// Loss scaling's device-side ops: gradients divided by the scale, an overflow flag the fused optimizer
+/// steps read and skip on, and GradScaler's update of the scale.
+fn loss_scaling(dev: &Device) -> Result<()> {
+    let f = DType::F32;
+    let state = Tensor::loss_scale_state(8.0, 0, 0, dev)?;
+    let shapes: [&[usize]; 2] = [&[3, 40], &[7]];
+    let g: Vec<Tensor> = (0..2)
+        .map(|i| rand(shapes[i], 1800 + i as u64, f, dev))
+        .collect::<Result<_>>()?;
+    let want: Vec<Vec<f64>> = g
+        .iter()
+        .map(|g| host(g).iter().map(|v| v / 8.0).collect())
+        .collect();
+    Tensor::unscale_grads_(&[&g[0], &g[1]], &state)?;
+    for i in 0..2 {
+        assert_close("unscale_grads_", &g[i], shapes[i], &want[i], 0.0);
+    }
+    Tensor::update_loss_scale_(&state, 3, 1.0, 1e9)?;
+    assert_eq!(
+        state.to_vec::<f32>()?,
+        [0.0, 8.0, 1.0, 0.0],
+        "a clean step counts"
+    );
+    // A gradient that is not finite raises the flag, and the steps that read it change nothing.
+    let bad = Tensor::from_vec(
+        vec![1.0f32, f32::INFINITY, 2.0, 3.0, f32::NAN, 0.0, 1.0],
+        &[7],
+        dev,
+    )?;
+    Tensor::unscale_grads_(&[&g[0], &bad], &state)?;
+    assert_eq!(
+        state.to_vec::<f32>()?[0],
+        1.0,
+        "an overflow raises the flag"
+    );
+    let p = rand(shapes[0], 1810, f, dev)?;
+    let (m, v, b) = (
+        rand(shapes[0], 1811, f, dev)?,
+        rand_pos(shapes[0], 1812, f, dev)?,
+        rand(shapes[0], 1813, f, dev)?,
+    );
+    let before: Vec<Vec<f64>> = [&p, &m, &v, &b].iter().map(|t| host(t)).collect();
+    Tensor::adam_step_many_(
+        &[(&p, &g[0], &m, &v, &[0.1])],
+        0.9,
+        0.99,
+        1e-8,
+        0.0,
+        false,
+        1,
+        Some(&state),
+    )?;
+    Tensor::sgd_step_many_(
+        &[(&p, &g[0], Some(&b), &[0.1])],
+        0.9,
+        0.0,
+        0.0,
+        false,
+        Some(&state),
+    )?;
+    for (t, was) in [&p, &m, &v, &b].iter().zip(&before) {
+        assert_eq!(&host(t), was, "a step under a raised flag changed a tensor");
+    }
+    Tensor::update_loss_scale_(&state, 3, 1.0, 1e9)?;
+    assert_eq!(
+        state.to_vec::<f32>()?,
+        [0.0, 4.0, 0.0, 1.0],
+        "an overflow halves the scale"
+    );
+    // With the flag down the same steps update.
+    Tensor::adam_step_many_(
+        &[(&p, &g[0], &m, &v, &[0.1])],
+        0.9,
+        0.99,
+        1e-8,
+        0.0,
+        false,
+        1,
+        Some(&state),
+    )?;
+    assert_ne!(
+        host(&p),
+        before[0],
+        "a step under a clear flag changed nothing"
+    );
+    // `interval` clean steps in a row double the scale, within its bounds.
+    for _ in 0..3 {
+        Tensor::update_loss_scale_(&state, 3, 1.0, 6.0)?;
+    }
+    assert_eq!(
+        state.to_vec::<f32>()?,
+        [0.0, 6.0, 0.0, 1.0],
+        "the scale doubles, capped"
+    );
+    let low = Tensor::loss_scale_state(1.0, 0, 0, dev)?;
+    Tensor::unscale_grads_(&[&bad], &low)?;
+    Tensor::update_loss_scale_(&low, 3, 1.0, 6.0)?;
+    assert_eq!(low.to_vec::<f32>()?[1], 1.0, "the scale stays at its floor");
+    // Anything but a loss scale state is refused, naming what it should be.
+    let e = Tensor::unscale_grads_(&[&g[0]], &Tensor::zeros(&[3], f, dev)?).unwrap_err();
+    assert!(e.to_string().contains("loss scale state"), "{e}");
+    let e = Tensor::adam_step_many_(
+        &[(&p, &g[0], &m, &v, &[0.1])],
+        0.9,
+        0.99,
+        1e-8,
+        0.0,
+        false,
+        1,
+        Some(&m),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("loss scale state"), "{e}");
+    Ok(())
+}
+
 device_tests!(
+    loss_scaling,
     reads_later,
     binary,
     unary,

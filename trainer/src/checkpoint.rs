@@ -121,7 +121,7 @@ pub struct Manifest {
     /// Under `precision = "f16"`: the loss scaler's scale and counts, so that a resumed member goes on with the
     /// scale it had reached. Absent for other policies and in manifests of earlier versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_scaler: Option<cohort_optim::LossScaler>,
+    pub loss_scaler: Option<cohort_optim::LossScale>,
 }
 
 /// The manifest's checksum over its file's bytes, with the checksum field's own value taken out. Over the bytes as

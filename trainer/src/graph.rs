@@ -9,17 +9,44 @@
 //!
 //! What keeps a replay equal to an eager step: the batch is copied into the graph's static inputs;
 //! the optimizer's step number and the schedule's factor over the one at capture are set on the
-//! device before each replay, and the host optimizer's count advances with it. The graph's memory
+//! device before each replay, and the host optimizer's count advances with it; under f16 the loss scale,
+//! its overflow flag and the decision to skip an update all live on the device, so a replay scales, checks and
+//! skips as an eager step does. The graph's memory
 //! comes from the shared allocator under the unit's tenant, so it counts against the member's budget.
 //! Cohorts in other threads of the process may share the GPU: their work waits while a step is captured.
 
-use cohort_autograd::{Model, Tape};
-use cohort_optim::Optimizer;
+use cohort_autograd::{Model, Tape, Var};
+use cohort_optim::{LossScaler, Optimizer};
 use cohort_tensor::cuda::CudaGraph;
 use cohort_tensor::{Device, Tensor};
 
 use crate::error::Result;
 use crate::objective::Objective;
+
+/// The backward pass from the loss `l` on `tape` and the update of `opt`, as eager and captured steps both run them.
+/// Under a loss scaler (f16), from the loss times its scale; the scaler then unscales the gradients and steps `opt`,
+/// or skips the update where they overflowed, all on the device.
+///
+/// # Errors
+/// A failed backward pass or update.
+pub(crate) fn backward_and_step(
+    tape: &Tape,
+    l: &Var,
+    opt: &mut Optimizer,
+    scaler: Option<&LossScaler>,
+) -> Result<()> {
+    match scaler {
+        Some(s) => {
+            tape.backward(&s.scaled(l)?)?;
+            s.step(opt)?;
+        }
+        None => {
+            tape.backward(l)?;
+            opt.step()?;
+        }
+    }
+    Ok(())
+}
 
 /// A captured step with the tensors its replays read and write.
 pub(crate) struct StepGraph {
@@ -31,6 +58,8 @@ pub(crate) struct StepGraph {
     batch: usize,
     /// The schedule's factor at capture: the captured rates are the base rates times this.
     factor: f64,
+    /// The loss scaler whose state the graph reads and writes (f16), kept as long as the graph.
+    _scaler: Option<LossScaler>,
 }
 
 impl std::fmt::Debug for StepGraph {
@@ -102,6 +131,7 @@ impl StepGraph {
         model: &Model,
         opt: &mut Optimizer,
         objective: &Objective,
+        scaler: Option<&LossScaler>,
         device: &Device,
         x: Tensor,
         y: Tensor,
@@ -113,8 +143,7 @@ impl StepGraph {
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
             let l = objective.loss(&logits, &y)?;
-            tape.backward(&l)?;
-            opt.step()?;
+            backward_and_step(&tape, &l, opt, scaler)?;
             opt.zero_grad();
             Ok(l.value().clone())
         });
@@ -129,6 +158,7 @@ impl StepGraph {
             loss,
             batch,
             factor,
+            _scaler: scaler.cloned(),
         })
     }
 

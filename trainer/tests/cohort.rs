@@ -363,8 +363,9 @@ fn fused_matches_separate(device: &str) {
 }
 
 /// Steps replayed from CUDA graphs train as eager steps do: a fused Adam group under a cosine schedule with
-/// warm-up and an SGD member with momentum under a step schedule, with an epoch's short last batch (eager between
-/// replays) and checkpoints, end with the parameters and logged losses of the same run with graphs off.
+/// warm-up, an SGD member with momentum under a step schedule and an f16 member (its loss scaling captured with
+/// the step), with an epoch's short last batch (eager between replays) and checkpoints, end with the parameters,
+/// logged losses and skipped updates of the same run with graphs off.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replays_train_as_eager_steps_on_cuda() {
@@ -383,6 +384,12 @@ seed = 5",
 optimizer = { sgd = { lr = 0.05, momentum = 0.9 } }
          lr_schedule = { step = { every = 7, gamma = 0.5 } }
 seed = 6",
+    ) + &mlp(
+        "half",
+        "batch = 48
+optimizer = { adam = { lr = 1e-3 } }
+precision = \"f16\"
+seed = 7",
     );
     let run = |name: &str, graphs: bool| {
         let c = config_on(
@@ -400,7 +407,17 @@ cuda_graphs = {graphs}"
     };
     let replayed = run("graphs", true);
     let eager = run("eager", false);
-    for m in ["adam-lr0.01", "adam-lr3e-3", "sgd"] {
+    let skips = |out: &cohort_trainer::cohort::RunOutcome| {
+        let s = out.summary.as_ref().unwrap();
+        s.members
+            .iter()
+            .find(|m| m.name == "half")
+            .unwrap()
+            .skipped_steps
+    };
+    assert!(skips(&replayed).is_some());
+    assert_eq!(skips(&replayed), skips(&eager));
+    for m in ["adam-lr0.01", "adam-lr3e-3", "sgd", "half"] {
         let captured = |run: &Path| {
             records(run, m)
                 .iter()

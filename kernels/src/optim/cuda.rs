@@ -198,12 +198,13 @@ fn table_launch(blocks: usize) -> Result<Launch> {
 /// One SGD step over every parameter in `params` (PyTorch semantics, zero-initialised momentum
 /// buffer, as in `cpu::sgd_step`); `h.lrs` is ignored in favour of each parameter's own `lrs`.
 /// With a `state` (a step captured into a CUDA graph), the rates are scaled by the [`StepState`]
-/// there, which the host sets before each replay.
+/// there, which the host sets before each replay. With a `skip`, nothing is updated where the
+/// f32 it addresses is non-zero when the step runs (a [`LossScaleState`]'s overflow flag).
 ///
 /// # Safety
 /// Each [`ParamBuffers`] must describe live f32 buffers of `len` elements on this device
-/// (`state1` too when `h.momentum != 0`); `state` must address a [`StepState`] on this device
-/// that lives as long as the queued (or captured) work.
+/// (`state1` too when `h.momentum != 0`); `state` must address a [`StepState`] and `skip` an f32
+/// on this device that live as long as the queued (or captured) work.
 ///
 /// # Errors
 /// Rates that do not split a parameter evenly, a missing momentum buffer, or a launch failure.
@@ -212,8 +213,9 @@ pub unsafe fn sgd_step(
     params: &[ParamBuffers<'_>],
     h: &SgdParams<'_>,
     state: Option<u64>,
+    skip: Option<u64>,
 ) -> Result<()> {
-    let state = state.unwrap_or(0);
+    let (state, skip) = (state.unwrap_or(0), skip.unwrap_or(0));
     let use_buf: u32 = u32::from(h.momentum != 0.0);
     if use_buf == 1 && params.iter().any(|p| p.state1 == 0 && p.len > 0) {
         return Err(Error::Cuda(
@@ -229,9 +231,9 @@ pub unsafe fn sgd_step(
         |lr| (lr as f32, 0.0),
         |t, blocks, _| {
             let table = *t;
-            let mut args = kernel_args![table, wd, mom, damp, nesterov, use_buf, state];
-            // SAFETY: matches `sgd_f32(MtTable, float, float, float, u32, u32, StepState*)`;
-            // buffers per the caller.
+            let mut args = kernel_args![table, wd, mom, damp, nesterov, use_buf, state, skip];
+            // SAFETY: matches `sgd_f32(MtTable, float, float, float, u32, u32, StepState*,
+            // float*)`; buffers per the caller.
             unsafe { gpu.launch(&SRC, "sgd_f32", table_launch(blocks)?, &mut args) }
         },
     )
@@ -242,12 +244,13 @@ pub unsafe fn sgd_step(
 /// (a step captured into a CUDA graph), the step runs as `state.last + 1` with its rates scaled by
 /// `state.scale`, and then advances `state.last` by one: each replay applies the next step's bias
 /// correction, and the host sets the state where it knows better (eager steps in between, a
-/// learning-rate schedule). `h.step` is used only without a state.
+/// learning-rate schedule). `h.step` is used only without a state. With a `skip`, as in
+/// [`sgd_step`] (a skipped step still advances a state's step).
 ///
 /// # Safety
 /// Each [`ParamBuffers`] must describe live f32 buffers of `len` elements on this device, with
-/// `state1` (m) and `state2` (v); `state` must address a [`StepState`] on this device that lives
-/// as long as the queued (or captured) work.
+/// `state1` (m) and `state2` (v); `state` must address a [`StepState`] and `skip` an f32 on this
+/// device that live as long as the queued (or captured) work.
 ///
 /// # Errors
 /// Rates that do not split a parameter evenly, missing moments, or a launch failure.
@@ -256,7 +259,9 @@ pub unsafe fn adam_step(
     params: &[ParamBuffers<'_>],
     h: &AdamParams<'_>,
     state: Option<u64>,
+    skip: Option<u64>,
 ) -> Result<()> {
+    let skip = skip.unwrap_or(0);
     if params
         .iter()
         .any(|p| (p.state1 == 0 || p.state2 == 0) && p.len > 0)
@@ -294,20 +299,101 @@ pub unsafe fn adam_step(
                         eps,
                         inv_sqrt_bc2,
                         inv_bc1,
-                        l2
+                        l2,
+                        skip
                     ];
-                    // SAFETY: matches `adam_f32(MtTable, float x8)`; buffers per the caller.
+                    // SAFETY: matches `adam_f32(MtTable, float x8, float*)`; buffers per the caller.
                     unsafe { gpu.launch(&SRC, "adam_f32", cfg, &mut args) }
                 }
                 Some(state) => {
                     let advance = u32::from(last);
                     let mut args =
-                        kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, state, advance];
-                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, StepState*, u32)`;
-                    // buffers per the caller.
+                        kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, state, advance, skip];
+                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, StepState*, u32,
+                    // float*)`; buffers per the caller.
                     unsafe { gpu.launch(&SRC, "adam_f32_counted", cfg, &mut args) }
                 }
             }
         },
     )
+}
+
+/// Dynamic loss scaling's state in device memory (`unscale_f32` and `update_scale_f32` in
+/// `optim.cu`), four f32: whether this step's gradients overflowed (non-zero), the scale the loss
+/// is multiplied by, clean steps in a row, and steps skipped so far. Counts are f32 so that one
+/// tensor holds the state; they are exact to 2^24.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LossScaleState {
+    /// Non-zero once a gradient of this step is not finite; cleared by [`update_scale`].
+    pub overflow: f32,
+    /// The factor on the loss.
+    pub scale: f32,
+    /// Steps in a row whose gradients were finite.
+    pub clean: f32,
+    /// Steps whose update was skipped.
+    pub skipped: f32,
+}
+
+/// Divides each gradient (live f32 buffers `(address, len)`) by the scale in the [`LossScaleState`]
+/// at `state`, raising its overflow flag where any quotient is not finite; one launch for up to
+/// `MT_MAX` gradients.
+///
+/// # Safety
+/// Every `(address, len)` must be a live f32 buffer of `len` elements on this device and `state`
+/// a [`LossScaleState`] there, living as long as the queued (or captured) work.
+///
+/// # Errors
+/// A launch failure.
+pub unsafe fn unscale(gpu: &Gpu, grads: &[(u64, usize)], state: u64) -> Result<()> {
+    // A table entry per gradient: its `p`, one range, the rate table unused.
+    let entries: Vec<_> = grads
+        .iter()
+        .map(|&(grad, len)| ParamBuffers {
+            param: grad,
+            grad: 0,
+            state1: 0,
+            state2: 0,
+            len,
+            lrs: &[0.0],
+        })
+        .collect();
+    pack(
+        &entries,
+        |_| (0.0, 0.0),
+        |t, blocks, _| {
+            let table = *t;
+            let mut args = kernel_args![table, state];
+            // SAFETY: matches `unscale_f32(MtTable, float*)`; buffers per the caller.
+            unsafe { gpu.launch(&SRC, "unscale_f32", table_launch(blocks)?, &mut args) }
+        },
+    )
+}
+
+/// Moves the [`LossScaleState`] at `state` on after a step: an overflow halves the scale (not below
+/// `min_scale`) and counts a skipped step, `interval` clean steps in a row double it (not above
+/// `max_scale`); the overflow flag clears.
+///
+/// # Safety
+/// `state` must address a [`LossScaleState`] on this device that lives as long as the queued (or
+/// captured) work.
+///
+/// # Errors
+/// A launch failure.
+pub unsafe fn update_scale(
+    gpu: &Gpu,
+    state: u64,
+    interval: u64,
+    min_scale: f32,
+    max_scale: f32,
+) -> Result<()> {
+    let interval = interval as f32;
+    let mut args = kernel_args![state, interval, min_scale, max_scale];
+    let one = Launch {
+        grid: (1, 1, 1),
+        block: (1, 1, 1),
+        shared: 0,
+    };
+    // SAFETY: matches `update_scale_f32(float*, float, float, float)`; the state per the caller.
+    unsafe { gpu.launch(&SRC, "update_scale_f32", one, &mut args) }
 }

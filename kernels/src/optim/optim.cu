@@ -37,10 +37,15 @@ __device__ __forceinline__ int mt_entry(const MtTable& t, u64 b) {
     return k;
 }
 
+// Whether a loss scaler's overflow flag (`skip`, null for none) says this update is skipped: its gradients were
+// not finite. Read on the device, so that a captured step skips or updates on each replay's own gradients.
+__device__ __forceinline__ bool skipped(const float* skip) { return skip && *skip != 0.0f; }
+
 // SGD, PyTorch semantics with a zero-initialised buffer (see cpu.rs); `state` (null outside a
 // captured step) scales the rates.
 extern "C" __global__ void sgd_f32(MtTable t, float wd, float mom, float damp, u32 nesterov, u32 use_buf,
-                                   const StepState* state) {
+                                   const StepState* state, const float* skip) {
+    if (skipped(skip)) return;
     const float scale = state ? state->scale : 1.0f;
     const int k = mt_entry(t, blockIdx.x);
     const MtEntry e = t.e[k];
@@ -112,20 +117,22 @@ __device__ void adam_chunk(const MtTable& t, const AdamConsts& c) {
 
 // Adam / AdamW; l2 = wd for Adam.
 extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1, float one_b2, float eps,
-                                    float inv_sqrt_bc2, float inv_bc1, float l2) {
+                                    float inv_sqrt_bc2, float inv_bc1, float l2, const float* skip) {
+    if (skipped(skip)) return;
     adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, 1.0f});
 }
 
 // Graph-capturable Adam: the step and the rates' scale live in device memory (`state`), so every
 // replay of a captured step applies the right bias correction and schedule. The last block of the
 // step's last launch (`advance`) moves the step on, counting finished blocks in `state->blocks`:
-// no separate kernel on the step's critical path.
+// no separate kernel on the step's critical path. A skipped update moves the step on too, as an eager one counts.
 extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float one_b1, float one_b2,
-                                            float eps, float l2, StepState* state, u32 advance) {
+                                            float eps, float l2, StepState* state, u32 advance, const float* skip) {
     const float step = (float)(state->last + 1u);
     const float inv_bc1 = 1.0f / (1.0f - powf(b1, step));
     const float inv_sqrt_bc2 = rsqrtf(1.0f - powf(b2, step));
-    adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, state->scale});
+    if (!skipped(skip))
+        adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, state->scale});
     if (!advance) return;
     __syncthreads();  // every thread of this block has read state->last
     // An integer count: whatever order blocks finish in, the last one moves the step on, and no float is summed.
@@ -136,4 +143,41 @@ extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float
             state->last += 1;
         }
     }
+}
+
+// Dynamic loss scaling (GradScaler's, on the device so that a captured step needs no read-back). Its state, as
+// LossScaleState in optim/cuda.rs: {overflow flag, scale, clean steps in a row, skipped steps}, f32 each.
+
+// Gradients of the scaled loss back to the loss's (times 1 / scale), each table entry's `p` a gradient; any that
+// is not finite raises the overflow flag, which the optimizer kernels then read as `skip`.
+extern "C" __global__ void unscale_f32(MtTable t, float* ls) {
+    const float inv = 1.0f / ls[1];
+    const int k = mt_entry(t, blockIdx.x);
+    const MtEntry e = t.e[k];
+    float* g = (float*)e.p;
+    const u64 start = (blockIdx.x - t.block_start[k]) * MT_CHUNK;
+    const u64 end = start + MT_CHUNK < e.n ? start + MT_CHUNK : e.n;
+    bool bad = false;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const float v = g[i] * inv;
+        g[i] = v;
+        bad |= !isfinite(v);
+    }
+    if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) ls[0] = 1.0f;
+}
+
+// After the update (or its skip): an overflow halves the scale (not below min_scale) and counts a skipped step;
+// `interval` clean steps in a row double it (not above max_scale). The flag clears for the next step.
+extern "C" __global__ void update_scale_f32(float* ls, float interval, float min_scale, float max_scale) {
+    if (ls[0] != 0.0f) {
+        ls[1] = fmaxf(ls[1] * 0.5f, min_scale);
+        ls[2] = 0.0f;
+        ls[3] += 1.0f;
+    } else if (ls[2] + 1.0f >= interval) {
+        ls[1] = fminf(ls[1] * 2.0f, max_scale);
+        ls[2] = 0.0f;
+    } else {
+        ls[2] += 1.0f;
+    }
+    ls[0] = 0.0f;
 }

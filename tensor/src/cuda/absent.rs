@@ -483,20 +483,43 @@ impl CudaBackend for CudaStorage {
         Err(unavailable("cross_entropy", self.ordinal))
     }
 
-    fn adam_step_many(params: &mut [AdamEntry<'_, Self>], h: &AdamParams<'_>) -> Result<()> {
-        let _ = h;
+    fn adam_step_many(
+        params: &mut [AdamEntry<'_, Self>],
+        h: &AdamParams<'_>,
+        skip: Option<&Self>,
+    ) -> Result<()> {
+        let _ = (h, skip);
         match params.first() {
             Some(e) => Err(unavailable("adam_step", e.0.ordinal)),
             None => Ok(()),
         }
     }
 
-    fn sgd_step_many(params: &mut [SgdEntry<'_, Self>], h: &SgdParams<'_>) -> Result<()> {
-        let _ = h;
+    fn sgd_step_many(
+        params: &mut [SgdEntry<'_, Self>],
+        h: &SgdParams<'_>,
+        skip: Option<&Self>,
+    ) -> Result<()> {
+        let _ = (h, skip);
         match params.first() {
             Some(e) => Err(unavailable("sgd_step", e.0.ordinal)),
             None => Ok(()),
         }
+    }
+
+    fn unscale_grads(grads: &mut [&mut Self], state: &mut Self) -> Result<()> {
+        let _ = grads;
+        Err(unavailable("unscale_grads", state.ordinal))
+    }
+
+    fn update_loss_scale(
+        state: &mut Self,
+        interval: u64,
+        min_scale: f32,
+        max_scale: f32,
+    ) -> Result<()> {
+        let _ = (interval, min_scale, max_scale);
+        Err(unavailable("update_loss_scale", state.ordinal))
     }
 }
 

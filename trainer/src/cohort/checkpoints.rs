@@ -11,7 +11,7 @@ use safetensors::tensor::Dtype;
 use crate::checkpoint::{Checkpoint, FORMAT, Manifest, TensorData};
 use crate::error::{Error, Result};
 
-use super::{Cohort, MemberId, MemberState};
+use super::{Cohort, MemberId, MemberState, Scaling};
 
 pub(super) fn tensor_data(t: &Tensor) -> Result<TensorData> {
     let t = t.to_device(&Device::Cpu)?;
@@ -179,7 +179,7 @@ impl Cohort {
         }
         let pos = u.feed.position();
         let forwards = u.forwards;
-        let loss_scaler = u.scaler;
+        let loss_scaler = u.scaling.as_ref().map(Scaling::now).transpose()?;
         let time = self.elapsed();
         let m = &mut self.members[i];
         m.c.time = time;

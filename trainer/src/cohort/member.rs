@@ -216,7 +216,10 @@ impl Cohort {
     ) -> Result<()> {
         let time = self.elapsed();
         let mem = self.member_memory(i);
-        let loss_scale = self.unit_of(i).and_then(|u| u.scaler).map(|s| s.scale());
+        let loss_scale = self
+            .unit_of(i)
+            .and_then(|u| u.scaling.as_ref())
+            .map(|s| s.seen.scale);
         let m = &mut self.members[i];
         let loss = if m.c.loss_n > 0 {
             m.c.loss_sum / m.c.loss_n as f64

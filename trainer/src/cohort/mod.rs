@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use cohort_autograd::Model;
 use cohort_data::Position;
-use cohort_optim::{LossScaler, Optimizer, OptimizerState};
+use cohort_optim::{Optimizer, OptimizerState};
 use cohort_tensor::{Device, HostRead, Precision, Tensor};
 
 use crate::config::{CheckpointEvery, Config};
@@ -41,6 +41,7 @@ use crate::progress::Progress;
 use crate::report::{Status, Summary};
 use crate::run_dir::RunDir;
 use member::{Counters, Due, MemberId, MemberRun, State};
+use scaling::Scaling;
 use schedule::{Seen, Steps, Turn};
 
 mod budget;
@@ -48,6 +49,7 @@ mod checkpoints;
 mod member;
 mod oom;
 mod place;
+mod scaling;
 mod schedule;
 mod start;
 mod steer;
@@ -105,9 +107,16 @@ struct Unit {
     precision: Precision,
     /// Under `f16`, the dynamic loss scale of its steps (one for the unit: a fused step's update runs for every
     /// member or for none); saved in each member's checkpoint.
-    scaler: Option<LossScaler>,
-    /// Per-member losses of steps queued on the device, oldest first, not yet read back.
-    losses: VecDeque<HostRead>,
+    scaling: Option<Scaling>,
+    /// Steps queued on the device whose losses (and loss scale) are not read back yet, oldest first.
+    losses: VecDeque<Readings>,
+}
+
+/// What a step sends back to the host: its per-member losses and, under f16, the loss scale after it.
+#[derive(Debug)]
+struct Readings {
+    losses: HostRead,
+    scale: Option<HostRead>,
 }
 
 /// Steps whose losses may still be on their way back: the host queues the next step meanwhile, but
@@ -116,14 +125,12 @@ const LOSSES_IN_FLIGHT: usize = 2;
 
 /// What a unit step leaves for the bookkeeping.
 struct StepOutcome {
-    /// The per-member losses, on their way to the host.
-    losses: HostRead,
+    /// The per-member losses and the loss scale, on their way to the host.
+    readings: Readings,
     /// Bytes the unit's tenant held at the height of the step.
     in_step: u64,
     /// Something worth an event (a capture, or why none).
     note: Option<String>,
-    /// The loss scaler skipped the update: the gradients were not finite (f16 only).
-    skipped: bool,
 }
 
 /// One member's parameters and optimizer state, without the member dimension.
@@ -286,36 +293,17 @@ impl Cohort {
 
     /// After a step of unit `ui`: its losses, logs, epoch ends (evaluation), checkpoints, completion.
     fn after_step(&mut self, ui: usize, step: StepOutcome, dt: f64) -> Result<()> {
-        self.units[ui].losses.push_back(step.losses);
+        self.units[ui].losses.push_back(step.readings);
         let u = &self.units[ui];
         let epochs_now = u.feed.data().epochs_done(&u.feed.position());
         let members = u.members.clone();
         let epoch_ended = members
             .iter()
             .any(|&i| epochs_now > self.members[i].epochs_done);
-        let mut first_skip = Vec::new();
         for &i in &members {
             let m = &mut self.members[i];
             m.step += 1;
             m.epochs_done = m.epochs_done.max(epochs_now);
-            if step.skipped {
-                m.c.skipped_steps += 1;
-                if m.c.skipped_steps == 1 {
-                    first_skip.push(i);
-                }
-            }
-        }
-        // The first skip is worth a line; later ones are counted (the summary and the final record say how many),
-        // as a scale settling down skips a few in a row.
-        if let Some(scale) = self.units[ui].scaler.map(|s| s.scale()) {
-            for i in first_skip {
-                let text = format!(
-                    "step {}: the f16 gradients overflowed, so the update was skipped and the loss scale halved to \
-                     {scale} (skipped steps count as steps taken; later skips are counted, not logged)",
-                    self.members[i].step
-                );
-                self.event(i, text)?;
-            }
         }
         let dues: Vec<Due> = members.iter().map(|&i| self.due(i, epoch_ended)).collect();
         // A step that logs or checkpoints a member needs every loss so far.
@@ -426,7 +414,7 @@ impl Cohort {
         let members = u.members.clone();
         let lrs = u.opt.current_lrs();
         // An f16 member's record of its loss scaling, before its last record.
-        if let Some(scale) = u.scaler.map(|s| s.scale()) {
+        if let Some(scale) = u.scaling.as_ref().map(|s| s.seen.scale) {
             for &i in &done {
                 let m = &self.members[i];
                 let text = format!(

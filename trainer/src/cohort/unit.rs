@@ -11,22 +11,23 @@ use cohort_autograd::spec::LayerSpec;
 use cohort_autograd::{BuildOptions, Model, ModelSpec, Shape, Tape};
 use cohort_data::Position;
 use cohort_data::Task;
-use cohort_optim::{LossScaler, OptimConfig, Optimizer, OptimizerState, Schedule};
-use cohort_tensor::{DType, Device, HostRead, Precision, Tensor};
+use cohort_optim::{LossScale, LossScaler, OptimConfig, Optimizer, OptimizerState, Schedule};
+use cohort_tensor::{DType, Device, Precision, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{LrScheduleConfig, MemberConfig, MemberModel, ScheduleKind};
 use crate::dataset::{DataSet, EvalSplit};
 use crate::error::{Error, Result};
 use crate::feed::Feed;
-use crate::graph::{Graphs, StepGraph};
+use crate::graph::{Graphs, StepGraph, backward_and_step};
 use crate::memory::{Tenant, device_total_bytes};
 use crate::models::Models;
 use crate::objective::{Scores, Tally};
 use crate::report::Status;
 
 use super::{
-    Cohort, LOSSES_IN_FLIGHT, MemberId, MemberState, State, StepOutcome, Unit, UnitId, oom_of,
+    Cohort, LOSSES_IN_FLIGHT, MemberId, MemberState, Readings, Scaling, State, StepOutcome, Unit,
+    UnitId, oom_of,
 };
 
 /// Why a member's model cannot train on its data, if it cannot: a layer that does not fit, token ids against float
@@ -233,13 +234,13 @@ pub(super) fn eval_tensors(
 impl Unit {
     /// This unit, its loss scaler (under f16) going on from `saved` where there is one: a checkpoint's, or that of
     /// the unit it was split from. A unit under another policy has none, and takes none up.
-    pub(super) fn with_scaler(mut self, saved: Option<LossScaler>) -> Unit {
-        if self.scaler.is_some()
+    pub(super) fn with_scaler(mut self, saved: Option<LossScale>) -> Result<Unit> {
+        if self.scaling.is_some()
             && let Some(s) = saved
         {
-            self.scaler = Some(s);
+            self.scaling = Some(Scaling::new(s, &self.device)?);
         }
-        self
+        Ok(self)
     }
 }
 
@@ -272,14 +273,14 @@ impl Cohort {
             let mut states = Vec::new();
             let mut pos = Position::default();
             let mut forwards = 0;
-            let mut scaler: Option<LossScaler> = None;
+            let mut scaler: Option<LossScale> = None;
             for &i in &g {
                 match loaded[i.0].take() {
                     Some(ck) => {
                         // Members saved from one unit saved its one scaler; should they differ, the smallest
                         // scale is the one that overflows least.
                         if let Some(s) = ck.manifest.loss_scaler
-                            && scaler.is_none_or(|t| s.scale() < t.scale())
+                            && scaler.is_none_or(|t| s.scale < t.scale)
                         {
                             scaler = Some(s);
                         }
@@ -305,7 +306,7 @@ impl Cohort {
             let batch = self.members[g[0]].batch;
             let unit = self
                 .build_unit(g.clone(), dev, &pos, batch, states, forwards)
-                .map(|u| u.with_scaler(scaler));
+                .and_then(|u| u.with_scaler(scaler));
             match unit {
                 Ok(unit) => {
                     self.units.push(unit);
@@ -519,17 +520,16 @@ impl Cohort {
         let feed = Feed::open(data, pos, prefetch)?.with_device_prefetch(&device)?;
         // All members of a unit share one policy (it is part of the fusion key).
         let precision = first.precision;
-        let scaler = (precision == Precision::F16).then(LossScaler::new);
+        let scaling = (precision == Precision::F16)
+            .then(|| Scaling::new(LossScale::default(), &device))
+            .transpose()?;
         // A replay would draw a dropout layer's captured mask again.
         // An embedding reads its ids back to check them, which a graph cannot replay.
-        // The loss scaler reads back whether the gradients are finite before it steps or skips, every step: a
-        // branch on a value read from the device that a graph cannot replay, so f16 units step eagerly.
         let graphs = Graphs::new(
             device.is_cuda()
                 && self.config.run.replays_graphs()
                 && spec.is_some_and(|s| s.vocab().is_none())
-                && member_specs.iter().all(|s| !s.draws_masks())
-                && scaler.is_none(),
+                && member_specs.iter().all(|s| !s.draws_masks()),
         );
         let id = UnitId(self.next_unit.get());
         self.next_unit.set(id.0 + 1);
@@ -546,7 +546,7 @@ impl Cohort {
             forwards,
             graphs,
             precision,
-            scaler,
+            scaling,
             losses: VecDeque::new(),
         })
     }
@@ -621,17 +621,17 @@ impl Cohort {
         }
         let old_device = u.device;
         let forwards = u.forwards;
-        let scaler = u.scaler;
+        let scaler = u.scaling.as_ref().map(Scaling::now).transpose()?;
         // Drop the old unit (and its memory) before building the new ones.
         self.units.remove(ui);
         let ua = self
             .build_unit(a.0, device, &pos, batch, Some(a.1), forwards)?
-            .with_scaler(scaler);
+            .with_scaler(scaler)?;
         self.units.insert(ui, ua);
         if !b.0.is_empty() {
             let ub = self
                 .build_unit(b.0, old_device, &pos, batch, Some(b.1), forwards)?
-                .with_scaler(scaler);
+                .with_scaler(scaler)?;
             self.units.push(ub);
         }
         self.note_fusion();
@@ -722,9 +722,10 @@ impl Cohort {
         let mut note = None;
         if u.graphs.should_capture(n, u.batch, &u.opt) {
             let (model, opt, objective) = (&u.model, &mut u.opt, &u.feed.data().objective);
-            let captured = u
-                .tenant
-                .scope(|| StepGraph::capture(model, opt, objective, &device, x.copy()?, y.copy()?));
+            let scaler = u.scaling.as_ref().map(|s| &s.scaler);
+            let captured = u.tenant.scope(|| {
+                StepGraph::capture(model, opt, objective, scaler, &device, x.copy()?, y.copy()?)
+            });
             u.graphs = match captured {
                 Ok(g) => {
                     note = Some(format!(
@@ -743,60 +744,45 @@ impl Cohort {
                 }
             };
         }
+        let scaler = u.scaling.as_ref().map(|s| &s.scaler);
         if let Some(g) = u.graphs.replayable(n) {
-            let losses = u.tenant.scope(|| -> Result<HostRead> {
-                Ok(g.replay(&mut u.opt, &x, &y)?.read_later()?)
+            let readings = u.tenant.scope(|| -> Result<Readings> {
+                Ok(Readings {
+                    losses: g.replay(&mut u.opt, &x, &y)?.read_later()?,
+                    scale: scaler.map(LossScaler::read_later).transpose()?,
+                })
             })?;
             u.forwards += 1;
             return Ok(StepOutcome {
-                losses,
+                readings,
                 in_step: u.tenant.usage().0,
                 note,
-                skipped: false,
             });
         }
         let _charge = u.tenant.charge_step(u.act_bytes_per_example * n as u64)?;
         let (model, opt, tenant, forwards) = (&u.model, &mut u.opt, &u.tenant, &mut u.forwards);
-        let scaler = &mut u.scaler;
         let objective = &u.feed.data().objective;
-        let (losses, in_step, stepped) = tenant.scope(|| -> Result<(HostRead, u64, bool)> {
+        let (readings, in_step) = tenant.scope(|| -> Result<(Readings, u64)> {
             let tape = Tape::new();
             let logits = model.forward(&tape, &x)?;
             *forwards += 1;
             let l = objective.loss(&logits, &y)?;
-            let result = match scaler {
-                // f16: back-propagate from the scaled loss; the scaler unscales the gradients and steps, or skips
-                // the update where they overflowed.
-                Some(s) => s
-                    .scaled(&l)
-                    .map_err(Error::from)
-                    .and_then(|scaled| tape.backward(&scaled).map_err(Error::from))
-                    .and_then(|_| s.step(opt).map_err(Error::from)),
-                None => tape
-                    .backward(&l)
-                    .map_err(Error::from)
-                    .and_then(|_| opt.step().map_err(Error::from))
-                    .map(|()| true),
-            };
+            let result = backward_and_step(&tape, &l, opt, scaler);
             let in_step = tenant.usage().0;
             opt.zero_grad();
-            let stepped = result?;
+            result?;
             // The loss reported is the unscaled one.
-            Ok((l.value().read_later()?, in_step, stepped))
+            let readings = Readings {
+                losses: l.value().read_later()?,
+                scale: scaler.map(LossScaler::read_later).transpose()?,
+            };
+            Ok((readings, in_step))
         })?;
-        if !stepped {
-            // A skipped update still counts as a step taken, as PyTorch's schedulers step past one: the learning
-            // rate schedule goes on with the member's steps, and the optimizer's count stays the member's (which
-            // checkpoints and splits rely on). The count is also Adam's bias correction, which so counts the
-            // skipped step (PyTorch's Adam does not): a small difference, where skips are few.
-            u.opt.set_steps(u.opt.steps() + 1);
-        }
         u.graphs.ran_eagerly(n, u.batch);
         Ok(StepOutcome {
-            losses,
+            readings,
             in_step,
             note,
-            skipped: !stepped,
         })
     }
 
@@ -806,15 +792,32 @@ impl Cohort {
     pub(super) fn take_losses(&mut self, ui: usize, all: bool) -> Result<f64> {
         let t0 = Instant::now();
         let mut diverged = Vec::new();
+        let mut first_skip = Vec::new();
         let u = &mut self.units[ui];
         while let Some(front) = u.losses.front() {
-            if !(all || front.is_ready() || u.losses.len() > LOSSES_IN_FLIGHT) {
+            if !(all || front.losses.is_ready() || u.losses.len() > LOSSES_IN_FLIGHT) {
                 break;
             }
             let Some(read) = u.losses.pop_front() else {
                 break;
             };
-            let losses = read.wait::<f32>()?;
+            // The members' step counts ran ahead of this step by the steps queued after it.
+            let behind = u.losses.len() as u64;
+            if let (Some(scale), Some(scaling)) = (read.scale, u.scaling.as_mut()) {
+                let skipped = scaling.took(&scale.wait::<f32>()?)?;
+                for &i in &u.members {
+                    let c = &mut self.members[i].c;
+                    if skipped > 0 && c.skipped_steps == 0 {
+                        first_skip.push((
+                            i,
+                            self.members[i].step.saturating_sub(behind),
+                            scaling.seen.scale,
+                        ));
+                    }
+                    self.members[i].c.skipped_steps += skipped;
+                }
+            }
+            let losses = read.losses.wait::<f32>()?;
             for (j, &i) in u.members.iter().enumerate() {
                 let loss = f64::from(losses.get(j).copied().unwrap_or(f32::NAN));
                 let m = &mut self.members[i];
@@ -832,6 +835,15 @@ impl Cohort {
                     diverged.push(i);
                 }
             }
+        }
+        // The first skip is worth a line; later ones are counted (the summary and the final record say how many),
+        // as a scale settling down skips a few in a row.
+        for (i, step, scale) in first_skip {
+            let text = format!(
+                "step {step}: the f16 gradients overflowed, so the update was skipped and the loss scale halved to \
+                 {scale} (skipped steps count as steps taken; later skips are counted, not logged)"
+            );
+            self.event(i, text)?;
         }
         for i in diverged {
             let why = self.members[i].c.stopped.clone().unwrap_or_default();

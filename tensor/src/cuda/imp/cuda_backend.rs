@@ -13,7 +13,7 @@ use cohort_kernels::softmax::cuda as softmax_cuda;
 use cohort_kernels::unary::cuda as unary_cuda;
 
 use super::conv::ConvWorkspace;
-use super::optim::{adam_launch, optim_check, sgd_launch};
+use super::optim::{adam_launch, optim_check, sgd_launch, unscale_grads, update_loss_scale};
 use super::{Ctx, CudaStorage, indices, mismatch, same_device, ty, want};
 use crate::backend::{AdamEntry, CudaBackend, SgdEntry};
 use crate::products::operand_type;
@@ -414,7 +414,11 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// As [`OptimizerSteps::adam_step`](crate::backend::OptimizerSteps::adam_step), for any entry; nothing is updated then.
-    fn adam_step_many(params: &mut [AdamEntry<'_, Self>], h: &AdamParams<'_>) -> Result<()> {
+    fn adam_step_many(
+        params: &mut [AdamEntry<'_, Self>],
+        h: &AdamParams<'_>,
+        skip: Option<&Self>,
+    ) -> Result<()> {
         let Some(first) = params.first() else {
             return Ok(());
         };
@@ -432,7 +436,7 @@ impl CudaBackend for CudaStorage {
                 lrs,
             });
         }
-        adam_launch(&gpu, &bufs, h)
+        adam_launch(&gpu, &bufs, h, skip)
     }
 
     /// One SGD step over many parameters at once: one kernel launch per 24 parameters (per-parameter
@@ -441,7 +445,11 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// As [`OptimizerSteps::sgd_step`](crate::backend::OptimizerSteps::sgd_step), for any entry; nothing is updated then.
-    fn sgd_step_many(params: &mut [SgdEntry<'_, Self>], h: &SgdParams<'_>) -> Result<()> {
+    fn sgd_step_many(
+        params: &mut [SgdEntry<'_, Self>],
+        h: &SgdParams<'_>,
+        skip: Option<&Self>,
+    ) -> Result<()> {
         let Some(first) = params.first() else {
             return Ok(());
         };
@@ -469,6 +477,19 @@ impl CudaBackend for CudaStorage {
                 lrs,
             });
         }
-        sgd_launch(&gpu, &bufs, h)
+        sgd_launch(&gpu, &bufs, h, skip)
+    }
+
+    fn unscale_grads(grads: &mut [&mut Self], state: &mut Self) -> Result<()> {
+        unscale_grads(grads, state)
+    }
+
+    fn update_loss_scale(
+        state: &mut Self,
+        interval: u64,
+        min_scale: f32,
+        max_scale: f32,
+    ) -> Result<()> {
+        update_loss_scale(state, interval, min_scale, max_scale)
     }
 }
