@@ -132,12 +132,27 @@ fn cases() -> Vec<Case> {
     v
 }
 
+/// Enough 64-row tiles (640) to fill any device's SMs 4 times over: fp32 then runs as 3xTF32 on tensor cores,
+/// where the smaller cases run the fp32 multiply-add kernels.
+fn wide() -> Case {
+    Case {
+        seqs: 80,
+        len: 128,
+        heads: 4,
+        head_dim: 64,
+        causal: true,
+        padded: true,
+    }
+}
+
 /// Fused attention on `dev` (f64 on the CPU, f32 on CUDA) gives the composed ops' output and gradient.
 fn fused_matches_composed(dev: &Device) -> Result<()> {
     if dev.is_cuda() {
-        matches_composed(dev, DType::F32, Precision::Fp32, 2e-5)
+        let mut all = cases();
+        all.push(wide());
+        matches_composed(dev, DType::F32, Precision::Fp32, 2e-5, &all)
     } else {
-        matches_composed(dev, DType::F64, Precision::Fp32, 1e-11)
+        matches_composed(dev, DType::F64, Precision::Fp32, 1e-11, &cases())
     }
 }
 
@@ -148,9 +163,9 @@ fn fused_matches_composed(dev: &Device) -> Result<()> {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_tensor_core_policies_match_composed() -> Result<()> {
     let dev = Device::Cuda(0);
-    matches_composed(&dev, DType::F32, Precision::Bf16, 3e-2)?;
-    matches_composed(&dev, DType::F32, Precision::F16, 5e-3)?;
-    matches_composed(&dev, DType::F32, Precision::Tf32, 5e-3)?;
+    matches_composed(&dev, DType::F32, Precision::Bf16, 3e-2, &cases())?;
+    matches_composed(&dev, DType::F32, Precision::F16, 5e-3, &cases())?;
+    matches_composed(&dev, DType::F32, Precision::Tf32, 5e-3, &cases())?;
     // TF32 is not the fp32 kernels under another name: operands rounded to 10-bit mantissas give another output.
     let qkv = Tensor::rand_uniform(&[1, 70, 3 * 64], -2.0, 2.0, DType::F32, 7, &dev)?;
     let r = Tensor::rand_uniform(&[1, 70, 64], -1.0, 1.0, DType::F32, 8, &dev)?;
@@ -164,8 +179,14 @@ fn cuda_tensor_core_policies_match_composed() -> Result<()> {
 
 /// Fused attention on `dev` in `dt` under `precision` against the composed ops in f64 on the CPU: every output and
 /// gradient within `tol` of the largest.
-fn matches_composed(dev: &Device, dt: DType, precision: Precision, tol: f64) -> Result<()> {
-    for (i, c) in cases().into_iter().enumerate() {
+fn matches_composed(
+    dev: &Device,
+    dt: DType,
+    precision: Precision,
+    tol: f64,
+    cases: &[Case],
+) -> Result<()> {
+    for (i, c) in cases.iter().enumerate() {
         let qkv = Tensor::rand_uniform(
             &[c.seqs, c.len, 3 * c.width()],
             -2.0,
@@ -182,7 +203,7 @@ fn matches_composed(dev: &Device, dt: DType, precision: Precision, tol: f64) -> 
             90 + i as u64,
             &CPU,
         )?;
-        let (want_out, want_grad) = run(&qkv, &r, |x| composed(x, &c))?;
+        let (want_out, want_grad) = run(&qkv, &r, |x| composed(x, c))?;
         let keys = c
             .keys()
             .map(|k| k.to_dtype(dt)?.to_device(dev))

@@ -472,7 +472,8 @@ impl Optimizer {
     /// [`Optimizer::step`], except that no parameter or state changes where the overflow flag of the
     /// loss scale state `overflow` (see [`LossScaler`](crate::LossScaler)) is raised when the update
     /// runs: on CUDA the fused launch reads it, so no host read waits for the gradients. The step is
-    /// counted either way, as a skipped step counts for the schedule.
+    /// counted either way, as PyTorch's schedulers step past a skipped one; Adam's bias correction
+    /// counts it too (PyTorch's does not: a small difference, where skips are few).
     ///
     /// # Errors
     /// When a tensor op fails (device, dtype), or `overflow` is not a loss scale state.

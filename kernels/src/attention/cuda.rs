@@ -25,6 +25,11 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// The widest head the tensor-core kernels take; wider ones run in fp32.
 pub const MAX_TENSOR_CORE_HEAD_DIM: usize = 128;
 
+/// Blocks per SM (64-row tiles over every sequence and head) from which fp32 attention runs as 3xTF32 on tensor
+/// cores. Measured on an H100: with 8 per SM (the attention benchmark) 3xTF32 is 1.1-1.3x the fp32 multiply-add
+/// kernels, with 1 to 2 per SM (the transformer benchmark's layers) those kernels' larger blocks finish sooner.
+const TF32X3_BLOCKS_PER_SM: usize = 4;
+
 /// In what arithmetic attention's products run; the softmax and every tensor stay f32 whichever.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionMath {
@@ -63,11 +68,17 @@ macro_rules! kernels {
 }
 
 impl Tiling {
-    /// The kernels `math` asks for, on tensor cores (fp32 as 3xTF32), or the fp32 multiply-add ones where the
-    /// device (before sm_80, or too little shared memory for f32 tiles of a wide head) or the head's width does not
-    /// allow tensor cores.
-    fn new(gpu: &Gpu, d: usize, math: AttentionMath) -> Result<Tiling> {
-        if gpu.compute_capability() >= (8, 0) && d <= MAX_TENSOR_CORE_HEAD_DIM {
+    /// The kernels `math` asks for, on tensor cores (fp32 as 3xTF32 where there are enough tiles to fill the device),
+    /// or the fp32 multiply-add ones where the device (before sm_80, or too little shared memory for f32 tiles of a
+    /// wide head) or the head's width does not allow tensor cores.
+    fn new(gpu: &Gpu, shape: &AttentionShape, math: AttentionMath) -> Result<Tiling> {
+        let d = shape.head_dim;
+        let tiles = shape.seqs * shape.heads * shape.len.div_ceil(64);
+        let wide = tiles >= TF32X3_BLOCKS_PER_SM * gpu.sm_count() as usize;
+        if gpu.compute_capability() >= (8, 0)
+            && d <= MAX_TENSOR_CORE_HEAD_DIM
+            && (math != AttentionMath::F32 || wide)
+        {
             let dp = if d <= 32 {
                 32
             } else if d <= 64 {
@@ -177,7 +188,7 @@ pub unsafe fn forward(
     if shape.lse_len() == 0 {
         return Ok(());
     }
-    let t = Tiling::new(gpu, shape.head_dim, math)?;
+    let t = Tiling::new(gpu, shape, math)?;
     let cfg = t.launch(shape, t.shared[0]);
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let mut args = kernel_args![len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse];
@@ -205,7 +216,7 @@ pub unsafe fn backward(
     if shape.lse_len() == 0 {
         return Ok(());
     }
-    let t = Tiling::new(gpu, shape.head_dim, math)?;
+    let t = Tiling::new(gpu, shape, math)?;
     let (len, heads, d, scale, causal, mask_rows) = dims(shape);
     let [_, grad_q, grad_kv] = t.kernels;
     let [_, q_shared, kv_shared] = t.shared;

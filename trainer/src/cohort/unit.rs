@@ -806,15 +806,11 @@ impl Cohort {
             if let (Some(scale), Some(scaling)) = (read.scale, u.scaling.as_mut()) {
                 let skipped = scaling.took(&scale.wait::<f32>()?)?;
                 for &i in &u.members {
-                    let c = &mut self.members[i].c;
-                    if skipped > 0 && c.skipped_steps == 0 {
-                        first_skip.push((
-                            i,
-                            self.members[i].step.saturating_sub(behind),
-                            scaling.seen.scale,
-                        ));
+                    let m = &mut self.members[i];
+                    if skipped > 0 && m.c.skipped_steps == 0 {
+                        first_skip.push((i, m.step.saturating_sub(behind), scaling.seen.scale));
                     }
-                    self.members[i].c.skipped_steps += skipped;
+                    m.c.skipped_steps += skipped;
                 }
             }
             let losses = read.losses.wait::<f32>()?;
