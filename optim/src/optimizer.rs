@@ -516,12 +516,9 @@ impl Optimizer {
                     self.step = t;
                     return Ok(());
                 }
-                let mut grads = Vec::with_capacity(self.slots.len());
-                for (i, slot) in self.slots.iter_mut().enumerate() {
-                    let Some(g) = slot.param.grad() else { continue };
-                    let p = slot.param.value();
-                    if *momentum > 0.0 && slot.bufs.is_empty() {
-                        let b = if *dampening == 0.0 {
+                let grads = grads_with_state(&mut self.slots, |p, g, bufs| {
+                    if *momentum > 0.0 {
+                        bufs.push(if *dampening == 0.0 {
                             Tensor::zeros(p.shape(), p.dtype(), &p.device())?
                         } else {
                             let gd = if *weight_decay > 0.0 {
@@ -530,11 +527,10 @@ impl Optimizer {
                                 g.clone()
                             };
                             gd.mul_scalar(dampening / momentum)?
-                        };
-                        slot.bufs.push(b);
+                        });
                     }
-                    grads.push((i, g));
-                }
+                    Ok(())
+                })?;
                 let entries: Vec<_> = grads
                     .iter()
                     .map(|(i, g)| {
@@ -565,18 +561,12 @@ impl Optimizer {
                 ..
             } => {
                 let decoupled = matches!(self.config, OptimConfig::AdamW { .. });
-                let mut grads = Vec::with_capacity(self.slots.len());
-                for (i, slot) in self.slots.iter_mut().enumerate() {
-                    let Some(g) = slot.param.grad() else { continue };
-                    if slot.bufs.is_empty() {
-                        let p = slot.param.value();
-                        slot.bufs
-                            .push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
-                        slot.bufs
-                            .push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
+                let grads = grads_with_state(&mut self.slots, |p, _, bufs| {
+                    for _ in 0..2 {
+                        bufs.push(Tensor::zeros(p.shape(), p.dtype(), &p.device())?);
                     }
-                    grads.push((i, g));
-                }
+                    Ok(())
+                })?;
                 // Every parameter in one call: one fused launch on the GPU.
                 let entries: Vec<_> = grads
                     .iter()
@@ -720,4 +710,21 @@ impl Optimizer {
         }
         Ok(())
     }
+}
+
+/// The slots that have a gradient, by index, with it; `start` makes the state buffers of a slot that has
+/// none yet from its parameter and gradient (PyTorch makes them at the first step).
+fn grads_with_state(
+    slots: &mut [Slot],
+    mut start: impl FnMut(&Tensor, &Tensor, &mut Vec<Tensor>) -> Result<()>,
+) -> Result<Vec<(usize, Tensor)>> {
+    let mut grads = Vec::with_capacity(slots.len());
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let Some(g) = slot.param.grad() else { continue };
+        if slot.bufs.is_empty() {
+            start(slot.param.value(), &g, &mut slot.bufs)?;
+        }
+        grads.push((i, g));
+    }
+    Ok(grads)
 }
