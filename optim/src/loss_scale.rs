@@ -12,7 +12,7 @@
 //! graph and replayed; the host reads the scale when it wants to tell it ([`LossScaler::read_later`]).
 
 use cohort_autograd::Var;
-use cohort_tensor::{Device, HostRead, Tensor};
+use cohort_tensor::{Device, HostRead, LossScaleState, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::{Optimizer, Result};
@@ -55,19 +55,27 @@ impl LossScale {
     /// # Errors
     /// A read of another length than a loss scale state's.
     pub fn from_state(state: &[f32]) -> Result<LossScale> {
-        match *state {
-            [_, scale, clean, skipped] => Ok(LossScale {
-                scale: f64::from(scale),
-                clean: clean as u64,
-                skipped: skipped as u64,
-            }),
-            _ => Err(crate::Error::State {
-                name: "loss_scale".into(),
-                reason: format!(
-                    "{} values read back where a loss scale state has 4",
-                    state.len()
-                ),
-            }),
+        let s = LossScaleState::from_slice(state).ok_or_else(|| crate::Error::State {
+            name: "loss_scale".into(),
+            reason: format!(
+                "{} values read back where a loss scale state has 4",
+                state.len()
+            ),
+        })?;
+        Ok(LossScale {
+            scale: f64::from(s.scale),
+            clean: s.clean as u64,
+            skipped: s.skipped as u64,
+        })
+    }
+
+    /// The state a scaler starts from, flag down.
+    fn state(self) -> LossScaleState {
+        LossScaleState {
+            overflow: 0.0,
+            scale: self.scale as f32,
+            clean: self.clean as f32,
+            skipped: self.skipped as f32,
         }
     }
 }
@@ -84,7 +92,7 @@ impl LossScaler {
     /// # Errors
     /// Out of memory.
     pub fn new(start: LossScale, dev: &Device) -> Result<LossScaler> {
-        let state = Tensor::loss_scale_state(start.scale, start.clean, start.skipped, dev)?;
+        let state = Tensor::loss_scale_state(start.state(), dev)?;
         Ok(LossScaler { state })
     }
 

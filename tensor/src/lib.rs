@@ -64,6 +64,7 @@ pub use cohort_kernels::Math;
 pub use cohort_kernels::binary::BinaryOp;
 pub use cohort_kernels::cuda::set_kernel_cache;
 pub use cohort_kernels::matmul::GemmChoices;
+pub use cohort_kernels::optim::LossScaleState;
 pub use cohort_kernels::reduce::ReduceOp;
 pub use cohort_kernels::unary::UnaryOp;
 pub use cohort_kernels::{deterministic, set_deterministic};

@@ -1,7 +1,7 @@
 //! Fused optimizer steps on tensors, and dynamic loss scaling's device-side ops: each validates
 //! shapes, dtypes and devices, then dispatches to the CPU or CUDA backend.
 
-use cohort_kernels::optim::{AdamParams, SgdParams};
+use cohort_kernels::optim::{AdamParams, LossScaleState, SgdParams, cpu as optim_cpu};
 
 use crate::backend::{CudaBackend, OptimizerSteps};
 use crate::cuda::CudaStorage;
@@ -328,23 +328,22 @@ impl Tensor {
 
     // ---------------------------------------------------------------- loss scaling
 
-    /// A dynamic loss scale's state at `scale` on `dev`, as GradScaler keeps it on the device: four
-    /// f32, the overflow flag (raised by [`Tensor::unscale_grads_`], read by the optimizer steps'
-    /// `skip`), the scale, clean steps in a row and skipped steps.
+    /// A dynamic loss scale's state on `dev`, as GradScaler keeps it on the device: a tensor of the
+    /// four f32 of `state` (the overflow flag is raised by [`Tensor::unscale_grads_`] and read by the
+    /// optimizer steps' `skip`).
     ///
     /// # Errors
     /// Out of memory.
-    pub fn loss_scale_state(scale: f64, clean: u64, skipped: u64, dev: &Device) -> Result<Tensor> {
-        let state = vec![0.0f32, scale as f32, clean as f32, skipped as f32];
-        Tensor::from_vec(state, &[LOSS_SCALE_STATE], dev)
+    pub fn loss_scale_state(state: LossScaleState, dev: &Device) -> Result<Tensor> {
+        Tensor::from_vec(state.to_array().to_vec(), &[LOSS_SCALE_STATE], dev)
     }
 
     /// Divides every gradient by the scale in `state` (see [`Tensor::loss_scale_state`]) and raises
-    /// its overflow flag where any quotient is not finite; on CUDA (f32) one fused launch and no
-    /// read-back, so that it can be captured in a graph.
+    /// its overflow flag where any quotient is not finite; on CUDA one fused launch and no read-back,
+    /// so that it can be captured in a graph.
     ///
     /// # Errors
-    /// A `state` that is not a loss scale state, gradients on another device, a failed op.
+    /// A `state` that is not a loss scale state, gradients on another device or (on CUDA) not f32.
     pub fn unscale_grads_(grads: &[&Tensor], state: &Tensor) -> Result<()> {
         const OP: &str = "unscale_grads_";
         check_loss_scale(OP, state)?;
@@ -352,9 +351,8 @@ impl Tensor {
             g.require_float(OP)?;
             g.same_device(OP, state)?;
         }
-        if state.device.is_cuda() && grads.iter().all(|g| g.dtype == DType::F32) {
-            let mut gg: Vec<_> = grads.iter().map(|g| g.write()).collect();
-            let mut sg = state.write();
+        let mut gg: Vec<_> = grads.iter().map(|g| g.write()).collect();
+        if let Storage::Cuda(s) = &mut *state.write() {
             let mut cuda: Vec<&mut CudaStorage> = Vec::with_capacity(grads.len());
             for (g, t) in gg.iter_mut().zip(grads) {
                 match &mut **g {
@@ -362,27 +360,20 @@ impl Tensor {
                     Storage::Cpu(_) => return Err(t.device_mismatch(OP, state)),
                 }
             }
-            return match &mut *sg {
-                Storage::Cuda(s) => CudaStorage::unscale_grads(&mut cuda, s),
-                Storage::Cpu(_) => Err(state.device_mismatch(OP, grads[0])),
-            };
+            return CudaStorage::unscale_grads(&mut cuda, s);
         }
-        // The CPU (or 16-bit gradients): the flag is read here, which costs no wait on the CPU.
-        let mut s = state.to_vec::<f32>()?;
-        let inv = 1.0 / f64::from(s[1]);
-        for g in grads {
-            g.assign_(&g.mul_scalar(inv)?)?;
-            let finite = g
-                .sum_all()?
-                .to_dtype(DType::F64)?
-                .to_vec::<f64>()?
-                .iter()
-                .all(|v| v.is_finite());
-            if !finite {
-                s[0] = 1.0;
+        let mut s = read_state(state)?;
+        let inv = 1.0 / f64::from(s.scale);
+        for (g, t) in gg.iter_mut().zip(grads) {
+            let Storage::Cpu(g) = &mut **g else {
+                return Err(t.device_mismatch(OP, state));
+            };
+            if !g.unscale(inv)? {
+                s.overflow = 1.0;
             }
         }
-        state.assign_(&Tensor::from_vec(s, &[LOSS_SCALE_STATE], &state.device)?)
+        drop(gg);
+        state.assign_(&Tensor::loss_scale_state(s, &state.device)?)
     }
 
     /// Moves a loss scale `state` on after a step, GradScaler's update: an overflow halves the scale
@@ -399,23 +390,26 @@ impl Tensor {
     ) -> Result<()> {
         const OP: &str = "update_loss_scale_";
         check_loss_scale(OP, state)?;
+        let (min_scale, max_scale) = (min_scale as f32, max_scale as f32);
         if let Storage::Cuda(s) = &mut *state.write() {
-            return CudaStorage::update_loss_scale(s, interval, min_scale as f32, max_scale as f32);
+            return CudaStorage::update_loss_scale(s, interval, min_scale, max_scale);
         }
-        let mut s = state.to_vec::<f32>()?;
-        if s[0] != 0.0 {
-            s[1] = (s[1] * 0.5).max(min_scale as f32);
-            s[2] = 0.0;
-            s[3] += 1.0;
-        } else if s[2] + 1.0 >= interval as f32 {
-            s[1] = (s[1] * 2.0).min(max_scale as f32);
-            s[2] = 0.0;
-        } else {
-            s[2] += 1.0;
-        }
-        s[0] = 0.0;
-        state.assign_(&Tensor::from_vec(s, &[LOSS_SCALE_STATE], &state.device)?)
+        let mut s = read_state(state)?;
+        optim_cpu::update_scale(&mut s, interval, min_scale, max_scale);
+        state.assign_(&Tensor::loss_scale_state(s, &state.device)?)
     }
+}
+
+/// A loss scale state tensor's values, read on the host.
+fn read_state(state: &Tensor) -> Result<LossScaleState> {
+    let v = state.to_vec::<f32>()?;
+    LossScaleState::from_slice(&v).ok_or_else(|| Error::InvalidArgument {
+        op: "loss scale state",
+        reason: format!(
+            "{} values where a loss scale state has {LOSS_SCALE_STATE}",
+            v.len()
+        ),
+    })
 }
 
 /// Elements of a loss scale state: overflow flag, scale, clean steps, skipped steps.
@@ -463,5 +457,5 @@ fn overflowed(op: &'static str, param: Option<&Tensor>, skip: Option<&Tensor>) -
     if let Some(p) = param {
         p.same_device(op, skip)?;
     }
-    Ok(skip.to_vec::<f32>()?[0] != 0.0)
+    Ok(read_state(skip)?.overflow != 0.0)
 }

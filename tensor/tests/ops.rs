@@ -2,7 +2,7 @@
 
 mod common;
 
-use cohort_tensor::{DType, Device, Result, Tensor};
+use cohort_tensor::{DType, Device, LossScaleState, Result, Tensor};
 use common::*;
 
 fn binary_ref(op: &str, a: f64, b: f64) -> f64 {
@@ -1074,7 +1074,14 @@ fn reads_later(dev: &Device) -> Result<()> {
 /// steps read and skip on, and GradScaler's update of the scale.
 fn loss_scaling(dev: &Device) -> Result<()> {
     let f = DType::F32;
-    let state = Tensor::loss_scale_state(8.0, 0, 0, dev)?;
+    let at = |scale: f32| {
+        let s = LossScaleState {
+            scale,
+            ..LossScaleState::default()
+        };
+        Tensor::loss_scale_state(s, dev)
+    };
+    let state = at(8.0)?;
     let shapes: [&[usize]; 2] = [&[3, 40], &[7]];
     let g: Vec<Tensor> = (0..2)
         .map(|i| rand(shapes[i], 1800 + i as u64, f, dev))
@@ -1164,7 +1171,7 @@ fn loss_scaling(dev: &Device) -> Result<()> {
         [0.0, 6.0, 0.0, 1.0],
         "the scale doubles, capped"
     );
-    let low = Tensor::loss_scale_state(1.0, 0, 0, dev)?;
+    let low = at(1.0)?;
     Tensor::unscale_grads_(&[&bad], &low)?;
     Tensor::update_loss_scale_(&low, 3, 1.0, 6.0)?;
     assert_eq!(low.to_vec::<f32>()?[1], 1.0, "the scale stays at its floor");

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::{AdamParams, SgdParams};
+use super::{AdamParams, LossScaleState, SgdParams};
 use crate::disjoint::Disjoint;
 use crate::simd::{FlushDenormals, Isa};
 use crate::{Float, PAR_CHUNK, PAR_THRESHOLD};
@@ -203,4 +203,30 @@ unsafe fn adam_chunk_avx2<T: Float>(
     c: &AdamChunk<T>,
 ) {
     adam_chunk(p, g, m, v, c);
+}
+
+/// Divides the gradient `g` by a loss scale (times `inv`, its reciprocal) in place; whether every
+/// quotient is finite.
+pub fn unscale<T: Float>(g: &mut [T], inv: T) -> bool {
+    g.iter_mut().fold(true, |finite, x| {
+        *x = *x * inv;
+        finite && x.to_f64().is_finite()
+    })
+}
+
+/// Moves a loss scale state on after a step, as `update_scale_f32` in `optim.cu` does on the device:
+/// an overflow halves the scale (not below `min_scale`) and counts a skipped step; `interval` clean
+/// steps in a row double it (not above `max_scale`); the overflow flag clears.
+pub fn update_scale(s: &mut LossScaleState, interval: u64, min_scale: f32, max_scale: f32) {
+    if s.overflow != 0.0 {
+        s.scale = (s.scale * 0.5).max(min_scale);
+        s.clean = 0.0;
+        s.skipped += 1.0;
+    } else if s.clean + 1.0 >= interval as f32 {
+        s.scale = (s.scale * 2.0).min(max_scale);
+        s.clean = 0.0;
+    } else {
+        s.clean += 1.0;
+    }
+    s.overflow = 0.0;
 }

@@ -1,6 +1,8 @@
 //! CUDA fused optimizer steps (`optim.cu`): one launch updates up to 24 parameter ranges, each
 //! with one learning rate per member, so a whole model (or a fused cohort) steps in a few launches.
 
+#[cfg(doc)]
+use super::LossScaleState;
 use super::{AdamParams, SgdParams};
 use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
 use crate::{Error, Result};
@@ -318,23 +320,6 @@ pub unsafe fn adam_step(
     )
 }
 
-/// Dynamic loss scaling's state in device memory (`unscale_f32` and `update_scale_f32` in
-/// `optim.cu`), four f32: whether this step's gradients overflowed (non-zero), the scale the loss
-/// is multiplied by, clean steps in a row, and steps skipped so far. Counts are f32 so that one
-/// tensor holds the state; they are exact to 2^24.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct LossScaleState {
-    /// Non-zero once a gradient of this step is not finite; cleared by [`update_scale`].
-    pub overflow: f32,
-    /// The factor on the loss.
-    pub scale: f32,
-    /// Steps in a row whose gradients were finite.
-    pub clean: f32,
-    /// Steps whose update was skipped.
-    pub skipped: f32,
-}
-
 /// Divides each gradient (live f32 buffers `(address, len)`) by the scale in the [`LossScaleState`]
 /// at `state`, raising its overflow flag where any quotient is not finite; one launch for up to
 /// `MT_MAX` gradients.
@@ -372,7 +357,7 @@ pub unsafe fn unscale(gpu: &Gpu, grads: &[(u64, usize)], state: u64) -> Result<(
 
 /// Moves the [`LossScaleState`] at `state` on after a step: an overflow halves the scale (not below
 /// `min_scale`) and counts a skipped step, `interval` clean steps in a row double it (not above
-/// `max_scale`); the overflow flag clears.
+/// `max_scale`); the overflow flag clears (as [`super::cpu::update_scale`]).
 ///
 /// # Safety
 /// `state` must address a [`LossScaleState`] on this device that lives as long as the queued (or

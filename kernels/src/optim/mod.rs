@@ -22,6 +22,37 @@ pub struct SgdParams<'a> {
     pub nesterov: bool,
 }
 
+/// Dynamic loss scaling's state (GradScaler's, kept on the device beside the parameters), four f32:
+/// whether this step's gradients overflowed (non-zero), the scale the loss is multiplied by, clean
+/// steps in a row, and steps skipped so far. Counts are f32 so that one f32 tensor holds the state;
+/// they are exact to 2^24. `unscale_f32` and `update_scale_f32` in `optim.cu` read this layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LossScaleState {
+    /// Non-zero once a gradient of this step is not finite; cleared by the update.
+    pub overflow: f32,
+    /// The factor on the loss.
+    pub scale: f32,
+    /// Steps in a row whose gradients were finite.
+    pub clean: f32,
+    /// Steps whose update was skipped.
+    pub skipped: f32,
+}
+
+impl LossScaleState {
+    /// Its elements, in the order a state tensor holds them.
+    #[must_use]
+    pub fn to_array(self) -> [f32; 4] {
+        bytemuck::cast(self)
+    }
+
+    /// The state four f32 read back from a state tensor hold; `None` for another count.
+    #[must_use]
+    pub fn from_slice(v: &[f32]) -> Option<LossScaleState> {
+        <[f32; 4]>::try_from(v).ok().map(bytemuck::cast)
+    }
+}
+
 /// Adam / AdamW hyper-parameters, PyTorch semantics (`torch.optim.Adam`, `AdamW`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamParams<'a> {

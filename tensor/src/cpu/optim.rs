@@ -64,3 +64,18 @@ impl OptimizerSteps for CpuStorage {
         Ok(())
     }
 }
+
+impl CpuStorage {
+    /// The gradient `self` divided by a loss scale (times `inv`, its reciprocal) in place; whether
+    /// every quotient is finite.
+    ///
+    /// # Errors
+    /// Not f32 or f64.
+    pub(crate) fn unscale(&mut self, inv: f64) -> Result<bool> {
+        match self {
+            CpuStorage::F32(g) => Ok(optim_cpu::unscale(g, inv as f32)),
+            CpuStorage::F64(g) => Ok(optim_cpu::unscale(g, inv)),
+            g => Err(unsupported("unscale_grads_", g.dtype())),
+        }
+    }
+}

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use cohort_autograd::Model;
 use cohort_data::Position;
-use cohort_optim::{Optimizer, OptimizerState};
+use cohort_optim::{LossScaler, Optimizer, OptimizerState};
 use cohort_tensor::{Device, HostRead, Precision, Tensor};
 
 use crate::config::{CheckpointEvery, Config};
@@ -117,6 +117,16 @@ struct Unit {
 struct Readings {
     losses: HostRead,
     scale: Option<HostRead>,
+}
+
+impl Readings {
+    /// The reads of a step's `losses` and of `scaler`'s state, queued after it.
+    fn of(losses: &Tensor, scaler: Option<&LossScaler>) -> Result<Readings> {
+        Ok(Readings {
+            losses: losses.read_later()?,
+            scale: scaler.map(LossScaler::read_later).transpose()?,
+        })
+    }
 }
 
 /// Steps whose losses may still be on their way back: the host queues the next step meanwhile, but

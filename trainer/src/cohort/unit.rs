@@ -11,7 +11,7 @@ use cohort_autograd::spec::LayerSpec;
 use cohort_autograd::{BuildOptions, Model, ModelSpec, Shape, Tape};
 use cohort_data::Position;
 use cohort_data::Task;
-use cohort_optim::{LossScale, LossScaler, OptimConfig, Optimizer, OptimizerState, Schedule};
+use cohort_optim::{LossScale, OptimConfig, Optimizer, OptimizerState, Schedule};
 use cohort_tensor::{DType, Device, Precision, Tensor};
 
 use crate::checkpoint::Checkpoint;
@@ -746,12 +746,9 @@ impl Cohort {
         }
         let scaler = u.scaling.as_ref().map(|s| &s.scaler);
         if let Some(g) = u.graphs.replayable(n) {
-            let readings = u.tenant.scope(|| -> Result<Readings> {
-                Ok(Readings {
-                    losses: g.replay(&mut u.opt, &x, &y)?.read_later()?,
-                    scale: scaler.map(LossScaler::read_later).transpose()?,
-                })
-            })?;
+            let readings = u
+                .tenant
+                .scope(|| Readings::of(g.replay(&mut u.opt, &x, &y)?, scaler))?;
             u.forwards += 1;
             return Ok(StepOutcome {
                 readings,
@@ -772,11 +769,7 @@ impl Cohort {
             opt.zero_grad();
             result?;
             // The loss reported is the unscaled one.
-            let readings = Readings {
-                losses: l.value().read_later()?,
-                scale: scaler.map(LossScaler::read_later).transpose()?,
-            };
-            Ok((readings, in_step))
+            Ok((Readings::of(l.value(), scaler)?, in_step))
         })?;
         u.graphs.ran_eagerly(n, u.batch);
         Ok(StepOutcome {
