@@ -11,13 +11,30 @@ pub(crate) static SRC: KernelSource = KernelSource {
     code: concat!(include_str!("attention.cuh"), include_str!("attention.cu")),
 };
 
-pub(crate) static TENSOR_CORE_SRC: KernelSource = KernelSource {
-    name: "attention_tensor_core",
-    code: concat!(
-        include_str!("attention.cuh"),
-        include_str!("tensor_core.cu")
-    ),
-};
+/// The tensor-core kernels of one operand type (`tensor_core.cu` instantiated for the type `TC_T`, its kernels named
+/// by `TC_TY`): a module each, since NVRTC takes a quarter of a minute over each on a small machine and a run uses
+/// one or two types.
+macro_rules! tensor_core_source {
+    ($ty:literal, $t:literal) => {
+        KernelSource {
+            name: concat!("attention_", $ty),
+            code: concat!(
+                "#define TC_TY ",
+                $ty,
+                "\n#define TC_T ",
+                $t,
+                "\n",
+                include_str!("attention.cuh"),
+                include_str!("tensor_core.cu")
+            ),
+        }
+    };
+}
+
+pub(crate) static BF16_SRC: KernelSource = tensor_core_source!("bf16", "Bf16");
+pub(crate) static F16_SRC: KernelSource = tensor_core_source!("f16", "F16");
+pub(crate) static TF32_SRC: KernelSource = tensor_core_source!("tf32", "Tf32");
+pub(crate) static TF32X3_SRC: KernelSource = tensor_core_source!("tf32x3", "Tf32x3");
 
 /// The widest head the kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -86,19 +103,25 @@ impl Tiling {
             } else {
                 128
             };
-            let (kernels, size) = match (math, dp) {
-                (AttentionMath::F32, 32) => (kernels!("tf32x3", 32), 4),
-                (AttentionMath::F32, 64) => (kernels!("tf32x3", 64), 4),
-                (AttentionMath::F32, _) => (kernels!("tf32x3", 128), 4),
-                (AttentionMath::Bf16, 32) => (kernels!("bf16", 32), 2),
-                (AttentionMath::Bf16, 64) => (kernels!("bf16", 64), 2),
-                (AttentionMath::Bf16, _) => (kernels!("bf16", 128), 2),
-                (AttentionMath::F16, 32) => (kernels!("f16", 32), 2),
-                (AttentionMath::F16, 64) => (kernels!("f16", 64), 2),
-                (AttentionMath::F16, _) => (kernels!("f16", 128), 2),
-                (AttentionMath::Tf32, 32) => (kernels!("tf32", 32), 4),
-                (AttentionMath::Tf32, 64) => (kernels!("tf32", 64), 4),
-                (AttentionMath::Tf32, _) => (kernels!("tf32", 128), 4),
+            let (src, size) = match math {
+                AttentionMath::F32 => (&TF32X3_SRC, 4),
+                AttentionMath::Bf16 => (&BF16_SRC, 2),
+                AttentionMath::F16 => (&F16_SRC, 2),
+                AttentionMath::Tf32 => (&TF32_SRC, 4),
+            };
+            let kernels = match (math, dp) {
+                (AttentionMath::F32, 32) => kernels!("tf32x3", 32),
+                (AttentionMath::F32, 64) => kernels!("tf32x3", 64),
+                (AttentionMath::F32, _) => kernels!("tf32x3", 128),
+                (AttentionMath::Bf16, 32) => kernels!("bf16", 32),
+                (AttentionMath::Bf16, 64) => kernels!("bf16", 64),
+                (AttentionMath::Bf16, _) => kernels!("bf16", 128),
+                (AttentionMath::F16, 32) => kernels!("f16", 32),
+                (AttentionMath::F16, 64) => kernels!("f16", 64),
+                (AttentionMath::F16, _) => kernels!("f16", 128),
+                (AttentionMath::Tf32, 32) => kernels!("tf32", 32),
+                (AttentionMath::Tf32, 64) => kernels!("tf32", 64),
+                (AttentionMath::Tf32, _) => kernels!("tf32", 128),
             };
             // tiles [64][dp + 8] and transposed ones [dp][64 + 8] of the operand type; grad_kv's f32 deltas and
             // lse of 64 rows
@@ -110,7 +133,7 @@ impl Tiling {
             ];
             if shared.iter().all(|&s| s <= gpu.shared_per_block()) {
                 return Ok(Tiling {
-                    src: &TENSOR_CORE_SRC,
+                    src,
                     kernels,
                     rows: 64,
                     threads: 128,

@@ -558,17 +558,18 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
         grad_kv<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, lse, dout, delta, dqkv);              \
     }
 
-TENSOR_CORE_KERNELS(bf16, Bf16, 32)
-TENSOR_CORE_KERNELS(bf16, Bf16, 64)
-TENSOR_CORE_KERNELS(bf16, Bf16, 128)
-TENSOR_CORE_KERNELS(f16, F16, 32)
-TENSOR_CORE_KERNELS(f16, F16, 64)
-TENSOR_CORE_KERNELS(f16, F16, 128)
-TENSOR_CORE_KERNELS(tf32, Tf32, 32)
-TENSOR_CORE_KERNELS(tf32, Tf32, 64)
-TENSOR_CORE_KERNELS(tf32, Tf32, 128)
-TENSOR_CORE_KERNELS(tf32x3, Tf32x3, 32)
-TENSOR_CORE_KERNELS(tf32x3, Tf32x3, 64)
-TENSOR_CORE_KERNELS(tf32x3, Tf32x3, 128)
+#define TENSOR_CORE_WIDTHS(TY, T) \
+    TENSOR_CORE_KERNELS(TY, T, 32) TENSOR_CORE_KERNELS(TY, T, 64) TENSOR_CORE_KERNELS(TY, T, 128)
+
+// Each operand type is a module of its own (attention/cuda.rs defines TC_TY and TC_T before this file), so that a
+// run compiles only the types it uses; read alone, as `cargo xtask cuda-check` reads it, the file takes them all.
+#ifdef TC_T
+TENSOR_CORE_WIDTHS(TC_TY, TC_T)
+#else
+TENSOR_CORE_WIDTHS(bf16, Bf16)
+TENSOR_CORE_WIDTHS(f16, F16)
+TENSOR_CORE_WIDTHS(tf32, Tf32)
+TENSOR_CORE_WIDTHS(tf32x3, Tf32x3)
+#endif
 
 #endif

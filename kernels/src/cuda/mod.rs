@@ -66,12 +66,11 @@ pub struct GemmTuning {
     pub best_index: usize,
 }
 
-/// Every kernel source of the crate.
+/// The kernel sources nearly every job uses, small enough for NVRTC to make in a second or two each: all made side by
+/// side when a process first needs a kernel, so that a machine's first run waits for the slowest of them only.
 #[cfg(feature = "cuda")]
-fn all_sources() -> [&'static KernelSource; 15] {
+fn common_sources() -> [&'static KernelSource; 13] {
     [
-        &crate::attention::cuda::SRC,
-        &crate::attention::cuda::TENSOR_CORE_SRC,
         &crate::batchnorm::cuda::SRC,
         &crate::binary::cuda::SRC,
         &crate::layernorm::cuda::SRC,
@@ -88,6 +87,20 @@ fn all_sources() -> [&'static KernelSource; 15] {
     ]
 }
 
+/// Attention's modules, each made alone when one of its kernels is first used: only Transformer jobs need them, and
+/// NVRTC takes 5 to 15 s over each (54 s over the four tensor-core types as one module, on a 2-core machine).
+#[cfg(feature = "cuda")]
+fn attention_sources() -> [&'static KernelSource; 5] {
+    use crate::attention::cuda::{BF16_SRC, F16_SRC, SRC, TF32_SRC, TF32X3_SRC};
+    [&SRC, &BF16_SRC, &F16_SRC, &TF32_SRC, &TF32X3_SRC]
+}
+
+/// Every kernel source of the crate.
+#[cfg(feature = "cuda")]
+fn all_sources() -> impl Iterator<Item = &'static KernelSource> {
+    common_sources().into_iter().chain(attention_sources())
+}
+
 /// Compiles every `.cu` source to PTX for `arch` (`"compute_90"`; `None`: NVRTC's default)
 /// without touching a GPU: NVRTC is a host library. Returns how many sources compiled.
 ///
@@ -95,9 +108,10 @@ fn all_sources() -> [&'static KernelSource; 15] {
 /// NVRTC is missing, or a source does not compile (the error carries NVRTC's log).
 #[cfg(feature = "cuda")]
 pub fn compile_kernels(arch: Option<&'static str>) -> crate::Result<usize> {
-    let sources = all_sources();
-    for s in sources {
+    let mut n = 0;
+    for s in all_sources() {
         s.compile(arch)?;
+        n += 1;
     }
-    Ok(sources.len())
+    Ok(n)
 }

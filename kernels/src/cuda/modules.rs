@@ -196,21 +196,23 @@ fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
 }
 
 /// The module image of `src` for `target`, and where it came from: the disk cache, or NVRTC (made once per
-/// process). The first request for a target makes every module's image at once, each on a thread of its own, so
-/// that a machine's first run waits for its slowest module rather than for all of them one after another as
-/// kernels are first used. The threads are joined before this returns: none is left compiling when the process
-/// exits, which would crash NVRTC's library as it unloads.
+/// process). The first request for one of the common modules makes all of them at once, each on a thread of its own,
+/// so that a machine's first run waits for the slowest rather than for each in turn as kernels are first used;
+/// attention's are made alone, when first asked for. The threads are joined before this returns: none is left
+/// compiling when the process exits, which would crash NVRTC's library as it unloads.
 pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
-    make_all(target);
+    if super::common_sources().iter().any(|s| std::ptr::eq(*s, src)) {
+        make_common(target);
+    }
     slot(src.name, target)
         .get_or_init(|| make(src, target).map_err(|e| e.to_string()))
         .clone()
         .map_err(Error::Cuda)
 }
 
-/// Makes every module's image for `target` side by side, once per target (cubin targets only: a PTX one is
+/// Makes every common module's image for `target` side by side, once per target (cubin targets only: a PTX one is
 /// compiled where it is used).
-fn make_all(target: Target) {
+fn make_common(target: Target) {
     static STARTED: OnceLock<Mutex<Vec<Target>>> = OnceLock::new();
     let started = STARTED.get_or_init(Default::default);
     {
@@ -221,7 +223,7 @@ fn make_all(target: Target) {
         started.push(target);
     }
     std::thread::scope(|scope| {
-        for src in super::all_sources() {
+        for src in super::common_sources() {
             let s = slot(src.name, target);
             scope.spawn(move || {
                 s.get_or_init(|| make(src, target).map_err(|e| e.to_string()));
