@@ -201,7 +201,10 @@ fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
 /// attention's are made alone, when first asked for. The threads are joined before this returns: none is left
 /// compiling when the process exits, which would crash NVRTC's library as it unloads.
 pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
-    if super::common_sources().iter().any(|s| std::ptr::eq(*s, src)) {
+    if super::common_sources()
+        .iter()
+        .any(|s| std::ptr::eq(*s, src))
+    {
         make_common(target);
     }
     slot(src.name, target)
