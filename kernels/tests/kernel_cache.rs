@@ -1,12 +1,17 @@
-//! The on-disk kernel cache, across processes: a cold process compiles and writes cubins, a warm one loads them
-//! untouched, and a damaged one is compiled again and replaced. Each phase is this test binary run again, so that
-//! it starts with an empty in-memory cache, as a new `cohort train` does.
+//! The on-disk kernel cache, across processes: a cold process compiles and writes cubins (the common modules, none of
+//! attention's until an attention kernel runs, then only its operand type's), a warm one loads them untouched, and a
+//! damaged one is compiled again and replaced. Each phase is this test binary run again, so that it starts with an
+//! empty in-memory cache, as a new `cohort train` does.
 #![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
+use cohort_kernels::attention::{
+    AttentionShape,
+    cuda::{self as attention, AttentionMath},
+};
 use cohort_kernels::cuda::{CudaType, Gpu};
 use cohort_kernels::unary::{UnaryOp, cuda as un_cuda};
 
@@ -30,6 +35,37 @@ fn run_a_kernel() {
     assert_eq!(out, want);
 }
 
+/// In a child: runs a bf16 attention forward pass, and checks that its output is finite and not all zero.
+fn run_attention() {
+    let g = Gpu::get(0).unwrap_or_else(|e| panic!("no GPU: {e}"));
+    let shape = AttentionShape {
+        seqs: 2,
+        len: 16,
+        heads: 2,
+        head_dim: 8,
+        scale: 8f64.powf(-0.5),
+        causal: true,
+        mask_rows: 0,
+    };
+    let qkv: Vec<f32> = (0..shape.qkv_len())
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 6.0)
+        .collect();
+    let (x, out, lse) = (
+        g.alloc(4 * qkv.len()).unwrap(),
+        g.alloc(4 * shape.out_len()).unwrap(),
+        g.alloc(4 * shape.lse_len()).unwrap(),
+    );
+    let mut y = vec![0f32; shape.out_len()];
+    // SAFETY: each buffer holds the f32 count `shape` gives it; no mask (mask_rows 0).
+    unsafe {
+        g.htod(x.ptr(), bytemuck::cast_slice(&qkv)).unwrap();
+        let io = ((x.ptr(), 0), (out.ptr(), lse.ptr()));
+        attention::forward(&g, &shape, AttentionMath::Bf16, io.0, io.1).unwrap();
+        g.dtoh(out.ptr(), bytemuck::cast_slice_mut(&mut y)).unwrap();
+    }
+    assert!(y.iter().all(|v| v.is_finite()) && y.iter().any(|&v| v != 0.0));
+}
+
 fn phase(dir: &Path, name: &str) {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
@@ -48,6 +84,17 @@ fn phase(dir: &Path, name: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The modules with a cubin in `dir` (files `<module>-<hash>.cubin`), sorted.
+fn modules(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| Some(n.strip_suffix(".cubin")?.rsplit_once('-')?.0.to_string()))
+        .collect();
+    v.sort();
+    v
 }
 
 /// The cached cubins of the unary module (the one [`run_a_kernel`] needs), with their times and bytes.
@@ -75,7 +122,10 @@ fn cubins(dir: &Path) -> Vec<(PathBuf, SystemTime, Vec<u8>)> {
 fn the_kernel_cache_survives_processes() {
     if std::env::var_os(PHASE).is_some() {
         cohort_kernels::cuda::set_kernel_cache(std::env::var_os(DIR).map(PathBuf::from));
-        run_a_kernel();
+        match std::env::var(PHASE).as_deref() {
+            Ok("attention") => run_attention(),
+            _ => run_a_kernel(),
+        }
         return;
     }
     let dir = std::env::temp_dir().join(format!("cohort-kernel-cache-{}", std::process::id()));
@@ -86,6 +136,11 @@ fn the_kernel_cache_survives_processes() {
     assert_eq!(cold.len(), 1, "the unary module compiled and stored once");
     let elf = |b: &[u8]| b.windows(4).any(|w| w == b"\x7fELF");
     assert!(elf(&cold[0].2), "the file holds a cubin (an ELF image)");
+    let made = modules(&dir);
+    assert!(
+        made.len() > 1 && !made.iter().any(|m| m.starts_with("attention")),
+        "the first kernel makes the common modules together, and none of attention's: {made:?}"
+    );
 
     std::thread::sleep(std::time::Duration::from_millis(20));
     phase(&dir, "warm");
@@ -109,6 +164,22 @@ fn the_kernel_cache_survives_processes() {
     assert!(
         mended[0].2 != broken && elf(&mended[0].2),
         "the damaged file is replaced by a cubin"
+    );
+
+    // The first attention kernel makes its module alone: on tensor cores (sm_80 on), its operand type's only.
+    phase(&dir, "attention");
+    let new: Vec<String> = modules(&dir)
+        .into_iter()
+        .filter(|m| !made.contains(m))
+        .collect();
+    let tensor_cores = Gpu::get(0).unwrap().compute_capability() >= (8, 0);
+    assert_eq!(
+        new,
+        [if tensor_cores {
+            "attention_bf16"
+        } else {
+            "attention"
+        }]
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
