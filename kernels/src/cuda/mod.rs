@@ -66,8 +66,8 @@ pub struct GemmTuning {
     pub best_index: usize,
 }
 
-/// The kernel sources nearly every job uses, small enough for NVRTC to make in a second or two each: all made side by
-/// side when a process first needs a kernel, so that a machine's first run waits for the slowest of them only.
+/// The kernel sources nearly every job uses, small enough for NVRTC to make in a second or two each: all started side
+/// by side as a device opens (`modules::prefetch`), so that a machine's first run compiles while it sets up.
 #[cfg(feature = "cuda")]
 fn common_sources() -> [&'static KernelSource; 13] {
     [

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock, PoisonError};
 
 use cudarc::driver::sys;
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
@@ -196,42 +196,92 @@ fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
 }
 
 /// The module image of `src` for `target`, and where it came from: the disk cache, or NVRTC (made once per
-/// process). The first request for one of the common modules makes all of them at once, each on a thread of its own,
-/// so that a machine's first run waits for the slowest rather than for each in turn as kernels are first used;
-/// attention's are made alone, when first asked for. The threads are joined before this returns: none is left
-/// compiling when the process exits, which would crash NVRTC's library as it unloads.
+/// process). A common module is most often made already, or being made, by [`prefetch`]; then this waits for it
+/// alone. Attention's modules are made here, when first asked for.
 pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
-    if super::common_sources()
-        .iter()
-        .any(|s| std::ptr::eq(*s, src))
-    {
-        make_common(target);
-    }
     slot(src.name, target)
         .get_or_init(|| make(src, target).map_err(|e| e.to_string()))
         .clone()
         .map_err(Error::Cuda)
 }
 
-/// Makes every common module's image for `target` side by side, once per target (cubin targets only: a PTX one is
-/// compiled where it is used).
-fn make_common(target: Target) {
-    static STARTED: OnceLock<Mutex<Vec<Target>>> = OnceLock::new();
-    let started = STARTED.get_or_init(Default::default);
+/// Starts making the common modules' images for `target`, once per target (cubin targets only: a PTX one is
+/// compiled where it is used). A device calls it as it opens, so that NVRTC works while the process sets up (cuBLAS,
+/// cuDNN, its models and data) and a kernel waits for its own module only, not for the slowest. Cubins on disk are
+/// read here; the rest are compiled side by side, each on a thread of its own, which exit waits for.
+pub(crate) fn prefetch(target: Target) {
+    static STARTED: Mutex<Vec<Target>> = Mutex::new(Vec::new());
+    let Some(sm) = target.sm else { return };
     {
-        let mut started = started.lock().unwrap_or_else(PoisonError::into_inner);
-        if target.sm.is_none() || started.contains(&target) {
+        let mut started = STARTED.lock().unwrap_or_else(PoisonError::into_inner);
+        if started.contains(&target) {
             return;
         }
         started.push(target);
     }
-    std::thread::scope(|scope| {
-        for src in super::common_sources() {
-            let s = slot(src.name, target);
-            scope.spawn(move || {
-                s.get_or_init(|| make(src, target).map_err(|e| e.to_string()));
-            });
+    let dir = cache_dir();
+    let mut missing = Vec::new();
+    for src in super::common_sources() {
+        let s = slot(src.name, target);
+        match dir.as_deref().and_then(|d| cached(src, sm, d)) {
+            Some(cubin) => {
+                let _ = s.set(Ok((Ptx::from_binary(cubin), Origin::Disk)));
+            }
+            None => missing.push((src, s)),
         }
+    }
+    if missing.is_empty() {
+        return;
+    }
+    wait_at_exit();
+    for (src, s) in missing {
+        let flight = Flight::start();
+        std::thread::spawn(move || {
+            let _landed = flight;
+            s.get_or_init(|| make(src, target).map_err(|e| e.to_string()));
+        });
+    }
+}
+
+/// Modules being made on [`prefetch`]'s threads.
+static IN_FLIGHT: Mutex<usize> = Mutex::new(0);
+static LANDED: Condvar = Condvar::new();
+
+/// One module in flight, from before its thread starts (so that exit cannot miss it) until the thread ends.
+struct Flight;
+
+impl Flight {
+    fn start() -> Flight {
+        *IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Flight
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        *IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+        LANDED.notify_all();
+    }
+}
+
+extern "C" fn wait_for_flights() {
+    let mut n = IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner);
+    while *n > 0 {
+        n = LANDED.wait(n).unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// Makes exit wait for the modules in flight (once per process). NVRTC's libraries crash if their destructors run
+/// under a compile, and exit runs the handlers registered last first: so both are loaded before the wait is
+/// registered (compiling an empty program loads NVRTC's builtins), and it runs before their destructors.
+fn wait_at_exit() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if nvrtc_present().is_ok() {
+            let _ = nvrtc::compile_ptx("");
+        }
+        // SAFETY: registers a function of no arguments that only waits on a condition variable.
+        unsafe { libc::atexit(wait_for_flights) };
     });
 }
 
@@ -256,12 +306,11 @@ fn cubin(
     let Some(dir) = dir else {
         return Ok((src.compile_cubin(sm)?, Origin::Compiled));
     };
-    let key = key(src, sm);
-    let path = cache_file(dir, src.name, &key);
-    let cached = (!fresh).then(|| std::fs::read(&path).ok()).flatten();
-    if let Some(cubin) = cached.and_then(|f| unwrap_entry(&f, &key)) {
+    if let Some(cubin) = (!fresh).then(|| cached(src, sm, dir)).flatten() {
         return Ok((cubin, Origin::Disk));
     }
+    let key = key(src, sm);
+    let path = cache_file(dir, src.name, &key);
     let cubin = src.compile_cubin(sm)?;
     if let Err(e) = store(&path, &key, &cubin) {
         tracing::warn!(
@@ -270,6 +319,13 @@ fn cubin(
         );
     }
     Ok((cubin, Origin::Compiled))
+}
+
+/// The cubin of `src` for `sm` that `dir` holds, if one was made from the same key.
+fn cached(src: &KernelSource, sm: &str, dir: &Path) -> Option<Vec<u8>> {
+    let key = key(src, sm);
+    let file = std::fs::read(cache_file(dir, src.name, &key)).ok()?;
+    unwrap_entry(&file, &key)
 }
 
 /// Everything that decides a cubin's bytes.
@@ -370,6 +426,23 @@ fn driver_version() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kernel waits for its own module, while the others go on compiling; the process then exits with them still in
+    /// flight, where it must wait for them: a crash in NVRTC's destructors would fail this test binary.
+    #[test]
+    #[ignore = "needs libnvrtc.so.13 on the library path"]
+    fn prefetched_modules_are_made_in_the_background() {
+        let target = Target::of((9, 0));
+        prefetch(target);
+        let first = std::time::Instant::now();
+        let (_, origin) = image(&crate::copy::cuda::CAST_SRC, target).unwrap();
+        assert_eq!(origin, Origin::Compiled);
+        assert!(
+            *IN_FLIGHT.lock().unwrap() > 0,
+            "the slower modules are still compiling after {:?}",
+            first.elapsed()
+        );
+    }
 
     #[test]
     fn an_entry_reads_back_only_under_its_own_key() {

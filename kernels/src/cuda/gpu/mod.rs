@@ -36,7 +36,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, result as drv, sys,
 };
 
-use super::modules::Target;
+use super::modules::{self, Target};
 use super::profile::Profile;
 use crate::matmul::lt::Lt;
 use crate::{Error, Result};
@@ -233,6 +233,8 @@ impl Gpu {
             )
             .map_err(|e| cuda_err("reading the shared memory per block", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
+        let target = Target::of(cc);
+        modules::prefetch(target);
         Ok(Gpu {
             ordinal,
             ctx,
@@ -240,7 +242,7 @@ impl Gpu {
             copy,
             side,
             fork_join,
-            target: Target::of(cc),
+            target,
             compute_capability: (cc.0.max(0) as u32, cc.1.max(0) as u32),
             sm_count: sm_count.max(1) as u32,
             shared_per_block: shared_per_block.max(0) as usize,
