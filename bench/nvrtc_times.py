@@ -39,8 +39,8 @@ def modules():
         folder = os.path.dirname(cu)
         headers = "".join(open(h).read() for h in sorted(glob.glob(os.path.join(folder, "*.cuh"))))
         body = headers + open(cu).read()
-        name = os.path.basename(cu)
-        if name == "tensor_core.cu":
+        name = os.path.relpath(cu, ROOT)
+        if name.endswith("tensor_core.cu"):
             for ty, t in TENSOR_CORE.items():
                 yield f"attention_{ty}", common + f"#define TC_TY {ty}\n#define TC_T {t}\n" + body
         else:

@@ -1,4 +1,5 @@
-//! CUDA element-wise binary ops (`binary.cu`): broadcasting through strides, comparisons, where.
+//! CUDA element-wise binary ops (`binary.cuh`): broadcasting through strides, comparisons, where. The float types'
+//! kernels (`binary.cu`) and i32's with where (`int.cu`) are two modules, so that NVRTC makes them side by side.
 
 use super::BinaryOp;
 use crate::Result;
@@ -8,7 +9,12 @@ use crate::cuda::{
 
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "binary",
-    code: include_str!("binary.cu"),
+    code: concat!(include_str!("binary.cuh"), include_str!("binary.cu")),
+};
+
+pub(crate) static INT_SRC: KernelSource = KernelSource {
+    name: "binary_int",
+    code: concat!(include_str!("binary.cuh"), include_str!("int.cu")),
 };
 
 fn kernel_name(op: BinaryOp, ty: CudaType) -> Option<&'static str> {
@@ -87,10 +93,11 @@ pub unsafe fn binary(
     } else {
         n_usize
     };
+    let src = if float { &SRC } else { &INT_SRC };
     let mut args = kernel_args![n, st, lhs, rhs, out];
     // SAFETY: argument types match `<op>_<ty>(u64, Strided, const T*, const T*, T*)`; the caller
     // guarantees the buffers.
-    unsafe { gpu.launch(&SRC, name, gpu.grid(work, 256), &mut args) }
+    unsafe { gpu.launch(src, name, gpu.grid(work, 256), &mut args) }
 }
 
 /// `out = mask != 0 ? on_true : on_false`, each operand broadcast to `out_shape`.
@@ -134,5 +141,5 @@ pub unsafe fn where_cond(
     let n = n_usize as u64;
     let mut args = kernel_args![n, st, mask, on_true, on_false, out];
     // SAFETY: matches `where_<m>_<t>(u64, Strided, const M*, const T*, const T*, T*)`.
-    unsafe { gpu.launch(&SRC, name, gpu.grid(n_usize, 256), &mut args) }
+    unsafe { gpu.launch(&INT_SRC, name, gpu.grid(n_usize, 256), &mut args) }
 }

@@ -69,10 +69,11 @@ pub struct GemmTuning {
 /// The kernel sources nearly every job uses, small enough for NVRTC to make in a second or two each: all started side
 /// by side as a device opens (`modules::prefetch`), so that a machine's first run compiles while it sets up.
 #[cfg(feature = "cuda")]
-fn common_sources() -> [&'static KernelSource; 13] {
+fn common_sources() -> [&'static KernelSource; 14] {
     [
         &crate::batchnorm::cuda::SRC,
         &crate::binary::cuda::SRC,
+        &crate::binary::cuda::INT_SRC,
         &crate::layernorm::cuda::SRC,
         &crate::unary::cuda::SRC,
         &crate::reduce::cuda::SRC,
