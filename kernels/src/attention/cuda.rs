@@ -103,25 +103,25 @@ impl Tiling {
             } else {
                 128
             };
-            let (src, size) = match math {
-                AttentionMath::F32 => (&TF32X3_SRC, 4),
-                AttentionMath::Bf16 => (&BF16_SRC, 2),
-                AttentionMath::F16 => (&F16_SRC, 2),
-                AttentionMath::Tf32 => (&TF32_SRC, 4),
-            };
-            let kernels = match (math, dp) {
-                (AttentionMath::F32, 32) => kernels!("tf32x3", 32),
-                (AttentionMath::F32, 64) => kernels!("tf32x3", 64),
-                (AttentionMath::F32, _) => kernels!("tf32x3", 128),
-                (AttentionMath::Bf16, 32) => kernels!("bf16", 32),
-                (AttentionMath::Bf16, 64) => kernels!("bf16", 64),
-                (AttentionMath::Bf16, _) => kernels!("bf16", 128),
-                (AttentionMath::F16, 32) => kernels!("f16", 32),
-                (AttentionMath::F16, 64) => kernels!("f16", 64),
-                (AttentionMath::F16, _) => kernels!("f16", 128),
-                (AttentionMath::Tf32, 32) => kernels!("tf32", 32),
-                (AttentionMath::Tf32, 64) => kernels!("tf32", 64),
-                (AttentionMath::Tf32, _) => kernels!("tf32", 128),
+            // an operand type's module, element size and kernels at width dp
+            macro_rules! operand {
+                ($ty:literal, $src:expr, $size:literal) => {
+                    (
+                        $src,
+                        $size,
+                        match dp {
+                            32 => kernels!($ty, 32),
+                            64 => kernels!($ty, 64),
+                            _ => kernels!($ty, 128),
+                        },
+                    )
+                };
+            }
+            let (src, size, kernels) = match math {
+                AttentionMath::F32 => operand!("tf32x3", &TF32X3_SRC, 4),
+                AttentionMath::Bf16 => operand!("bf16", &BF16_SRC, 2),
+                AttentionMath::F16 => operand!("f16", &F16_SRC, 2),
+                AttentionMath::Tf32 => operand!("tf32", &TF32_SRC, 4),
             };
             // tiles [64][dp + 8] and transposed ones [dp][64 + 8] of the operand type; grad_kv's f32 deltas and
             // lse of 64 rows
