@@ -166,7 +166,7 @@ fn the_kernel_cache_survives_processes() {
         "the damaged file is replaced by a cubin"
     );
 
-    // The first attention kernel makes its module alone: on tensor cores (sm_80 on), its operand type's only.
+    // The first attention kernel makes its module alone: on tensor cores (sm_80 on), its operand type at its width.
     phase(&dir, "attention");
     let new: Vec<String> = modules(&dir)
         .into_iter()
@@ -176,7 +176,7 @@ fn the_kernel_cache_survives_processes() {
     assert_eq!(
         new,
         [if tensor_cores {
-            "attention_bf16"
+            "attention_bf16_32"
         } else {
             "attention"
         }]

@@ -11,18 +11,20 @@ pub(crate) static SRC: KernelSource = KernelSource {
     code: concat!(include_str!("attention.cuh"), include_str!("attention.cu")),
 };
 
-/// The tensor-core kernels of one operand type (`tensor_core.cu` instantiated for the type `TC_T`, its kernels named
-/// by `TC_TY`): a module each, since NVRTC takes a quarter of a minute over each on a small machine and a run uses
-/// one or two types.
+/// The tensor-core kernels of one operand type and padded head width (`tensor_core.cu` instantiated for the type
+/// `TC_T` at width `TC_DP`, its kernels named by `TC_TY`): a module each, since NVRTC takes seconds over each and a run
+/// uses one or two of them (all twelve as one module took 69 s on an H100 machine's CPU).
 macro_rules! tensor_core_source {
-    ($ty:literal, $t:literal) => {
+    ($ty:literal, $t:literal, $dp:literal) => {
         KernelSource {
-            name: concat!("attention_", $ty),
+            name: concat!("attention_", $ty, "_", $dp),
             code: concat!(
                 "#define TC_TY ",
                 $ty,
                 "\n#define TC_T ",
                 $t,
+                "\n#define TC_DP ",
+                $dp,
                 "\n",
                 include_str!("attention.cuh"),
                 include_str!("tensor_core.cu")
@@ -31,10 +33,21 @@ macro_rules! tensor_core_source {
     };
 }
 
-pub(crate) static BF16_SRC: KernelSource = tensor_core_source!("bf16", "Bf16");
-pub(crate) static F16_SRC: KernelSource = tensor_core_source!("f16", "F16");
-pub(crate) static TF32_SRC: KernelSource = tensor_core_source!("tf32", "Tf32");
-pub(crate) static TF32X3_SRC: KernelSource = tensor_core_source!("tf32x3", "Tf32x3");
+/// An operand type's modules at padded head widths 32, 64 and 128.
+macro_rules! tensor_core_widths {
+    ($ty:literal, $t:literal) => {
+        [
+            tensor_core_source!($ty, $t, 32),
+            tensor_core_source!($ty, $t, 64),
+            tensor_core_source!($ty, $t, 128),
+        ]
+    };
+}
+
+pub(crate) static BF16_SRC: [KernelSource; 3] = tensor_core_widths!("bf16", "Bf16");
+pub(crate) static F16_SRC: [KernelSource; 3] = tensor_core_widths!("f16", "F16");
+pub(crate) static TF32_SRC: [KernelSource; 3] = tensor_core_widths!("tf32", "Tf32");
+pub(crate) static TF32X3_SRC: [KernelSource; 3] = tensor_core_widths!("tf32x3", "Tf32x3");
 
 /// The widest head the kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -105,23 +118,19 @@ impl Tiling {
             };
             // an operand type's module, element size and kernels at width dp
             macro_rules! operand {
-                ($ty:literal, $src:expr, $size:literal) => {
-                    (
-                        $src,
-                        $size,
-                        match dp {
-                            32 => kernels!($ty, 32),
-                            64 => kernels!($ty, 64),
-                            _ => kernels!($ty, 128),
-                        },
-                    )
+                ($ty:literal, $srcs:expr, $size:literal) => {
+                    match dp {
+                        32 => (&$srcs[0], $size, kernels!($ty, 32)),
+                        64 => (&$srcs[1], $size, kernels!($ty, 64)),
+                        _ => (&$srcs[2], $size, kernels!($ty, 128)),
+                    }
                 };
             }
             let (src, size, kernels) = match math {
-                AttentionMath::F32 => operand!("tf32x3", &TF32X3_SRC, 4),
-                AttentionMath::Bf16 => operand!("bf16", &BF16_SRC, 2),
-                AttentionMath::F16 => operand!("f16", &F16_SRC, 2),
-                AttentionMath::Tf32 => operand!("tf32", &TF32_SRC, 4),
+                AttentionMath::F32 => operand!("tf32x3", TF32X3_SRC, 4),
+                AttentionMath::Bf16 => operand!("bf16", BF16_SRC, 2),
+                AttentionMath::F16 => operand!("f16", F16_SRC, 2),
+                AttentionMath::Tf32 => operand!("tf32", TF32_SRC, 4),
             };
             // tiles [64][dp + 8] and transposed ones [dp][64 + 8] of the operand type; grad_kv's f32 deltas and
             // lse of 64 rows

@@ -560,11 +560,13 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 
 #define TENSOR_CORE_WIDTHS(TY, T) \
     TENSOR_CORE_KERNELS(TY, T, 32) TENSOR_CORE_KERNELS(TY, T, 64) TENSOR_CORE_KERNELS(TY, T, 128)
+#define TENSOR_CORE_WIDTH(TY, T, DP) TENSOR_CORE_KERNELS(TY, T, DP)
 
-// Each operand type is a module of its own (attention/cuda.rs defines TC_TY and TC_T before this file), so that a
-// run compiles only the types it uses; read alone, as `cargo xtask cuda-check` reads it, the file takes them all.
+// Each operand type at each width is a module of its own (attention/cuda.rs defines TC_TY, TC_T and TC_DP before this
+// file), so that a run compiles only what it uses; read alone, as `cargo xtask cuda-check` reads it, the file takes
+// them all.
 #ifdef TC_T
-TENSOR_CORE_WIDTHS(TC_TY, TC_T)
+TENSOR_CORE_WIDTH(TC_TY, TC_T, TC_DP)
 #else
 TENSOR_CORE_WIDTHS(bf16, Bf16)
 TENSOR_CORE_WIDTHS(f16, F16)
