@@ -439,7 +439,7 @@ mod tests {
         assert_eq!(origin, Origin::Compiled);
         assert!(
             *IN_FLIGHT.lock().unwrap() > 0,
-            "none of the slower modules was still compiling {:?} after the cast module was made",
+            "none of the slower modules was still compiling when the cast module was ready ({:?} in)",
             first.elapsed()
         );
     }
