@@ -59,8 +59,8 @@ fn run_attention() {
     // SAFETY: each buffer holds the f32 count `shape` gives it; no mask (mask_rows 0).
     unsafe {
         g.htod(x.ptr(), bytemuck::cast_slice(&qkv)).unwrap();
-        let io = ((x.ptr(), 0), (out.ptr(), lse.ptr()));
-        attention::forward(&g, &shape, AttentionMath::Bf16, io.0, io.1).unwrap();
+        let (inputs, outputs) = ((x.ptr(), 0), (out.ptr(), lse.ptr()));
+        attention::forward(&g, &shape, AttentionMath::Bf16, inputs, outputs).unwrap();
         g.dtoh(out.ptr(), bytemuck::cast_slice_mut(&mut y)).unwrap();
     }
     assert!(y.iter().all(|v| v.is_finite()) && y.iter().any(|&v| v != 0.0));

@@ -58,8 +58,9 @@ impl LossScale {
         let s = LossScaleState::from_slice(state).ok_or_else(|| crate::Error::State {
             name: "loss_scale".into(),
             reason: format!(
-                "{} values read back where a loss scale state has 4",
-                state.len()
+                "{} values read back where a loss scale state has {}",
+                state.len(),
+                LossScaleState::LEN
             ),
         })?;
         Ok(LossScale {

@@ -413,7 +413,7 @@ fn read_state(state: &Tensor) -> Result<LossScaleState> {
 }
 
 /// Elements of a loss scale state: overflow flag, scale, clean steps, skipped steps.
-const LOSS_SCALE_STATE: usize = 4;
+const LOSS_SCALE_STATE: usize = LossScaleState::LEN;
 
 fn check_loss_scale(op: &'static str, state: &Tensor) -> Result<()> {
     if state.dtype != DType::F32 || state.shape != [LOSS_SCALE_STATE] {

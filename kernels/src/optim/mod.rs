@@ -40,16 +40,19 @@ pub struct LossScaleState {
 }
 
 impl LossScaleState {
+    /// The f32 elements of a state tensor.
+    pub const LEN: usize = size_of::<LossScaleState>() / size_of::<f32>();
+
     /// Its elements, in the order a state tensor holds them.
     #[must_use]
-    pub fn to_array(self) -> [f32; 4] {
+    pub fn to_array(self) -> [f32; Self::LEN] {
         bytemuck::cast(self)
     }
 
     /// The state four f32 read back from a state tensor hold; `None` for another count.
     #[must_use]
     pub fn from_slice(v: &[f32]) -> Option<LossScaleState> {
-        <[f32; 4]>::try_from(v).ok().map(bytemuck::cast)
+        <[f32; Self::LEN]>::try_from(v).ok().map(bytemuck::cast)
     }
 }
 
