@@ -89,7 +89,8 @@ fn common_sources() -> [&'static KernelSource; 14] {
 }
 
 /// Attention's modules, each made alone when one of its kernels is first used: only Transformer jobs need them, and
-/// NVRTC takes 3 to 11 s over each (the fp32 multiply-add module 8 s, on an H100 machine's CPU).
+/// NVRTC takes seconds over each (on a 2-core machine 3-15 s per tensor-core type and width; on an H100 machine's CPU
+/// the fp32 multiply-add module took 8 s).
 #[cfg(feature = "cuda")]
 fn attention_sources() -> impl Iterator<Item = &'static KernelSource> {
     use crate::attention::cuda::{BF16_SRC, F16_SRC, SRC, TF32_SRC, TF32X3_SRC};
