@@ -60,6 +60,7 @@ def side_by_side(jobs, what):
 
 if __name__ == "__main__":
     jobs = list(modules())
-    # the common modules are made together at a process's first kernel; attention's each when first used
-    side_by_side([j for j in jobs if not j[0].startswith("attention")], "common modules")
-    side_by_side([j for j in jobs if j[0].startswith("attention")], "attention's modules")
+    # the common modules are made together as a device opens; batch norm's and attention's each when first used
+    first_use = lambda j: j[0].startswith("attention") or j[0] == "batchnorm/batchnorm.cu"
+    side_by_side([j for j in jobs if not first_use(j)], "common modules")
+    side_by_side([j for j in jobs if first_use(j)], "modules made on first use")

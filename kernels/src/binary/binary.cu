@@ -1,4 +1,4 @@
-// The float types' ops (binary.cuh).
+// f32's ops (binary.cuh).
 
 BINARY_F32(add, x + y)
 BINARY_F32(sub, x - y)
@@ -11,6 +11,3 @@ BINARY_F32(ge, x >= y ? 1.0f : 0.0f)
 BINARY_F32(lt, x < y ? 1.0f : 0.0f)
 BINARY_F32(le, x <= y ? 1.0f : 0.0f)
 BINARY_F32(eq, x == y ? 1.0f : 0.0f)
-BINARY_16(add, x + y)
-BINARY_16(sub, x - y)
-BINARY_16(mul, x * y)

@@ -1,5 +1,5 @@
-// Element-wise binary ops with broadcasting through strides, comparisons (1/0) and where, in two modules: the float
-// types (binary.cu) and i32 with where (int.cu), compiled side by side.
+// Element-wise binary ops with broadcasting through strides, comparisons (1/0) and where, in three modules compiled
+// side by side: f32 (binary.cu), bf16 and f16 (half.cu), i32 with where (int.cu).
 // Kernels: <op>_<dtype>(n, Strided st, a, b, out); st.s[0] = a's strides, st.s[1] = b's.
 // st.flags: 1 (every operand contiguous) takes the plain index path; 2 (the float types, aligned, n % 4 == 0) moves
 // four elements per access.

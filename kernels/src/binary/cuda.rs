@@ -1,5 +1,6 @@
-//! CUDA element-wise binary ops (`binary.cuh`): broadcasting through strides, comparisons, where. The float types'
-//! kernels (`binary.cu`) and i32's with where (`int.cu`) are two modules, so that NVRTC makes them side by side.
+//! CUDA element-wise binary ops (`binary.cuh`): broadcasting through strides, comparisons, where. f32's kernels
+//! (`binary.cu`), the 16-bit types' (`half.cu`) and i32's with where (`int.cu`) are three modules, so that NVRTC
+//! makes them side by side.
 
 use super::BinaryOp;
 use crate::Result;
@@ -10,6 +11,11 @@ use crate::cuda::{
 pub(crate) static SRC: KernelSource = KernelSource {
     name: "binary",
     code: concat!(include_str!("binary.cuh"), include_str!("binary.cu")),
+};
+
+pub(crate) static HALF_SRC: KernelSource = KernelSource {
+    name: "binary_16",
+    code: concat!(include_str!("binary.cuh"), include_str!("half.cu")),
 };
 
 pub(crate) static INT_SRC: KernelSource = KernelSource {
@@ -93,7 +99,11 @@ pub unsafe fn binary(
     } else {
         n_usize
     };
-    let src = if float { &SRC } else { &INT_SRC };
+    let src = match ty {
+        CudaType::F32 => &SRC,
+        CudaType::BF16 | CudaType::F16 => &HALF_SRC,
+        _ => &INT_SRC,
+    };
     let mut args = kernel_args![n, st, lhs, rhs, out];
     // SAFETY: argument types match `<op>_<ty>(u64, Strided, const T*, const T*, T*)`; the caller
     // guarantees the buffers.

@@ -66,13 +66,13 @@ pub struct GemmTuning {
     pub best_index: usize,
 }
 
-/// The kernel sources nearly every job uses, small enough for NVRTC to make in a second or two each: all started side
+/// The kernel sources nearly every job uses, small enough for NVRTC to make in about a second each: all started side
 /// by side as a device opens (`modules::prefetch`), so that a machine's first run compiles while it sets up.
 #[cfg(feature = "cuda")]
 fn common_sources() -> [&'static KernelSource; 14] {
     [
-        &crate::batchnorm::cuda::SRC,
         &crate::binary::cuda::SRC,
+        &crate::binary::cuda::HALF_SRC,
         &crate::binary::cuda::INT_SRC,
         &crate::layernorm::cuda::SRC,
         &crate::unary::cuda::SRC,
@@ -88,13 +88,14 @@ fn common_sources() -> [&'static KernelSource; 14] {
     ]
 }
 
-/// Attention's modules, each made alone when one of its kernels is first used: only Transformer jobs need them, and
-/// NVRTC takes seconds over each (on a 2-core machine 3-15 s per tensor-core type and width; on an H100 machine's CPU
-/// the fp32 multiply-add module took 8 s).
+/// The modules only some models use, each made alone when one of its kernels is first launched, so that a job
+/// without them never waits for NVRTC over them: batch norm (1.9 s on an H100 machine's CPU, the slowest module of the
+/// rest) and attention's, which take seconds each (on a 2-core machine 3-15 s per tensor-core type and width; on an
+/// H100 machine's CPU the fp32 multiply-add module took 8 s).
 #[cfg(feature = "cuda")]
-fn attention_sources() -> impl Iterator<Item = &'static KernelSource> {
+fn first_use_sources() -> impl Iterator<Item = &'static KernelSource> {
     use crate::attention::cuda::{BF16_SRC, F16_SRC, SRC, TF32_SRC, TF32X3_SRC};
-    std::iter::once(&SRC).chain(
+    [&crate::batchnorm::cuda::SRC, &SRC].into_iter().chain(
         [&BF16_SRC, &F16_SRC, &TF32_SRC, &TF32X3_SRC]
             .into_iter()
             .flatten(),
@@ -104,7 +105,7 @@ fn attention_sources() -> impl Iterator<Item = &'static KernelSource> {
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
 fn all_sources() -> impl Iterator<Item = &'static KernelSource> {
-    common_sources().into_iter().chain(attention_sources())
+    common_sources().into_iter().chain(first_use_sources())
 }
 
 /// Compiles every `.cu` source to PTX for `arch` (`"compute_90"`; `None`: NVRTC's default)

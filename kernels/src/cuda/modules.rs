@@ -197,7 +197,7 @@ fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
 
 /// The module image of `src` for `target`, and where it came from: the disk cache, or NVRTC (made once per
 /// process). A common module is most often made already, or being made, by [`prefetch`]; then this waits for it
-/// alone. Attention's modules are made here, when first asked for.
+/// alone. The others (batch norm's, attention's) are made here, when first asked for.
 pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
     slot(src.name, target)
         .get_or_init(|| make(src, target).map_err(|e| e.to_string()))
