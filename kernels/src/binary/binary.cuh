@@ -1,5 +1,6 @@
-// Element-wise binary ops with broadcasting through strides, comparisons (1/0) and where, in three modules compiled
-// side by side: f32 (binary.cu), bf16 and f16 (half.cu), i32 with where (int.cu).
+// Element-wise binary ops with broadcasting through strides, comparisons (1/0) and where, in five modules that NVRTC
+// makes side by side: f32's arithmetic (binary.cu) and comparisons (compare.cu), bf16's and f16's (half.cu), i32's
+// (int.cu), and where (where.cu).
 // Kernels: <op>_<dtype>(n, Strided st, a, b, out); st.s[0] = a's strides, st.s[1] = b's.
 // st.flags: 1 (every operand contiguous) takes the plain index path; 2 (the float types, aligned, n % 4 == 0) moves
 // four elements per access.

@@ -1,6 +1,6 @@
-//! CUDA element-wise binary ops (`binary.cuh`): broadcasting through strides, comparisons, where. f32's kernels
-//! (`binary.cu`), the 16-bit types' (`half.cu`) and i32's with where (`int.cu`) are three modules, so that NVRTC
-//! makes them side by side.
+//! CUDA element-wise binary ops (`binary.cuh`): broadcasting through strides, comparisons, where. f32's arithmetic
+//! (`binary.cu`) and comparisons (`compare.cu`), the 16-bit types' kernels (`half.cu`), i32's (`int.cu`) and where
+//! (`where.cu`) are five modules, so that NVRTC makes them side by side on a machine's first run.
 
 use super::BinaryOp;
 use crate::Result;
@@ -13,6 +13,11 @@ pub(crate) static SRC: KernelSource = KernelSource {
     code: concat!(include_str!("binary.cuh"), include_str!("binary.cu")),
 };
 
+pub(crate) static COMPARE_SRC: KernelSource = KernelSource {
+    name: "binary_compare",
+    code: concat!(include_str!("binary.cuh"), include_str!("compare.cu")),
+};
+
 pub(crate) static HALF_SRC: KernelSource = KernelSource {
     name: "binary_16",
     code: concat!(include_str!("binary.cuh"), include_str!("half.cu")),
@@ -21,6 +26,11 @@ pub(crate) static HALF_SRC: KernelSource = KernelSource {
 pub(crate) static INT_SRC: KernelSource = KernelSource {
     name: "binary_int",
     code: concat!(include_str!("binary.cuh"), include_str!("int.cu")),
+};
+
+pub(crate) static WHERE_SRC: KernelSource = KernelSource {
+    name: "where",
+    code: concat!(include_str!("binary.cuh"), include_str!("where.cu")),
 };
 
 fn kernel_name(op: BinaryOp, ty: CudaType) -> Option<&'static str> {
@@ -99,9 +109,13 @@ pub unsafe fn binary(
     } else {
         n_usize
     };
-    let src = match ty {
-        CudaType::F32 => &SRC,
-        CudaType::BF16 | CudaType::F16 => &HALF_SRC,
+    let src = match (ty, op) {
+        (
+            CudaType::F32,
+            BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq,
+        ) => &COMPARE_SRC,
+        (CudaType::F32, _) => &SRC,
+        (CudaType::BF16 | CudaType::F16, _) => &HALF_SRC,
         _ => &INT_SRC,
     };
     let mut args = kernel_args![n, st, lhs, rhs, out];
@@ -151,5 +165,5 @@ pub unsafe fn where_cond(
     let n = n_usize as u64;
     let mut args = kernel_args![n, st, mask, on_true, on_false, out];
     // SAFETY: matches `where_<m>_<t>(u64, Strided, const M*, const T*, const T*, T*)`.
-    unsafe { gpu.launch(&INT_SRC, name, gpu.grid(n_usize, 256), &mut args) }
+    unsafe { gpu.launch(&WHERE_SRC, name, gpu.grid(n_usize, 256), &mut args) }
 }

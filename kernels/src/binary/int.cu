@@ -1,4 +1,4 @@
-// i32 ops and where (binary.cuh).
+// i32's ops (binary.cuh).
 
 // Integer arithmetic wraps and division by zero gives 0, as on the CPU.
 BINARY_I32(add, (int)((u32)x + (u32)y))
@@ -12,10 +12,3 @@ BINARY_I32(ge, x >= y ? 1 : 0)
 BINARY_I32(lt, x < y ? 1 : 0)
 BINARY_I32(le, x <= y ? 1 : 0)
 BINARY_I32(eq, x == y ? 1 : 0)
-
-WHERE(f32, float, f32, float)
-WHERE(i32, int, f32, float)
-WHERE(u8, u8, f32, float)
-WHERE(f32, float, i32, int)
-WHERE(i32, int, i32, int)
-WHERE(u8, u8, i32, int)

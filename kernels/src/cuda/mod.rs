@@ -69,11 +69,13 @@ pub struct GemmTuning {
 /// The kernel sources nearly every job uses, small enough for NVRTC to make in about a second each: all started side
 /// by side as a device opens (`modules::prefetch`), so that a machine's first run compiles while it sets up.
 #[cfg(feature = "cuda")]
-fn common_sources() -> [&'static KernelSource; 14] {
+fn common_sources() -> [&'static KernelSource; 16] {
     [
         &crate::binary::cuda::SRC,
+        &crate::binary::cuda::COMPARE_SRC,
         &crate::binary::cuda::HALF_SRC,
         &crate::binary::cuda::INT_SRC,
+        &crate::binary::cuda::WHERE_SRC,
         &crate::layernorm::cuda::SRC,
         &crate::unary::cuda::SRC,
         &crate::reduce::cuda::SRC,
