@@ -9,8 +9,10 @@
 // mma.sync m16n8k16 (16-bit) or m16n8k8 (TF32): lane holds rows lane/4 and lane/4 + 8 and columns 2(lane%4) and +1
 // of each block of 8 in the accumulators, and the operand types below read their A operand in that layout, so one
 // product's probabilities are the next one's operand without a trip through shared memory. Tiles are [64][DP + 8]
-// (DP: d padded with zeros), and [DP][64 + 8] where a product needs the rows as its reduced side; the pad of 8 puts a
-// fragment's reads on distinct banks in either element size. No atomics: one writer per output element, so results
+// (DP: d padded with zeros). Where a product needs a tile's rows as its reduced side (v in p · v, k in ds · k, q and
+// dO in the key gradients), the 16-bit types read the same tile transposed (ldmatrix.trans), as FlashAttention does;
+// the TF32 types take a transposed copy [DP][64 + 8]. The pad of 8 puts a fragment's reads on distinct banks in either
+// element size. No atomics: one writer per output element, so results
 // are the same from run to run. mma.sync on these types needs sm_80.
 
 #if __CUDA_ARCH__ >= 800
@@ -36,6 +38,13 @@ __device__ __forceinline__ void load_blocks(u32 (&r)[4], const u16* row) {
                  : "r"(shared_address(row)));
 }
 
+// The same blocks transposed: a lane gets the pair at rows 2(lane%4) and +1, column lane/4 of each.
+__device__ __forceinline__ void load_blocks_t(u32 (&r)[4], const u16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+}
+
 // An operand type: tiles of E, products reducing K columns at a time (mma m16n8kK), and
 //   put2(p, lo, hi)              two adjacent values, rounded, at p;
 //   operand_a(a, tile, ld, r0, k0)  the lane's share of the A operand (16 x K): rows [r0, r0 + 16), columns
@@ -43,6 +52,9 @@ __device__ __forceinline__ void load_blocks(u32 (&r)[4], const u16* row) {
 //   operand_b2(b, tile, ld, n0, k0) the lane's share of two B operands (K x 8) whose columns n are rows n0 + n and
 //                                n0 + 8 + n of a tile `ld` wide, over its columns [k0, k0 + K): the first in b[0],
 //                                b[1], the second in b[2], b[3];
+//   TRANSPOSES                   whether it also has operand_b2_t(b, tile, ld, n0, k0), the same operands with the
+//                                tile's rows and columns swapped (reduced over rows [k0, k0 + K), columns n0 + n and
+//                                n0 + 8 + n), so that one tile serves as either side of a product;
 //   weights(a, w, k)             the A operand of the k-th K columns of a 16 x 32 patch w in the accumulators' layout;
 //   mma2(c0, c1, a, b)           c0 += a · the first B operand, c1 += a · the second;
 // with A and B2 the types of a lane's share of an A operand and of two B operands.
@@ -64,6 +76,7 @@ template <class T>
 struct SixteenBit : OneProduct<T> {
     using E = u16;
     static constexpr int K = 16;
+    static constexpr bool TRANSPOSES = true;
     static __device__ __forceinline__ void put2(u16* p, float lo, float hi) {
         *reinterpret_cast<u32*>(p) = T::pack(lo, hi);
     }
@@ -74,6 +87,10 @@ struct SixteenBit : OneProduct<T> {
     static __device__ __forceinline__ void operand_b2(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
         const int lane = threadIdx.x % 32, m = lane / 8;  // blocks: columns +0 / +8 (m % 2), rows +0 / +8 (m / 2)
         load_blocks(b, tile + (n0 + lane % 8 + 8 * (m / 2)) * ld + k0 + 8 * (m % 2));
+    }
+    static __device__ __forceinline__ void operand_b2_t(u32 (&b)[4], const u16* tile, int ld, int n0, int k0) {
+        const int lane = threadIdx.x % 32, m = lane / 8;  // blocks: rows +0 / +8 (m % 2), columns +0 / +8 (m / 2)
+        load_blocks_t(b, tile + (k0 + lane % 8 + 8 * (m % 2)) * ld + n0 + 8 * (m / 2));
     }
     static __device__ __forceinline__ void weights(u32 (&a)[4], const float (&w)[4][4], int k) {
         a[0] = T::pack(w[2 * k][0], w[2 * k][1]), a[1] = T::pack(w[2 * k][2], w[2 * k][3]);
@@ -106,6 +123,7 @@ SIXTEEN_BIT(F16, "f16")
 struct Tf32 : OneProduct<Tf32> {
     using E = float;
     static constexpr int K = 8;
+    static constexpr bool TRANSPOSES = false;
     static __device__ __forceinline__ u32 round(float x) {
         u32 r;
         asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -157,6 +175,7 @@ struct Tf32 : OneProduct<Tf32> {
 struct Tf32x3 {
     using E = float;
     static constexpr int K = 8;
+    static constexpr bool TRANSPOSES = false;
     struct Split {
         u32 big[4], small[4];
     };
@@ -227,7 +246,7 @@ __device__ __forceinline__ void stage(typename T::E* tile, const float* src, u64
     }
 }
 
-// The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows.
+// The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows (TF32 types only).
 template <class T, int DP>
 __device__ __forceinline__ void stage_t(typename T::E* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
     constexpr int PER = TC_ROWS / 2 * DP / TC_THREADS, BATCH = TC_BATCH;
@@ -267,11 +286,24 @@ __device__ __forceinline__ void dots(float (&s)[4][4], const typename T::E* x, i
     }
 }
 
-// acc (16 x DP) += w · rows [k0, k0 + 32) of the other side, w the 16 x 32 weights from `dots`' layout and vt
-// those rows transposed ([DP][64 + 8]).
+// The tile of the other side's rows for `accumulate` to read: `rows` itself ([64][DP + 8]) where T reads tiles
+// transposed, else those rows staged transposed ([DP][64 + 8]) into `copy` from src (as `stage`'s).
 template <class T, int DP>
-__device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float (&w)[4][4], const typename T::E* vt,
-                                                 int k0) {
+__device__ __forceinline__ const typename T::E* across(const typename T::E* rows, typename T::E* copy,
+                                                       const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+    if constexpr (T::TRANSPOSES) {
+        return rows;
+    } else {
+        stage_t<T, DP>(copy, src, stride, r0, len, d);
+        return copy;
+    }
+}
+
+// acc (16 x DP) += w · rows [k0, k0 + 32) of the other side, w the 16 x 32 weights from `dots`' layout and `rows`
+// those rows as `across` gives them.
+template <class T, int DP>
+__device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float (&w)[4][4],
+                                           const typename T::E* rows, int k0) {
 #pragma unroll
     for (int k = 0; k < TC_CHUNK / T::K; ++k) {
         typename T::A a;
@@ -279,7 +311,10 @@ __device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float 
 #pragma unroll
         for (int n = 0; n < DP / 8; n += 2) {
             typename T::B2 b;
-            T::operand_b2(b, vt, TC_LDT, 8 * n, k0 + T::K * k);
+            if constexpr (T::TRANSPOSES)
+                T::operand_b2_t(b, rows, DP + 8, 8 * n, k0 + T::K * k);
+            else
+                T::operand_b2(b, rows, TC_LDT, 8 * n, k0 + T::K * k);
             T::mma2(acc[n], acc[n + 1], a, b);
         }
     }
@@ -346,14 +381,14 @@ __device__ __forceinline__ void hide(float (&s)[4][4], float v, u64 r0, u64 c0, 
 
 extern __shared__ uint4 tc_smem[];
 
-// Grid (groups, query tiles); shared: the q and k tiles, the v tile transposed.
+// Grid (groups, query tiles); shared: the q, k and v tiles (v's transposed for the TF32 types).
 template <class T, int DP>
 __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const float* mask, float* out, float* lse) {
     using E = typename T::E;
     E* qs = reinterpret_cast<E*>(tc_smem);
     E* ks = qs + TC_ROWS * (DP + 8);
-    E* vt = ks + TC_ROWS * (DP + 8);
+    E* vs = ks + TC_ROWS * (DP + 8);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;  // causal: longest tiles first
@@ -366,7 +401,10 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     for (u64 j0 = 0; j0 < kend; j0 += TC_ROWS) {
         __syncthreads();  // the last tiles are read
         stage<T, DP>(ks, base + width, stride, j0, len, d);
-        stage_t<T, DP>(vt, base + 2 * width, stride, j0, len, d);
+        if constexpr (T::TRANSPOSES)
+            stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
+        else
+            stage_t<T, DP>(vs, base + 2 * width, stride, j0, len, d);
         __syncthreads();
 #pragma unroll
         for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
@@ -400,7 +438,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
                     s[n][e] = s[n][e] == NEG_INF ? 0.0f : exp2f(s[n][e] - m[h]);
                     l[h] += s[n][e];  // this lane's share; the row's is summed at the end
                 }
-            accumulate<T, DP>(acc, s, vt, c0);
+            accumulate<T, DP>(acc, s, vs, c0);
         }
     }
     float inv[2];
@@ -415,7 +453,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 }
 
 // The query gradient, and delta = rowsum(dO ∘ O) for grad_kv. Grid as the forward's; shared: the q, dO, k and v
-// tiles, the k tile transposed.
+// tiles, and for the TF32 types the k tile transposed.
 template <class T, int DP>
 __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                        const float* mask, const float* out, const float* lse, const float* dout, float* delta,
@@ -426,7 +464,7 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     E* dos = qs + TILE;
     E* ks = dos + TILE;
     E* vs = ks + TILE;
-    E* kt = vs + TILE;
+    E* kcopy = vs + TILE;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;
@@ -458,7 +496,7 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
         __syncthreads();
         stage<T, DP>(ks, base + width, stride, j0, len, d);
         stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
-        stage_t<T, DP>(kt, base + width, stride, j0, len, d);
+        const E* kt = across<T, DP>(ks, kcopy, base + width, stride, j0, len, d);
         __syncthreads();
 #pragma unroll
         for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
@@ -477,8 +515,8 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     store<DP>(dqkv + seq * len * stride + head * d, stride, r0, len, d, acc, scale, scale);
 }
 
-// The key and value gradients. Grid (groups, key tiles); shared: the k, v, q and dO tiles, the q and dO tiles
-// transposed, the query tile's lse (base 2) and delta.
+// The key and value gradients. Grid (groups, key tiles); shared: the k, v, q and dO tiles, for the TF32 types the q
+// and dO tiles transposed, the query tile's lse (base 2) and delta.
 template <class T, int DP>
 __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const float* mask, const float* lse, const float* dout, const float* delta, float* dqkv) {
@@ -488,9 +526,8 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     E* vs = ks + TILE;
     E* qs = vs + TILE;
     E* dos = qs + TILE;
-    E* qt = dos + TILE;
-    E* dot = qt + DP * TC_LDT;
-    float* ls = reinterpret_cast<float*>(dot + DP * TC_LDT);
+    E* copies = dos + TILE;  // [2][DP][64 + 8] for the TF32 types
+    float* ls = reinterpret_cast<float*>(copies + (T::TRANSPOSES ? 0 : 2 * DP * TC_LDT));
     float* dls = ls + TC_ROWS;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
@@ -506,8 +543,8 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
         __syncthreads();
         stage<T, DP>(qs, base, stride, q0, len, d);
         stage<T, DP>(dos, douts, width, q0, len, d);
-        stage_t<T, DP>(qt, base, stride, q0, len, d);
-        stage_t<T, DP>(dot, douts, width, q0, len, d);
+        const E* qt = across<T, DP>(qs, copies, base, stride, q0, len, d);
+        const E* dot = across<T, DP>(dos, copies + DP * TC_LDT, douts, width, q0, len, d);
         for (int t = threadIdx.x; t < TC_ROWS; t += TC_THREADS) {
             ls[t] = q0 + t < len ? lse[g * len + q0 + t] * LOG2E : 0.0f;
             dls[t] = q0 + t < len ? delta[g * len + q0 + t] : 0.0f;
