@@ -17,7 +17,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels",
 lib = ctypes.CDLL(sys.argv[1] if len(sys.argv) > 1 else "/usr/local/cuda/lib64/libnvrtc.so")
 ARCH = sys.argv[2] if len(sys.argv) > 2 else "sm_90"
 # tensor_core.cu is one module per operand type and padded head width (attention/cuda.rs)
-TENSOR_CORE = {"bf16": "Bf16", "f16": "F16", "tf32": "Tf32", "tf32x3": "Tf32x3"}
+TENSOR_CORE = {"bf16": ("Bf16", "PACKED_KERNELS"), "f16": ("F16", "PACKED_KERNELS"),
+               "tf32": ("Tf32", "TENSOR_CORE_KERNELS"), "tf32x3": ("Tf32x3", "TENSOR_CORE_KERNELS")}
 
 
 def compile_cubin(name, src):
@@ -41,9 +42,9 @@ def modules():
         body = headers + open(cu).read()
         name = os.path.relpath(cu, ROOT)
         if name.endswith("tensor_core.cu"):
-            for ty, t in TENSOR_CORE.items():
+            for ty, (t, kernels) in TENSOR_CORE.items():
                 for dp in (32, 64, 128):
-                    defines = f"#define TC_TY {ty}\n#define TC_T {t}\n#define TC_DP {dp}\n"
+                    defines = f"#define TC_KERNELS {kernels}\n#define TC_TY {ty}\n#define TC_T {t}\n#define TC_DP {dp}\n"
                     yield f"attention_{ty}_{dp}", common + defines + body
         else:
             yield name, common + body

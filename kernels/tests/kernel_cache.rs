@@ -50,17 +50,20 @@ fn run_attention() {
     let qkv: Vec<f32> = (0..shape.qkv_len())
         .map(|i| ((i * 7 % 13) as f32 - 6.0) / 6.0)
         .collect();
-    let (x, out, lse) = (
+    let math = AttentionMath::Bf16;
+    let (x, out, lse, packed) = (
         g.alloc(4 * qkv.len()).unwrap(),
         g.alloc(4 * shape.out_len()).unwrap(),
         g.alloc(4 * shape.lse_len()).unwrap(),
+        g.alloc(attention::packed_bytes(&g, &shape, math, false).unwrap())
+            .unwrap(),
     );
     let mut y = vec![0f32; shape.out_len()];
-    // SAFETY: each buffer holds the f32 count `shape` gives it; no mask (mask_rows 0).
+    // SAFETY: each buffer holds the f32 count `shape` gives it, packed its bytes; no mask (mask_rows 0).
     unsafe {
         g.htod(x.ptr(), bytemuck::cast_slice(&qkv)).unwrap();
         let (inputs, outputs) = ((x.ptr(), 0), (out.ptr(), lse.ptr()));
-        attention::forward(&g, &shape, AttentionMath::Bf16, inputs, outputs).unwrap();
+        attention::forward(&g, &shape, math, inputs, packed.ptr(), outputs).unwrap();
         g.dtoh(out.ptr(), bytemuck::cast_slice_mut(&mut y)).unwrap();
     }
     assert!(y.iter().all(|v| v.is_finite()) && y.iter().any(|&v| v != 0.0));

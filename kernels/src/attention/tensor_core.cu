@@ -1,8 +1,9 @@
 // Fused self-attention on tensor cores: attention.cu's three kernels with their products in a 16-bit type (bf16 or
 // f16) or in TF32, summed in fp32, as PyTorch's flash SDPA runs under autocast, or in three TF32 products for fp32
-// accuracy (Tf32x3, the fp32 policy). Inputs, outputs, log-sum-exps and the softmax stay f32: rows are rounded to the
-// operand type as they are staged in shared memory (Tf32x3: split as they are read), and probabilities and score
-// gradients as they become the next product's operand.
+// accuracy (Tf32x3, the fp32 policy). Inputs, outputs, log-sum-exps and the softmax stay f32. For the 16-bit types
+// q, k, v (and dO) are first packed in the operand type (attention_pack_*), so that a tile reaches shared memory in
+// 16-byte copies with no conversion on the way (cp.async); the TF32 types round rows as they stage them (Tf32x3:
+// split as they are read). Probabilities and score gradients are rounded as they become the next product's operand.
 //
 // A block of 4 warps takes a tile of 64 rows (queries in the forward pass and dq, keys in dk and dv) of one
 // (sequence, head), 16 rows a warp, and walks the other side's tiles of 64 rows, 32 columns at a time. Products are
@@ -22,8 +23,8 @@
 #define TC_THREADS 128
 #define TC_LDT (TC_ROWS + 8)
 
-// A shared-memory address as ldmatrix takes it.
-__device__ __forceinline__ u32 shared_address(const u16* p) {
+// A shared-memory address as ldmatrix and cp.async take it.
+__device__ __forceinline__ u32 shared_address(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
@@ -55,6 +56,9 @@ __device__ __forceinline__ void load_blocks_t(u32 (&r)[4], const u16* row) {
 //   TRANSPOSES                   whether it also has operand_b2_t(b, tile, ld, n0, k0), the same operands with the
 //                                tile's rows and columns swapped (reduced over rows [k0, k0 + K), columns n0 + n and
 //                                n0 + 8 + n), so that one tile serves as either side of a product;
+//   PACKED                       whether tiles are staged from copies packed in the type (pack; half the bytes of
+//                                f32, and no conversion as a tile is staged) rather than from the f32 tensors (a
+//                                TF32 copy would take as much memory as its tensor);
 //   weights(a, w, k)             the A operand of the k-th K columns of a 16 x 32 patch w in the accumulators' layout;
 //   mma2(c0, c1, a, b)           c0 += a · the first B operand, c1 += a · the second;
 // with A and B2 the types of a lane's share of an A operand and of two B operands.
@@ -76,7 +80,7 @@ template <class T>
 struct SixteenBit : OneProduct<T> {
     using E = u16;
     static constexpr int K = 16;
-    static constexpr bool TRANSPOSES = true;
+    static constexpr bool TRANSPOSES = true, PACKED = true;
     static __device__ __forceinline__ void put2(u16* p, float lo, float hi) {
         *reinterpret_cast<u32*>(p) = T::pack(lo, hi);
     }
@@ -123,7 +127,7 @@ SIXTEEN_BIT(F16, "f16")
 struct Tf32 : OneProduct<Tf32> {
     using E = float;
     static constexpr int K = 8;
-    static constexpr bool TRANSPOSES = false;
+    static constexpr bool TRANSPOSES = false, PACKED = false;
     static __device__ __forceinline__ u32 round(float x) {
         u32 r;
         asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -175,7 +179,7 @@ struct Tf32 : OneProduct<Tf32> {
 struct Tf32x3 {
     using E = float;
     static constexpr int K = 8;
-    static constexpr bool TRANSPOSES = false;
+    static constexpr bool TRANSPOSES = false, PACKED = false;
     struct Split {
         u32 big[4], small[4];
     };
@@ -216,6 +220,45 @@ struct Tf32x3 {
     }
 };
 
+// Packs rows of q, k and v (blockIdx.z = 0, 1, 2 of qkv, rows `stride` apart) or of dO (z = 0 of dout) in the
+// operand type: [parts][groups][tiles][64][DP], a (sequence, head)'s rows padded to whole tiles and its columns to
+// DP with zeros, so that staging a tile needs neither bounds nor conversion. Grid (groups, tiles, parts).
+template <class T, int DP>
+__device__ void pack(u64 len, u64 heads, u64 d, u64 stride, const float* src, typename T::E* dst) {
+    const u64 g = blockIdx.x, tile = blockIdx.y, groups = gridDim.x, tiles = gridDim.y;
+    const float* from = src + (g / heads) * len * stride + blockIdx.z * heads * d + (g % heads) * d;
+    typename T::E* to = dst + ((blockIdx.z * groups + g) * tiles + tile) * TC_ROWS * DP;
+    for (int e = threadIdx.x; e < TC_ROWS * DP / 2; e += TC_THREADS) {
+        const int r = e / (DP / 2), c = 2 * (e % (DP / 2));
+        const u64 row = tile * TC_ROWS + r;
+        const float* p = from + row * stride + c;
+        const bool in = row < len;
+        T::put2(to + r * DP + c, in && c < d ? p[0] : 0.0f, in && c + 1 < d ? p[1] : 0.0f);
+    }
+}
+
+// 16 bytes from global to shared memory, not through registers.
+__device__ __forceinline__ void copy16(void* shared, const void* global) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(shared)), "l"(global) : "memory");
+}
+
+// Waits for this thread's copies; a __syncthreads() after it makes every thread's visible.
+__device__ __forceinline__ void landed() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// A packed tile (64 rows of DP, see pack) into a tile [64][DP + 8], by copies that have landed after landed().
+template <class T, int DP>
+__device__ __forceinline__ void copy_tile(typename T::E* tile, const typename T::E* src) {
+    // 16-byte pieces a row, elements a piece, rows a round of the block's threads
+    constexpr int PIECES = DP * sizeof(typename T::E) / 16, PER = 16 / sizeof(typename T::E), STEP = TC_THREADS / PIECES;
+    const int r = threadIdx.x / PIECES, c = threadIdx.x % PIECES * PER;
+    tile += r * (DP + 8) + c;
+    src += r * DP + c;
+#pragma unroll
+    for (int i = 0; i < TC_ROWS / STEP; ++i) copy16(tile + i * STEP * (DP + 8), src + i * STEP * DP);
+}
+
 // Loads in flight per thread while a tile is staged (pairs of columns).
 #define TC_BATCH 8
 
@@ -223,7 +266,7 @@ struct Tf32x3 {
 // rows past len and columns past d are zero. Pairs of columns are read as one 8-byte load where d is even (every
 // pair is then aligned: strides and head offsets are multiples of d) and src is.
 template <class T, int DP>
-__device__ __forceinline__ void stage(typename T::E* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+__device__ __forceinline__ void convert(typename T::E* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
     constexpr int PER = TC_ROWS * DP / 2 / TC_THREADS, BATCH = TC_BATCH;
     const bool pairs = d % 2 == 0 && reinterpret_cast<u64>(src) % 8 == 0;
     for (int b0 = 0; b0 < PER; b0 += BATCH) {
@@ -267,6 +310,41 @@ __device__ __forceinline__ void stage_t(typename T::E* tile, const float* src, u
     }
 }
 
+// A (sequence, head)'s rows of q, k, v and dO: in the f32 tensors (`rows`, `stride` apart, len rows of d columns),
+// and where T::PACKED in T's type (`packed`, see pack).
+enum Part { Q, K, V, DO };
+template <class T>
+struct Inputs {
+    const float* rows[4];
+    u64 stride[4], len, d;
+    const typename T::E* packed[4];
+};
+
+// The inputs of this block's group (blockIdx.x); dout and, unless T::PACKED, packed may be null.
+template <class T, int DP>
+__device__ __forceinline__ Inputs<T> inputs(u64 len, u64 heads, u64 d, const float* qkv, const float* dout,
+                                            const typename T::E* packed) {
+    const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d;
+    const u64 part = (u64)gridDim.x * gridDim.y * TC_ROWS * DP, mine = g * gridDim.y * TC_ROWS * DP;
+    Inputs<T> in{};
+    for (int p = Q; p <= V; ++p) in.rows[p] = qkv + seq * len * 3 * width + p * width + head * d, in.stride[p] = 3 * width;
+    if (dout) in.rows[DO] = dout + seq * len * width + head * d, in.stride[DO] = width;
+    if constexpr (T::PACKED)
+        for (int p = Q; p <= DO; ++p) in.packed[p] = packed + p * part + mine;
+    in.len = len, in.d = d;
+    return in;
+}
+
+// Rows [r0, r0 + 64) of part p into a tile [64][DP + 8]: copies of the packed rows where T::PACKED (landed after
+// landed()), else converted from the f32 tensor.
+template <class T, int DP>
+__device__ __forceinline__ void stage(typename T::E* tile, const Inputs<T>& in, Part p, u64 r0) {
+    if constexpr (T::PACKED)
+        copy_tile<T, DP>(tile, in.packed[p] + r0 * DP);
+    else
+        convert<T, DP>(tile, in.rows[p], in.stride[p], r0, in.len, in.d);
+}
+
 // s = rows [r0, r0 + 16) of tile x · rows [n0, n0 + 32) of tile y (both [64][DP + 8]), as four 16 x 8 blocks.
 template <class T, int DP>
 __device__ __forceinline__ void dots(float (&s)[4][4], const typename T::E* x, int r0, const typename T::E* y,
@@ -286,15 +364,15 @@ __device__ __forceinline__ void dots(float (&s)[4][4], const typename T::E* x, i
     }
 }
 
-// The tile of the other side's rows for `accumulate` to read: `rows` itself ([64][DP + 8]) where T reads tiles
-// transposed, else those rows staged transposed ([DP][64 + 8]) into `copy` from src (as `stage`'s).
+// The tile of part p's rows [r0, r0 + 64) for `accumulate` to read: `rows`, where they are staged already
+// ([64][DP + 8]), where T reads tiles transposed, else those rows staged transposed ([DP][64 + 8]) into `copy`.
 template <class T, int DP>
 __device__ __forceinline__ const typename T::E* across(const typename T::E* rows, typename T::E* copy,
-                                                       const float* src, u64 stride, u64 r0, u64 len, u64 d) {
+                                                       const Inputs<T>& in, Part p, u64 r0) {
     if constexpr (T::TRANSPOSES) {
         return rows;
     } else {
-        stage_t<T, DP>(copy, src, stride, r0, len, d);
+        stage_t<T, DP>(copy, in.rows[p], in.stride[p], r0, in.len, in.d);
         return copy;
     }
 }
@@ -384,27 +462,28 @@ extern __shared__ uint4 tc_smem[];
 // Grid (groups, query tiles); shared: the q, k and v tiles (v's transposed for the TF32 types).
 template <class T, int DP>
 __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
-                        const float* mask, float* out, float* lse) {
+                        const typename T::E* packed, const float* mask, float* out, float* lse) {
     using E = typename T::E;
     E* qs = reinterpret_cast<E*>(tc_smem);
     E* ks = qs + TC_ROWS * (DP + 8);
     E* vs = ks + TC_ROWS * (DP + 8);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
+    const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;  // causal: longest tiles first
-    const float* base = qkv + seq * len * stride + head * d;
+    const Inputs<T> in = inputs<T, DP>(len, heads, d, qkv, nullptr, packed);
     const float* keep = mask_rows ? mask + (seq % mask_rows) * len : nullptr;
     const float c2 = scale * LOG2E;  // scores in base 2
-    stage<T, DP>(qs, base, stride, i0, len, d);
+    stage<T, DP>(qs, in, Q, i0);
     float acc[DP / 8][4] = {}, m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
     const u64 kend = causal ? min(len, i0 + TC_ROWS) : len;
     for (u64 j0 = 0; j0 < kend; j0 += TC_ROWS) {
         __syncthreads();  // the last tiles are read
-        stage<T, DP>(ks, base + width, stride, j0, len, d);
+        stage<T, DP>(ks, in, K, j0);
         if constexpr (T::TRANSPOSES)
-            stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
+            stage<T, DP>(vs, in, V, j0);
         else
-            stage_t<T, DP>(vs, base + 2 * width, stride, j0, len, d);
+            stage_t<T, DP>(vs, in.rows[V], in.stride[V], j0, len, d);
+        landed();
         __syncthreads();
 #pragma unroll
         for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
@@ -452,12 +531,12 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     store<DP>(out + seq * len * width + head * d, width, r0, len, d, acc, inv[0], inv[1]);
 }
 
-// The query gradient, and delta = rowsum(dO ∘ O) for grad_kv. Grid as the forward's; shared: the q, dO, k and v
-// tiles, and for the TF32 types the k tile transposed.
+// The query gradient, and delta = rowsum(dO ∘ O) for grad_kv. Grid as the forward's; packed: q, k, v, then dO;
+// shared: the q, dO, k and v tiles, and for the TF32 types the k tile transposed.
 template <class T, int DP>
 __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
-                       const float* mask, const float* out, const float* lse, const float* dout, float* delta,
-                       float* dqkv) {
+                       const typename T::E* packed, const float* mask, const float* out, const float* lse,
+                       const float* dout, float* delta, float* dqkv) {
     constexpr int TILE = TC_ROWS * (DP + 8);
     using E = typename T::E;
     E* qs = reinterpret_cast<E*>(tc_smem);
@@ -468,12 +547,12 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;
-    const float* base = qkv + seq * len * stride + head * d;
+    const Inputs<T> in = inputs<T, DP>(len, heads, d, qkv, dout, packed);
     const float* keep = mask_rows ? mask + (seq % mask_rows) * len : nullptr;
     const u64 orow = seq * len * width + head * d;  // this head's column block of out and dout
     const float c2 = scale * LOG2E;
-    stage<T, DP>(qs, base, stride, i0, len, d);
-    stage<T, DP>(dos, dout + orow, width, i0, len, d);
+    stage<T, DP>(qs, in, Q, i0);
+    stage<T, DP>(dos, in, DO, i0);
     // The lane's rows' deltas in f32: the 4 lanes of a row take every fourth column, all loads in flight at once.
     float dl[2], l2[2];
 #pragma unroll
@@ -494,9 +573,10 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     const u64 kend = causal ? min(len, i0 + TC_ROWS) : len;
     for (u64 j0 = 0; j0 < kend; j0 += TC_ROWS) {
         __syncthreads();
-        stage<T, DP>(ks, base + width, stride, j0, len, d);
-        stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
-        const E* kt = across<T, DP>(ks, kcopy, base + width, stride, j0, len, d);
+        stage<T, DP>(ks, in, K, j0);
+        stage<T, DP>(vs, in, V, j0);
+        const E* kt = across<T, DP>(ks, kcopy, in, K, j0);
+        landed();
         __syncthreads();
 #pragma unroll
         for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
@@ -515,11 +595,12 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     store<DP>(dqkv + seq * len * stride + head * d, stride, r0, len, d, acc, scale, scale);
 }
 
-// The key and value gradients. Grid (groups, key tiles); shared: the k, v, q and dO tiles, for the TF32 types the q
-// and dO tiles transposed, the query tile's lse (base 2) and delta.
+// The key and value gradients. Grid (groups, key tiles); packed as grad_q's; shared: the k, v, q and dO tiles, for
+// the TF32 types the q and dO tiles transposed, the query tile's lse (base 2) and delta.
 template <class T, int DP>
 __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
-                        const float* mask, const float* lse, const float* dout, const float* delta, float* dqkv) {
+                        const typename T::E* packed, const float* mask, const float* lse, const float* dout,
+                        const float* delta, float* dqkv) {
     constexpr int TILE = TC_ROWS * (DP + 8);
     using E = typename T::E;
     E* ks = reinterpret_cast<E*>(tc_smem);
@@ -532,23 +613,23 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 j0 = (u64)blockIdx.y * TC_ROWS, r0 = j0 + 16 * w;  // causal: the first key tiles see the most queries
-    const float* base = qkv + seq * len * stride + head * d;
-    const float* douts = dout + seq * len * width + head * d;
+    const Inputs<T> in = inputs<T, DP>(len, heads, d, qkv, dout, packed);
     const float* keep = mask_rows ? mask + (seq % mask_rows) * len : nullptr;
     const float c2 = scale * LOG2E;
-    stage<T, DP>(ks, base + width, stride, j0, len, d);
-    stage<T, DP>(vs, base + 2 * width, stride, j0, len, d);
+    stage<T, DP>(ks, in, K, j0);
+    stage<T, DP>(vs, in, V, j0);
     float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
     for (u64 q0 = causal ? j0 : 0; q0 < len; q0 += TC_ROWS) {
         __syncthreads();
-        stage<T, DP>(qs, base, stride, q0, len, d);
-        stage<T, DP>(dos, douts, width, q0, len, d);
-        const E* qt = across<T, DP>(qs, copies, base, stride, q0, len, d);
-        const E* dot = across<T, DP>(dos, copies + DP * TC_LDT, douts, width, q0, len, d);
+        stage<T, DP>(qs, in, Q, q0);
+        stage<T, DP>(dos, in, DO, q0);
+        const E* qt = across<T, DP>(qs, copies, in, Q, q0);
+        const E* dot = across<T, DP>(dos, copies + DP * TC_LDT, in, DO, q0);
         for (int t = threadIdx.x; t < TC_ROWS; t += TC_THREADS) {
             ls[t] = q0 + t < len ? lse[g * len + q0 + t] * LOG2E : 0.0f;
             dls[t] = q0 + t < len ? delta[g * len + q0 + t] : 0.0f;
         }
+        landed();
         __syncthreads();
 #pragma unroll
         for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
@@ -580,35 +661,43 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 // Entry points per operand type and padded head width DP (32, 64, 128).
 #define TENSOR_CORE_KERNELS(TY, T, DP)                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_forward_##TY##_##DP(                      \
-        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
-        float* out, float* lse) {                                                                                \
-        forward<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse);                            \
+        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const T::E* packed, \
+        const float* mask, float* out, float* lse) {                                                             \
+        forward<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, packed, mask, out, lse);                    \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_grad_q_##TY##_##DP(                       \
-        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
-        const float* out, const float* lse, const float* dout, float* delta, float* dqkv) {                     \
-        grad_q<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, out, lse, dout, delta, dqkv);          \
+        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const T::E* packed, \
+        const float* mask, const float* out, const float* lse, const float* dout, float* delta, float* dqkv) {   \
+        grad_q<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, packed, mask, out, lse, dout, delta, dqkv);  \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_grad_kv_##TY##_##DP(                      \
-        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const float* mask,  \
-        const float* lse, const float* dout, const float* delta, float* dqkv) {                                 \
-        grad_kv<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, mask, lse, dout, delta, dqkv);              \
+        u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv, const T::E* packed, \
+        const float* mask, const float* lse, const float* dout, const float* delta, float* dqkv) {              \
+        grad_kv<T, DP>(len, heads, d, scale, causal, mask_rows, qkv, packed, mask, lse, dout, delta, dqkv);      \
     }
 
-#define TENSOR_CORE_WIDTHS(TY, T) \
-    TENSOR_CORE_KERNELS(TY, T, 32) TENSOR_CORE_KERNELS(TY, T, 64) TENSOR_CORE_KERNELS(TY, T, 128)
-#define TENSOR_CORE_WIDTH(TY, T, DP) TENSOR_CORE_KERNELS(TY, T, DP)
+// A PACKED type's kernels, with the one that packs their inputs.
+#define PACKED_KERNELS(TY, T, DP)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_pack_##TY##_##DP(                         \
+        u64 len, u64 heads, u64 d, u64 stride, const float* src, T::E* dst) {                                    \
+        pack<T, DP>(len, heads, d, stride, src, dst);                                                            \
+    }                                                                                                            \
+    TENSOR_CORE_KERNELS(TY, T, DP)
 
-// Each operand type at each width is a module of its own (attention/cuda.rs defines TC_TY, TC_T and TC_DP before this
-// file), so that a run compiles only what it uses; read alone, as `cargo xtask cuda-check` reads it, the file takes
-// them all.
+#define TENSOR_CORE_WIDTHS(KERNELS, TY, T) KERNELS(TY, T, 32) KERNELS(TY, T, 64) KERNELS(TY, T, 128)
+// One module's: a macro between, so that TC_TY and TC_DP are expanded before they are pasted into names.
+#define TENSOR_CORE_MODULE(KERNELS, TY, T, DP) KERNELS(TY, T, DP)
+
+// Each operand type at each width is a module of its own (attention/cuda.rs defines TC_KERNELS, TC_TY, TC_T and TC_DP
+// before this file), so that a run compiles only what it uses; read alone, as `cargo xtask cuda-check` reads it, the
+// file takes them all.
 #ifdef TC_T
-TENSOR_CORE_WIDTH(TC_TY, TC_T, TC_DP)
+TENSOR_CORE_MODULE(TC_KERNELS, TC_TY, TC_T, TC_DP)
 #else
-TENSOR_CORE_WIDTHS(bf16, Bf16)
-TENSOR_CORE_WIDTHS(f16, F16)
-TENSOR_CORE_WIDTHS(tf32, Tf32)
-TENSOR_CORE_WIDTHS(tf32x3, Tf32x3)
+TENSOR_CORE_WIDTHS(PACKED_KERNELS, bf16, Bf16)
+TENSOR_CORE_WIDTHS(PACKED_KERNELS, f16, F16)
+TENSOR_CORE_WIDTHS(TENSOR_CORE_KERNELS, tf32, Tf32)
+TENSOR_CORE_WIDTHS(TENSOR_CORE_KERNELS, tf32x3, Tf32x3)
 #endif
 
 #endif

@@ -32,6 +32,20 @@ fn mask_ptr(op: &'static str, qkv: &CudaStorage, mask: Option<&CudaStorage>) -> 
     }
 }
 
+impl CudaStorage {
+    /// Scratch for the tensor-core kernels' packed inputs ([`attention_cuda::packed_bytes`]), from this tensor's
+    /// tenant; one byte where the kernels read their inputs as they are.
+    fn packed(
+        &self,
+        shape: &AttentionShape,
+        math: AttentionMath,
+        backward: bool,
+    ) -> Result<CudaStorage> {
+        let bytes = attention_cuda::packed_bytes(&self.gpu, shape, math, backward)?;
+        self.sibling(bytes.max(1), DType::U8)
+    }
+}
+
 impl Attention for CudaStorage {
     /// # Errors
     /// Not f32, a head wider than the kernels take, out of memory, or a launch failure.
@@ -42,15 +56,19 @@ impl Attention for CudaStorage {
     ) -> Result<(CudaStorage, CudaStorage)> {
         want("attention", self, &[DType::F32])?;
         let m = mask_ptr("attention", self, mask)?;
+        let math = math();
         let out = self.sibling(shape.out_len(), DType::F32)?;
         let lse = self.sibling(shape.lse_len(), DType::F32)?;
-        // SAFETY: self, the mask, out and lse hold the f32 counts `shape` gives them (checked by the tensor).
+        let packed = self.packed(shape, math, false)?;
+        // SAFETY: self, the mask, out and lse hold the f32 counts `shape` gives them (checked by the tensor), packed
+        // its bytes; packed is freed as the call returns, which the stream orders after the kernels.
         unsafe {
             attention_cuda::forward(
                 &self.gpu,
                 shape,
-                math(),
+                math,
                 (self.device_ptr(), m),
+                packed.device_ptr(),
                 (out.device_ptr(), lse.device_ptr()),
             )?
         };
@@ -71,15 +89,18 @@ impl Attention for CudaStorage {
             same_device(OP, self, s)?;
         }
         let m = mask_ptr(OP, self, mask)?;
+        let math = math();
         let delta = self.sibling(shape.lse_len(), DType::F32)?;
+        let packed = self.packed(shape, math, true)?;
         let dqkv = self.sibling(shape.qkv_len(), DType::F32)?;
-        // SAFETY: every buffer holds the f32 count `shape` gives it (checked by the tensor); delta is scratch of the
-        // log-sum-exps' size, kept alive until the kernels that use it are queued (the stream orders its reuse).
+        // SAFETY: every buffer holds the f32 count `shape` gives it (checked by the tensor); delta and packed are
+        // scratch of their sizes, kept alive until the kernels that use them are queued (the stream orders their
+        // reuse).
         unsafe {
             attention_cuda::backward(
                 &self.gpu,
                 shape,
-                math(),
+                math,
                 (
                     self.device_ptr(),
                     m,
@@ -87,7 +108,7 @@ impl Attention for CudaStorage {
                     lse.device_ptr(),
                     dout.device_ptr(),
                 ),
-                delta.device_ptr(),
+                (delta.device_ptr(), packed.device_ptr()),
                 dqkv.device_ptr(),
             )?
         };
