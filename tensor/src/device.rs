@@ -68,6 +68,19 @@ impl Device {
         matches!(self, Device::Cuda(_))
     }
 
+    /// Opens the device now rather than at its first use (a no-op on the CPU): on CUDA its context, and the kernel
+    /// modules nearly every job uses start compiling in the background, so that a machine's first run compiles them
+    /// while it loads its data.
+    ///
+    /// # Errors
+    /// When the device is unavailable.
+    pub fn open(&self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(n) => crate::cuda::open(*n),
+        }
+    }
+
     /// Waits until all work queued on the device has finished (a no-op on the CPU).
     ///
     /// # Errors

@@ -531,6 +531,11 @@ pub fn device_count() -> Result<usize> {
     Ok(0)
 }
 
+/// Opens the device.
+pub fn open(ordinal: usize) -> Result<()> {
+    Err(unavailable("open", ordinal))
+}
+
 /// Waits for all work queued on the device.
 pub fn synchronize(ordinal: usize) -> Result<()> {
     Err(unavailable("synchronize", ordinal))

@@ -257,6 +257,14 @@ pub fn device_count() -> Result<usize> {
     })
 }
 
+/// Opens device `ordinal` (its context; the kernels nearly every job uses start compiling in the background).
+///
+/// # Errors
+/// No such device, or the driver failed.
+pub fn open(ordinal: usize) -> Result<()> {
+    gpu(ordinal).map(drop)
+}
+
 /// Waits for all work queued on the device; reports an index error a kernel flagged meanwhile.
 ///
 /// # Errors

@@ -34,6 +34,9 @@ impl Cohort {
         cohort_tensor::set_deterministic(config.run.deterministic);
         crate::kernel_cache::configure();
         let device = cards.first().map_or(Device::Cpu, |&n| Device::Cuda(n));
+        // Opened now, after the last environment change (its kernels compile on threads of their own), so that a
+        // machine's first run compiles them while it loads its data.
+        device.open()?;
         let config_dir = run
             .config_dir()
             .or_else(|| Path::new(&config.file).parent().map(Path::to_path_buf));
