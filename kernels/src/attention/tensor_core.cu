@@ -417,6 +417,14 @@ __device__ __forceinline__ void store(float* dst, u64 stride, u64 r0, u64 len, u
     }
 }
 
+// 2^x by the SFU alone, subnormal results flushed to zero (a weight below 2^-126 is none): exp2f spends three more
+// instructions a value keeping them, and the softmax takes one a score.
+__device__ __forceinline__ float exp2_sfu(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Max and sum over the 4 lanes that share a row.
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -488,12 +496,9 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 #pragma unroll
         for (int c0 = 0; c0 < TC_ROWS; c0 += TC_CHUNK) {
             if (!meets(r0, j0 + c0, len, causal, true)) continue;
-            float s[4][4], mx[2] = {NEG_INF, NEG_INF};
+            // scores unscaled (scale > 0 keeps their order), scaled to base 2 inside the exponent: exp2(s c2 - m c2)
+            float s[4][4], mx[2] = {NEG_INF, NEG_INF}, mc[2];
             dots<T, DP>(s, qs, 16 * w, ks, c0);
-#pragma unroll
-            for (int n = 0; n < 4; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[n][e] *= c2;
             if (!sees_all(r0, j0 + c0, len, causal, true, keep)) hide(s, NEG_INF, r0, j0 + c0, len, causal, keep, true);
 #pragma unroll
             for (int n = 0; n < 4; ++n)
@@ -502,9 +507,11 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float mn = fmaxf(m[h], quad_max(mx[h]));
-                // nothing seen yet (the same for the row's 4 lanes): no weight, nothing to rescale
-                const float alpha = mn == NEG_INF ? 1.0f : exp2f(m[h] - mn);
+                // nothing seen yet (the same for the row's 4 lanes): no weight, nothing to rescale, and an offset of
+                // 0 so that the hidden scores' exp2(-inf) is 0
+                const float alpha = mn == NEG_INF ? 1.0f : exp2_sfu((m[h] - mn) * c2);
                 m[h] = mn;
+                mc[h] = mn == NEG_INF ? 0.0f : mn * c2;
                 l[h] *= alpha;
 #pragma unroll
                 for (int n = 0; n < DP / 8; ++n) acc[n][2 * h] *= alpha, acc[n][2 * h + 1] *= alpha;
@@ -514,7 +521,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int h = e / 2;
-                    s[n][e] = s[n][e] == NEG_INF ? 0.0f : exp2f(s[n][e] - m[h]);
+                    s[n][e] = exp2_sfu(fmaf(s[n][e], c2, -mc[h]));
                     l[h] += s[n][e];  // this lane's share; the row's is summed at the end
                 }
             accumulate<T, DP>(acc, s, vs, c0);
@@ -525,7 +532,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     for (int h = 0; h < 2; ++h) {
         const float total = quad_sum(l[h]);
         const u64 i = r0 + lane / 4 + 8 * h;
-        if (lane % 4 == 0 && i < len) lse[g * len + i] = total > 0.0f ? (m[h] + log2f(total)) / LOG2E : NEG_INF;
+        if (lane % 4 == 0 && i < len) lse[g * len + i] = total > 0.0f ? (m[h] * c2 + log2f(total)) / LOG2E : NEG_INF;
         inv[h] = total > 0.0f ? 1.0f / total : 0.0f;
     }
     store<DP>(out + seq * len * width + head * d, width, r0, len, d, acc, inv[0], inv[1]);
@@ -587,7 +594,7 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
 #pragma unroll
             for (int n = 0; n < 4; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[n][e] = exp2f(s[n][e] * c2 - l2[e / 2]) * (dp[n][e] - dl[e / 2]);
+                for (int e = 0; e < 4; ++e) s[n][e] = exp2_sfu(fmaf(s[n][e], c2, -l2[e / 2])) * (dp[n][e] - dl[e / 2]);
             if (!sees_all(r0, j0 + c0, len, causal, true, keep)) hide(s, 0.0f, r0, j0 + c0, len, causal, keep, true);
             accumulate<T, DP>(acc, s, kt, c0);
         }
@@ -642,7 +649,7 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int qi = c0 + 8 * n + 2 * (lane % 4) + e % 2;
-                    s[n][e] = exp2f(s[n][e] * c2 - ls[qi]);
+                    s[n][e] = exp2_sfu(fmaf(s[n][e], c2, -ls[qi]));
                     dp[n][e] = s[n][e] * (dp[n][e] - dls[qi]);
                 }
             if (!sees_all(r0, q0 + c0, len, causal, false, keep)) {
