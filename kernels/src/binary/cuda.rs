@@ -8,30 +8,21 @@ use crate::cuda::{
     CudaType, Gpu, KernelSource, StridedShape, broadcast_strides, kernel_args, unsupported,
 };
 
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "binary",
-    code: concat!(include_str!("binary.cuh"), include_str!("binary.cu")),
-};
+/// The module of `binary.cuh` with one file of its instantiations.
+macro_rules! binary_source {
+    ($name:literal, $file:literal) => {
+        KernelSource {
+            name: $name,
+            code: concat!(include_str!("binary.cuh"), include_str!($file)),
+        }
+    };
+}
 
-pub(crate) static COMPARE_SRC: KernelSource = KernelSource {
-    name: "binary_compare",
-    code: concat!(include_str!("binary.cuh"), include_str!("compare.cu")),
-};
-
-pub(crate) static HALF_SRC: KernelSource = KernelSource {
-    name: "binary_16",
-    code: concat!(include_str!("binary.cuh"), include_str!("half.cu")),
-};
-
-pub(crate) static INT_SRC: KernelSource = KernelSource {
-    name: "binary_int",
-    code: concat!(include_str!("binary.cuh"), include_str!("int.cu")),
-};
-
-pub(crate) static WHERE_SRC: KernelSource = KernelSource {
-    name: "where",
-    code: concat!(include_str!("binary.cuh"), include_str!("where.cu")),
-};
+pub(crate) static SRC: KernelSource = binary_source!("binary", "binary.cu");
+pub(crate) static COMPARE_SRC: KernelSource = binary_source!("binary_compare", "compare.cu");
+pub(crate) static HALF_SRC: KernelSource = binary_source!("binary_16", "half.cu");
+pub(crate) static INT_SRC: KernelSource = binary_source!("binary_int", "int.cu");
+pub(crate) static WHERE_SRC: KernelSource = binary_source!("where", "where.cu");
 
 fn kernel_name(op: BinaryOp, ty: CudaType) -> Option<&'static str> {
     use BinaryOp::*;
