@@ -13,8 +13,8 @@
 // (DP: d padded with zeros). Where a product needs a tile's rows as its reduced side (v in p · v, k in ds · k, q and
 // dO in the key gradients), the 16-bit types read the same tile transposed (ldmatrix.trans), as FlashAttention does;
 // the TF32 types take a transposed copy [DP][64 + 8]. The pad of 8 puts a fragment's reads on distinct banks in either
-// element size. No atomics: one writer per output element, so results
-// are the same from run to run. mma.sync on these types needs sm_80.
+// element size. No atomics: one writer per output element, so results are the same from run to run. mma.sync on these
+// types needs sm_80.
 
 #if __CUDA_ARCH__ >= 800
 
