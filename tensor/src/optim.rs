@@ -335,7 +335,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn loss_scale_state(state: LossScaleState, dev: &Device) -> Result<Tensor> {
-        Tensor::from_vec(state.to_array().to_vec(), &[LOSS_SCALE_STATE], dev)
+        Tensor::from_vec(state.to_array().to_vec(), &[LossScaleState::LEN], dev)
     }
 
     /// Divides every gradient by the scale in `state` (see [`Tensor::loss_scale_state`]) and raises
@@ -406,22 +406,22 @@ fn read_state(state: &Tensor) -> Result<LossScaleState> {
     LossScaleState::from_slice(&v).ok_or_else(|| Error::InvalidArgument {
         op: "loss scale state",
         reason: format!(
-            "{} values where a loss scale state has {LOSS_SCALE_STATE}",
-            v.len()
+            "{} values where a loss scale state has {}",
+            v.len(),
+            LossScaleState::LEN
         ),
     })
 }
 
-/// Elements of a loss scale state: overflow flag, scale, clean steps, skipped steps.
-const LOSS_SCALE_STATE: usize = LossScaleState::LEN;
-
 fn check_loss_scale(op: &'static str, state: &Tensor) -> Result<()> {
-    if state.dtype != DType::F32 || state.shape != [LOSS_SCALE_STATE] {
+    if state.dtype != DType::F32 || state.shape != [LossScaleState::LEN] {
         return Err(Error::InvalidArgument {
             op,
             reason: format!(
-                "a loss scale state is {LOSS_SCALE_STATE} f32 (Tensor::loss_scale_state), not {:?} {:?}",
-                state.dtype, state.shape
+                "a loss scale state is {} f32 (Tensor::loss_scale_state), not {:?} {:?}",
+                LossScaleState::LEN,
+                state.dtype,
+                state.shape
             ),
         });
     }
