@@ -91,8 +91,6 @@ struct Tiling {
     rows: usize,
     threads: u32,
     shared: [usize; 3],
-    /// The tensor-core kernels (which take a packed-input argument after qkv), or the fp32 multiply-add ones.
-    tensor_cores: bool,
     /// How the 16-bit types' kernels' inputs are packed; `None` where the kernels read the f32 tensors.
     pack: Option<Pack>,
 }
@@ -192,7 +190,6 @@ impl Tiling {
                     rows: 64,
                     threads: 128,
                     shared,
-                    tensor_cores: true,
                     // the 16-bit types read packed inputs (a TF32 copy would be as large as its tensor)
                     pack: (size == 2).then_some(Pack {
                         kernel: pack,
@@ -225,7 +222,6 @@ impl Tiling {
                 4 * tile + weights,
                 4 * tile + 2 * row + 2 * weights,
             ],
-            tensor_cores: false,
             pack: None,
         })
     }
@@ -253,6 +249,11 @@ impl Tiling {
         let mut args = kernel_args![len, heads, d, stride, input, dst];
         // SAFETY: matches `attention_pack_*(u64 x4, const float*, E*)`; buffers per the caller.
         unsafe { gpu.launch(self.src, pack.kernel, cfg, &mut args) }
+    }
+
+    /// The tensor-core kernels (which take a packed-input argument after qkv), not the fp32 multiply-add ones.
+    fn tensor_cores(&self) -> bool {
+        !std::ptr::eq(self.src, &SRC)
     }
 
     /// A launch over every group and tile of rows, with `bytes` of shared memory.
@@ -300,7 +301,7 @@ pub fn packed_bytes(
 }
 
 /// The forward pass of f32 `qkv` with the f32 key-padding `mask` (0 when `shape.mask_rows` is 0) into `out` and
-/// `lse` (see [`super`]), its products in `math`; `packed` is scratch of [`packed_bytes`].
+/// `lse` (see [`super`]), its products in `math`; `packed` is scratch of [`packed_bytes`] (0 where that is 0).
 ///
 /// # Safety
 /// Each buffer must hold the f32 count `shape` gives it, `packed` its bytes.
@@ -327,7 +328,7 @@ pub unsafe fn forward(
     // SAFETY: matches `attention_forward_*(u64 x3, float, int, u64, const float*, [const E* packed,] const float*,
     // float* x2)`; buffers per the caller.
     unsafe {
-        if t.tensor_cores {
+        if t.tensor_cores() {
             let mut args = kernel_args![
                 len, heads, d, scale, causal, mask_rows, qkv, packed, mask, out, lse
             ];
@@ -341,7 +342,8 @@ pub unsafe fn forward(
 }
 
 /// The gradient `dqkv` of f32 `qkv` given the forward's `out` and `lse` and the output's gradient `dout`;
-/// `delta` is scratch of `shape.lse_len()` f32, `packed` scratch of [`packed_bytes`]; the products in `math`.
+/// `delta` is scratch of `shape.lse_len()` f32, `packed` scratch of [`packed_bytes`] (0 where that is 0); the
+/// products in `math`.
 ///
 /// # Safety
 /// Each buffer must hold the f32 count `shape` gives it, `packed` its bytes.
@@ -376,7 +378,7 @@ pub unsafe fn backward(
     // query third of `dqkv`; grad_kv matches `attention_grad_kv_*(u64 x3, float, int, u64, const float*,
     // [const E* packed,] const float* x4, float*)`: it writes the key and value thirds of `dqkv`.
     unsafe {
-        if t.tensor_cores {
+        if t.tensor_cores() {
             let mut args = kernel_args![
                 len, heads, d, scale, causal, mask_rows, qkv, packed, mask, out, lse, dout, delta,
                 dqkv

@@ -34,16 +34,23 @@ fn mask_ptr(op: &'static str, qkv: &CudaStorage, mask: Option<&CudaStorage>) -> 
 
 impl CudaStorage {
     /// Scratch for the tensor-core kernels' packed inputs ([`attention_cuda::packed_bytes`]), from this tensor's
-    /// tenant; one byte where the kernels read their inputs as they are.
+    /// tenant; none where the kernels read their inputs as they are.
     fn packed(
         &self,
         shape: &AttentionShape,
         math: AttentionMath,
         backward: bool,
-    ) -> Result<CudaStorage> {
+    ) -> Result<Option<CudaStorage>> {
         let bytes = attention_cuda::packed_bytes(&self.gpu, shape, math, backward)?;
-        self.sibling(bytes.max(1), DType::U8)
+        (bytes > 0)
+            .then(|| self.sibling(bytes, DType::U8))
+            .transpose()
     }
+}
+
+/// A scratch buffer's address, 0 for none.
+fn address(scratch: Option<&CudaStorage>) -> u64 {
+    scratch.map_or(0, CudaStorage::device_ptr)
 }
 
 impl Attention for CudaStorage {
@@ -68,7 +75,7 @@ impl Attention for CudaStorage {
                 shape,
                 math,
                 (self.device_ptr(), m),
-                packed.device_ptr(),
+                address(packed.as_ref()),
                 (out.device_ptr(), lse.device_ptr()),
             )?
         };
@@ -108,7 +115,7 @@ impl Attention for CudaStorage {
                     lse.device_ptr(),
                     dout.device_ptr(),
                 ),
-                (delta.device_ptr(), packed.device_ptr()),
+                (delta.device_ptr(), address(packed.as_ref())),
                 dqkv.device_ptr(),
             )?
         };
