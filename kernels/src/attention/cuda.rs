@@ -171,18 +171,9 @@ impl Tiling {
                 AttentionMath::F16 => operand!("f16", F16_SRC, 2),
                 AttentionMath::Tf32 => operand!("tf32", TF32_SRC, 4),
             };
-            // tiles [64][dp + 8] of the operand type; grad_kv's f32 deltas and lse of 64 rows; the TF32 types'
-            // transposed tiles [dp][64 + 8], where the 16-bit types read their tiles transposed (ldmatrix.trans)
-            let (tile, row, transposed) = (size * 64 * (dp + 8), 4 * 64, size * dp * (64 + 8));
-            let shared = if size == 2 {
-                [3 * tile, 4 * tile, 4 * tile + 2 * row]
-            } else {
-                [
-                    2 * tile + transposed,
-                    4 * tile + transposed,
-                    4 * tile + 2 * transposed + 2 * row,
-                ]
-            };
+            // tiles [64][dp + 8] of the operand type; grad_kv's f32 deltas and lse of 64 rows
+            let (tile, row) = (size * 64 * (dp + 8), 4 * 64);
+            let shared = [3 * tile, 4 * tile, 4 * tile + 2 * row];
             if shared.iter().all(|&s| s <= gpu.shared_per_block()) {
                 return Ok(Tiling {
                     src,

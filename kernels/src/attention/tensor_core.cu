@@ -11,17 +11,16 @@
 // of each block of 8 in the accumulators, and the operand types below read their A operand in that layout, so one
 // product's probabilities are the next one's operand without a trip through shared memory. Tiles are [64][DP + 8]
 // (DP: d padded with zeros). Where a product needs a tile's rows as its reduced side (v in p · v, k in ds · k, q and
-// dO in the key gradients), the 16-bit types read the same tile transposed (ldmatrix.trans), as FlashAttention does;
-// the TF32 types take a transposed copy [DP][64 + 8]. The pad of 8 puts a fragment's reads on distinct banks in either
-// element size. No atomics: one writer per output element, so results are the same from run to run. mma.sync on these
-// types needs sm_80.
+// dO in the key gradients), it reads the same tile transposed (the 16-bit types by ldmatrix.trans, as FlashAttention
+// does). The pad of 8 puts a fragment's reads on distinct banks in either element size (the TF32 types' transposed
+// reads on two lanes a bank). No atomics: one writer per output element, so results are the same from run to run.
+// mma.sync on these types needs sm_80.
 
 #if __CUDA_ARCH__ >= 800
 
 #define TC_ROWS 64
 #define TC_CHUNK 32
 #define TC_THREADS 128
-#define TC_LDT (TC_ROWS + 8)
 
 // A shared-memory address as ldmatrix and cp.async take it.
 __device__ __forceinline__ u32 shared_address(const void* p) {
@@ -53,9 +52,9 @@ __device__ __forceinline__ void load_blocks_t(u32 (&r)[4], const u16* row) {
 //   operand_b2(b, tile, ld, n0, k0) the lane's share of two B operands (K x 8) whose columns n are rows n0 + n and
 //                                n0 + 8 + n of a tile `ld` wide, over its columns [k0, k0 + K): the first in b[0],
 //                                b[1], the second in b[2], b[3];
-//   TRANSPOSES                   whether it also has operand_b2_t(b, tile, ld, n0, k0), the same operands with the
-//                                tile's rows and columns swapped (reduced over rows [k0, k0 + K), columns n0 + n and
-//                                n0 + 8 + n), so that one tile serves as either side of a product;
+//   operand_b2_t(b, tile, ld, n0, k0) the same operands with the tile's rows and columns swapped (reduced over rows
+//                                [k0, k0 + K), columns n0 + n and n0 + 8 + n), so that one tile serves as either side
+//                                of a product;
 //   PACKED                       whether tiles are staged from copies packed in the type (pack; half the bytes of
 //                                f32, and no conversion as a tile is staged) rather than from the f32 tensors (a
 //                                TF32 copy would take as much memory as its tensor);
@@ -80,7 +79,7 @@ template <class T>
 struct SixteenBit : OneProduct<T> {
     using E = u16;
     static constexpr int K = 16;
-    static constexpr bool TRANSPOSES = true, PACKED = true;
+    static constexpr bool PACKED = true;
     static __device__ __forceinline__ void put2(u16* p, float lo, float hi) {
         *reinterpret_cast<u32*>(p) = T::pack(lo, hi);
     }
@@ -127,7 +126,7 @@ SIXTEEN_BIT(F16, "f16")
 struct Tf32 : OneProduct<Tf32> {
     using E = float;
     static constexpr int K = 8;
-    static constexpr bool TRANSPOSES = false, PACKED = false;
+    static constexpr bool PACKED = false;
     static __device__ __forceinline__ u32 round(float x) {
         u32 r;
         asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -155,6 +154,12 @@ struct Tf32 : OneProduct<Tf32> {
         b[0] = __float_as_uint(first.x), b[1] = __float_as_uint(first.y);
         b[2] = __float_as_uint(second.x), b[3] = __float_as_uint(second.y);
     }
+    // Slots t and t + 4 are rows k0 + 2t and + 1 (the order operand_b2 reads their columns in), column lane/4.
+    static __device__ __forceinline__ void operand_b2_t(u32 (&b)[4], const float* tile, int ld, int n0, int k0) {
+        const float* p = tile + (k0 + 2 * (threadIdx.x % 4)) * ld + n0 + threadIdx.x % 32 / 4;
+        b[0] = __float_as_uint(p[0]), b[1] = __float_as_uint(p[ld]);
+        b[2] = __float_as_uint(p[8]), b[3] = __float_as_uint(p[ld + 8]);
+    }
     // The k-th 8 columns of w in an A operand's slots, unrounded.
     static __device__ __forceinline__ void slots(u32 (&a)[4], const float (&w)[4][4], int k) {
         a[0] = __float_as_uint(w[k][0]), a[1] = __float_as_uint(w[k][2]);
@@ -179,7 +184,7 @@ struct Tf32 : OneProduct<Tf32> {
 struct Tf32x3 {
     using E = float;
     static constexpr int K = 8;
-    static constexpr bool TRANSPOSES = false, PACKED = false;
+    static constexpr bool PACKED = false;
     struct Split {
         u32 big[4], small[4];
     };
@@ -203,6 +208,10 @@ struct Tf32x3 {
     }
     static __device__ __forceinline__ void operand_b2(Split& b, const float* tile, int ld, int n0, int k0) {
         Tf32::operand_b2(b.big, tile, ld, n0, k0);
+        split(b);
+    }
+    static __device__ __forceinline__ void operand_b2_t(Split& b, const float* tile, int ld, int n0, int k0) {
+        Tf32::operand_b2_t(b.big, tile, ld, n0, k0);
         split(b);
     }
     static __device__ __forceinline__ void weights(Split& a, const float (&w)[4][4], int k) {
@@ -289,27 +298,6 @@ __device__ __forceinline__ void convert(typename T::E* tile, const float* src, u
     }
 }
 
-// The same rows transposed into a tile [DP][64 + 8]: its row c holds column c of the 64 rows (TF32 types only).
-template <class T, int DP>
-__device__ __forceinline__ void stage_t(typename T::E* tile, const float* src, u64 stride, u64 r0, u64 len, u64 d) {
-    constexpr int PER = TC_ROWS / 2 * DP / TC_THREADS, BATCH = TC_BATCH;
-    for (int b0 = 0; b0 < PER; b0 += BATCH) {
-        float2 v[BATCH];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
-            const bool in = c < d;
-            v[b] = make_float2(in && r0 + r < len ? src[(r0 + r) * stride + c] : 0.0f,
-                               in && r0 + r + 1 < len ? src[(r0 + r + 1) * stride + c] : 0.0f);
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int e = (b0 + b) * TC_THREADS + threadIdx.x, c = e % DP, r = 2 * (e / DP);
-            T::put2(tile + c * TC_LDT + r, v[b].x, v[b].y);
-        }
-    }
-}
-
 // A (sequence, head)'s rows of q, k, v and dO: in the f32 tensors (`rows`, `stride` apart, len rows of d columns),
 // and where T::PACKED in T's type (`packed`, see pack).
 enum Part { Q, K, V, DO };
@@ -364,21 +352,8 @@ __device__ __forceinline__ void dots(float (&s)[4][4], const typename T::E* x, i
     }
 }
 
-// The tile of part p's rows [r0, r0 + 64) for `accumulate` to read: `rows`, where they are staged already
-// ([64][DP + 8]), where T reads tiles transposed, else those rows staged transposed ([DP][64 + 8]) into `copy`.
-template <class T, int DP>
-__device__ __forceinline__ const typename T::E* across(const typename T::E* rows, typename T::E* copy,
-                                                       const Inputs<T>& in, Part p, u64 r0) {
-    if constexpr (T::TRANSPOSES) {
-        return rows;
-    } else {
-        stage_t<T, DP>(copy, in.rows[p], in.stride[p], r0, in.len, in.d);
-        return copy;
-    }
-}
-
 // acc (16 x DP) += w · rows [k0, k0 + 32) of the other side, w the 16 x 32 weights from `dots`' layout and `rows`
-// those rows as `across` gives them.
+// the other side's tile ([64][DP + 8]).
 template <class T, int DP>
 __device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float (&w)[4][4],
                                            const typename T::E* rows, int k0) {
@@ -389,10 +364,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[DP / 8][4], const float 
 #pragma unroll
         for (int n = 0; n < DP / 8; n += 2) {
             typename T::B2 b;
-            if constexpr (T::TRANSPOSES)
-                T::operand_b2_t(b, rows, DP + 8, 8 * n, k0 + T::K * k);
-            else
-                T::operand_b2(b, rows, TC_LDT, 8 * n, k0 + T::K * k);
+            T::operand_b2_t(b, rows, DP + 8, 8 * n, k0 + T::K * k);
             T::mma2(acc[n], acc[n + 1], a, b);
         }
     }
@@ -467,7 +439,7 @@ __device__ __forceinline__ void hide(float (&s)[4][4], float v, u64 r0, u64 c0, 
 
 extern __shared__ uint4 tc_smem[];
 
-// Grid (groups, query tiles); shared: the q, k and v tiles (v's transposed for the TF32 types).
+// Grid (groups, query tiles); shared: the q, k and v tiles.
 template <class T, int DP>
 __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const typename T::E* packed, const float* mask, float* out, float* lse) {
@@ -487,10 +459,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     for (u64 j0 = 0; j0 < kend; j0 += TC_ROWS) {
         __syncthreads();  // the last tiles are read
         stage<T, DP>(ks, in, K, j0);
-        if constexpr (T::TRANSPOSES)
-            stage<T, DP>(vs, in, V, j0);
-        else
-            stage_t<T, DP>(vs, in.rows[V], in.stride[V], j0, len, d);
+        stage<T, DP>(vs, in, V, j0);
         landed();
         __syncthreads();
 #pragma unroll
@@ -539,7 +508,7 @@ __device__ void forward(u64 len, u64 heads, u64 d, float scale, int causal, u64 
 }
 
 // The query gradient, and delta = rowsum(dO ∘ O) for grad_kv. Grid as the forward's; packed: q, k, v, then dO;
-// shared: the q, dO, k and v tiles, and for the TF32 types the k tile transposed.
+// shared: the q, dO, k and v tiles.
 template <class T, int DP>
 __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                        const typename T::E* packed, const float* mask, const float* out, const float* lse,
@@ -550,7 +519,6 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
     E* dos = qs + TILE;
     E* ks = dos + TILE;
     E* vs = ks + TILE;
-    E* kcopy = vs + TILE;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
     const u64 i0 = (u64)(gridDim.y - 1 - blockIdx.y) * TC_ROWS, r0 = i0 + 16 * w;
@@ -582,7 +550,6 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
         __syncthreads();
         stage<T, DP>(ks, in, K, j0);
         stage<T, DP>(vs, in, V, j0);
-        const E* kt = across<T, DP>(ks, kcopy, in, K, j0);
         landed();
         __syncthreads();
 #pragma unroll
@@ -596,14 +563,14 @@ __device__ void grad_q(u64 len, u64 heads, u64 d, float scale, int causal, u64 m
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[n][e] = exp2_sfu(fmaf(s[n][e], c2, -l2[e / 2])) * (dp[n][e] - dl[e / 2]);
             if (!sees_all(r0, j0 + c0, len, causal, true, keep)) hide(s, 0.0f, r0, j0 + c0, len, causal, keep, true);
-            accumulate<T, DP>(acc, s, kt, c0);
+            accumulate<T, DP>(acc, s, ks, c0);
         }
     }
     store<DP>(dqkv + seq * len * stride + head * d, stride, r0, len, d, acc, scale, scale);
 }
 
-// The key and value gradients. Grid (groups, key tiles); packed as grad_q's; shared: the k, v, q and dO tiles, for
-// the TF32 types the q and dO tiles transposed, the query tile's lse (base 2) and delta.
+// The key and value gradients. Grid (groups, key tiles); packed as grad_q's; shared: the k, v, q and dO tiles, the
+// query tile's lse (base 2) and delta.
 template <class T, int DP>
 __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 mask_rows, const float* qkv,
                         const typename T::E* packed, const float* mask, const float* lse, const float* dout,
@@ -614,8 +581,7 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
     E* vs = ks + TILE;
     E* qs = vs + TILE;
     E* dos = qs + TILE;
-    E* copies = dos + TILE;  // [2][DP][64 + 8] for the TF32 types
-    float* ls = reinterpret_cast<float*>(copies + (T::TRANSPOSES ? 0 : 2 * DP * TC_LDT));
+    float* ls = reinterpret_cast<float*>(dos + TILE);
     float* dls = ls + TC_ROWS;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 g = blockIdx.x, seq = g / heads, head = g % heads, width = heads * d, stride = 3 * width;
@@ -630,8 +596,6 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
         __syncthreads();
         stage<T, DP>(qs, in, Q, q0);
         stage<T, DP>(dos, in, DO, q0);
-        const E* qt = across<T, DP>(qs, copies, in, Q, q0);
-        const E* dot = across<T, DP>(dos, copies + DP * TC_LDT, in, DO, q0);
         for (int t = threadIdx.x; t < TC_ROWS; t += TC_THREADS) {
             ls[t] = q0 + t < len ? lse[g * len + q0 + t] * LOG2E : 0.0f;
             dls[t] = q0 + t < len ? delta[g * len + q0 + t] : 0.0f;
@@ -656,8 +620,8 @@ __device__ void grad_kv(u64 len, u64 heads, u64 d, float scale, int causal, u64 
                 hide(s, 0.0f, r0, q0 + c0, len, causal, keep, false);
                 hide(dp, 0.0f, r0, q0 + c0, len, causal, keep, false);
             }
-            accumulate<T, DP>(av, s, dot, c0);
-            accumulate<T, DP>(ak, dp, qt, c0);
+            accumulate<T, DP>(av, s, dos, c0);
+            accumulate<T, DP>(ak, dp, qs, c0);
         }
     }
     float* dk = dqkv + seq * len * stride + width + head * d;
