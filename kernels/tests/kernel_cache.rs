@@ -1,7 +1,8 @@
 //! The on-disk kernel cache, across processes: a cold process compiles and writes cubins (the common modules, neither
 //! batch norm's nor attention's; an attention kernel then adds only its own module), a warm one loads them untouched, and a
-//! damaged one is compiled again and replaced. Each phase is this test binary run again, so that it starts with an
-//! empty in-memory cache, as a new `cohort train` does.
+//! damaged one is compiled again and replaced; with the modules built into the crate (`build.rs`) for the device, a
+//! cold process compiles none of them. Each phase is this test binary run again, so that it starts with an empty
+//! in-memory cache, as a new `cohort train` does.
 #![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
@@ -125,8 +126,11 @@ fn cubins(dir: &Path) -> Vec<(PathBuf, SystemTime, Vec<u8>)> {
 fn the_kernel_cache_survives_processes() {
     if std::env::var_os(PHASE).is_some() {
         cohort_kernels::cuda::set_kernel_cache(std::env::var_os(DIR).map(PathBuf::from));
-        match std::env::var(PHASE).as_deref() {
-            Ok("attention") => run_attention(),
+        let phase = std::env::var(PHASE).unwrap_or_default();
+        // the disk cache's phases as a build without built-in modules runs them
+        cohort_kernels::cuda::set_built_in_kernels(phase == "built-in");
+        match phase.as_str() {
+            "attention" => run_attention(),
             _ => run_a_kernel(),
         }
         return;
@@ -185,5 +189,28 @@ fn the_kernel_cache_survives_processes() {
             "attention"
         }]
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Built in for this device's architecture, a module is neither compiled nor written; else it is, as above.
+    std::fs::create_dir_all(&dir).unwrap();
+    phase(&dir, "built-in");
+    let (major, minor) = Gpu::get(0).unwrap().compute_capability();
+    let sm = format!("sm_{major}{minor}");
+    let built_in: Vec<&str> = cohort_kernels::cuda::built_in_kernels()
+        .filter(|&(arch, _)| arch == sm)
+        .map(|(_, module)| module)
+        .collect();
+    let written = modules(&dir);
+    if built_in.contains(&"unary") {
+        assert!(
+            built_in.len() > 1 && !written.iter().any(|m| built_in.contains(&m.as_str())),
+            "modules built in for {sm} ({built_in:?}) are not compiled again: {written:?}"
+        );
+    } else {
+        assert_eq!(
+            written, made,
+            "nothing built in for {sm}: the common modules are compiled"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -27,6 +27,11 @@ pub struct Args {
     /// binaries packed to 21 MiB, where xz's default window made 57).
     #[arg(long)]
     archive: bool,
+    /// Architectures whose common kernel modules are built into the binaries (`COHORT_CUDA_ARCH`, see
+    /// kernels/build.rs): the lent H100s and H200s are sm_90. Needs NVRTC on the library path (`pip install
+    /// nvidia-cuda-nvrtc` gives one without a GPU); without it none are, and they compile on first use.
+    #[arg(long, default_value = "sm_90")]
+    cuda_arch: String,
 }
 
 /// The workspace root: xtask lives one folder below it.
@@ -79,10 +84,12 @@ struct Artifact {
 fn cargo_executables(
     root: &Path,
     args: &[String],
+    cuda_arch: &str,
     keep: impl Fn(&Value) -> bool,
 ) -> Result<Vec<Artifact>> {
     let out = Command::new("cargo")
         .args(args)
+        .env("COHORT_CUDA_ARCH", cuda_arch)
         .args(["--message-format", "json-render-diagnostics"])
         .current_dir(root)
         .stderr(Stdio::inherit())
@@ -159,10 +166,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
         v
     };
-    let mut manifest = json!({ "features": features, "bins": [], "tests": [], "benches": [] });
+    let mut manifest = json!({
+        "features": features, "cuda_arch": args.cuda_arch, "bins": [], "tests": [], "benches": []
+    });
 
     let build = cargo_args(&["build", "--release", "--workspace", "--bins"]);
-    for a in cargo_executables(&root, &build, |m| kind_is(m, "bin"))? {
+    for a in cargo_executables(&root, &build, &args.cuda_arch, |m| kind_is(m, "bin"))? {
         copy_stripped(&a.path, &out.join("bin").join(&a.name))?;
         manifest["bins"]
             .as_array_mut()
@@ -192,7 +201,7 @@ pub fn run(args: &Args) -> Result<()> {
                 m["profile"]["test"] == true
             }
         };
-        for a in cargo_executables(&root, &cmd, keep)? {
+        for a in cargo_executables(&root, &cmd, &args.cuda_arch, keep)? {
             let file =
                 format!("{}-{}-{}", a.package_dir.display(), a.kind, a.name).replace('/', "_");
             copy_stripped(&a.path, &out.join(dir).join(&file))?;

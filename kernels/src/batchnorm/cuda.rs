@@ -4,14 +4,10 @@
 
 use super::BatchNormShape;
 use crate::cuda::{
-    CudaType, FloatKernels, Gpu, KernelSource, Launch, float_kernel, float_kernels, kernel_args,
+    CudaType, FloatKernels, Gpu, Launch, float_kernel, float_kernels, kernel_args,
+    sources::BATCHNORM as SRC,
 };
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "batchnorm",
-    code: include_str!("batchnorm.cu"),
-};
 
 const BLOCK: u32 = 256;
 /// Most elements one block sums: enough for each thread to sum a few dozen, few enough that an f32 sum of them

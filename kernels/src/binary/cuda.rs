@@ -5,24 +5,13 @@
 use super::BinaryOp;
 use crate::Result;
 use crate::cuda::{
-    CudaType, Gpu, KernelSource, StridedShape, broadcast_strides, kernel_args, unsupported,
+    CudaType, Gpu, StridedShape, broadcast_strides, kernel_args,
+    sources::{
+        BINARY as SRC, BINARY_16 as HALF_SRC, BINARY_COMPARE as COMPARE_SRC, BINARY_INT as INT_SRC,
+        WHERE as WHERE_SRC,
+    },
+    unsupported,
 };
-
-/// The module of `binary.cuh` with one file of its instantiations.
-macro_rules! binary_source {
-    ($name:literal, $file:literal) => {
-        KernelSource {
-            name: $name,
-            code: concat!(include_str!("binary.cuh"), include_str!($file)),
-        }
-    };
-}
-
-pub(crate) static SRC: KernelSource = binary_source!("binary", "binary.cu");
-pub(crate) static COMPARE_SRC: KernelSource = binary_source!("binary_compare", "compare.cu");
-pub(crate) static HALF_SRC: KernelSource = binary_source!("binary_16", "half.cu");
-pub(crate) static INT_SRC: KernelSource = binary_source!("binary_int", "int.cu");
-pub(crate) static WHERE_SRC: KernelSource = binary_source!("where", "where.cu");
 
 fn kernel_name(op: BinaryOp, ty: CudaType) -> Option<&'static str> {
     use BinaryOp::*;

@@ -12,14 +12,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::{ConvParams, ConvPass, CudnnMode};
-use crate::cuda::{CudaType, Gpu, KernelSource, kernel_args};
+use crate::cuda::{CudaType, Gpu, kernel_args, sources::IM2COL as SRC};
 use crate::matmul::{MatmulShape, cuda::matmul_as};
 use crate::{Error, Math, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "im2col",
-    code: include_str!("im2col.cu"),
-};
 
 /// A convolution's workspace as the op asks for it: given a byte count, the address of at least that many bytes
 /// of device memory on the op's device. The op uses an address until it returns or asks again; work it queued on

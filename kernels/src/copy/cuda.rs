@@ -2,20 +2,11 @@
 
 use super::Copy2d;
 use crate::cuda::{
-    CudaType, Gpu, KernelSource, Launch, StridedShape, broadcast_strides, contiguous_strides,
-    kernel_args, unsupported,
+    CudaType, Gpu, Launch, StridedShape, broadcast_strides, contiguous_strides, kernel_args,
+    sources::{CAST as CAST_SRC, COPY as SRC},
+    unsupported,
 };
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "copy",
-    code: include_str!("copy.cu"),
-};
-
-pub(crate) static CAST_SRC: KernelSource = KernelSource {
-    name: "cast",
-    code: include_str!("cast.cu"),
-};
 
 fn width_name(op: &str, elem_bytes: usize) -> Result<&'static str> {
     let name = match (op, elem_bytes) {

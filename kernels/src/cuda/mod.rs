@@ -21,6 +21,8 @@ mod gpu;
 mod modules;
 #[cfg(feature = "cuda")]
 mod profile;
+#[cfg(feature = "cuda")]
+pub(crate) mod sources;
 
 #[cfg(not(feature = "cuda"))]
 pub use absent::{Gpu, device_count, driver_present, set_kernel_cache};
@@ -36,9 +38,9 @@ pub(crate) use gpu::{
     float_kernel, float_kernels, kernel_args, unsupported,
 };
 #[cfg(feature = "cuda")]
-pub(crate) use modules::KernelSource;
+pub use modules::{built_in_kernels, set_built_in_kernels, set_kernel_cache};
 #[cfg(feature = "cuda")]
-pub use modules::set_kernel_cache;
+pub(crate) use sources::KernelSource;
 
 /// GPU time spent in one kernel (or cuBLAS call shape) since the last report.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,30 +68,6 @@ pub struct GemmTuning {
     pub best_index: usize,
 }
 
-/// The kernel sources nearly every job uses, small enough for NVRTC to make in about a second each: all started side
-/// by side as a device opens (`modules::prefetch`), so that a machine's first run compiles while it sets up.
-#[cfg(feature = "cuda")]
-fn common_sources() -> [&'static KernelSource; 16] {
-    [
-        &crate::binary::cuda::SRC,
-        &crate::binary::cuda::COMPARE_SRC,
-        &crate::binary::cuda::HALF_SRC,
-        &crate::binary::cuda::INT_SRC,
-        &crate::binary::cuda::WHERE_SRC,
-        &crate::layernorm::cuda::SRC,
-        &crate::unary::cuda::SRC,
-        &crate::reduce::cuda::SRC,
-        &crate::softmax::cuda::SRC,
-        &crate::index::cuda::SRC,
-        &crate::copy::cuda::SRC,
-        &crate::copy::cuda::CAST_SRC,
-        &crate::conv::cuda::SRC,
-        &crate::pool::cuda::SRC,
-        &crate::optim::cuda::SRC,
-        &crate::matmul::thin::SRC,
-    ]
-}
-
 /// The modules only some models use, each made alone when one of its kernels is first launched, so that a job
 /// without them never waits for NVRTC over them: batch norm (1.9 s on an H100 machine's CPU, the slowest module of the
 /// rest) and attention's, which take seconds each (on a 2-core machine 3-15 s per tensor-core type and width; on an
@@ -97,7 +75,7 @@ fn common_sources() -> [&'static KernelSource; 16] {
 #[cfg(feature = "cuda")]
 fn first_use_sources() -> impl Iterator<Item = &'static KernelSource> {
     use crate::attention::cuda::{BF16_SRC, F16_SRC, SRC, TF32_SRC, TF32X3_SRC};
-    [&crate::batchnorm::cuda::SRC, &SRC].into_iter().chain(
+    [&sources::BATCHNORM, &SRC].into_iter().chain(
         [&BF16_SRC, &F16_SRC, &TF32_SRC, &TF32X3_SRC]
             .into_iter()
             .flatten(),
@@ -107,7 +85,9 @@ fn first_use_sources() -> impl Iterator<Item = &'static KernelSource> {
 /// Every kernel source of the crate.
 #[cfg(feature = "cuda")]
 fn all_sources() -> impl Iterator<Item = &'static KernelSource> {
-    common_sources().into_iter().chain(first_use_sources())
+    sources::COMMON_SOURCES
+        .into_iter()
+        .chain(first_use_sources())
 }
 
 /// Compiles every `.cu` source to PTX for `arch` (`"compute_90"`; `None`: NVRTC's default)

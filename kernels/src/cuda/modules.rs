@@ -1,6 +1,7 @@
-//! Kernel modules: every `.cu` source compiled by NVRTC once per machine, not once per process.
+//! Kernel modules: built into the crate (`build.rs`), or compiled by NVRTC once per machine, not once per process.
 //!
-//! A source is compiled to a cubin for the device's own architecture (`sm_90`), which the driver loads as it is,
+//! The modules the build script built in for the device's architecture load as they are. Any other source is
+//! compiled to a cubin for the device's own architecture (`sm_90`), which the driver loads as it is,
 //! with no JIT of PTX. The cubin is kept on disk, so that a later process loads it without compiling anything, and
 //! in memory, so that every device of one process shares it. Where the architecture is one this build does not
 //! know, the source is compiled to PTX for NVRTC's default target and the driver JIT-compiles it.
@@ -12,39 +13,49 @@
 //! writer that dies leaves nothing half-written, and one that does not load is compiled again and replaced.
 
 use std::collections::HashMap;
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock, PoisonError};
 
 use cudarc::driver::sys;
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
 use super::gpu::cuda_err;
+use super::sources::{COMMON_SOURCES, KernelSource, OPTIONS};
 use crate::{Error, Result};
-
-/// Helpers every `.cu` source is compiled with (prepended to it).
-const COMMON: &str = include_str!("common.cuh");
-
-/// Options every source is compiled with.
-const OPTIONS: &[&str] = &["--std=c++17"];
 
 /// Magic line of a cache file (its format's version).
 const MAGIC: &[u8] = b"cohort-kernel-cache 1\n";
 
-/// One `.cu` file of an op family, compiled by NVRTC the first time one of its kernels runs.
-#[derive(Debug)]
-pub(crate) struct KernelSource {
-    /// Module name (the file name without `.cu`); unique across the crate.
-    pub name: &'static str,
-    /// The file's text (`include_str!`).
-    pub code: &'static str,
+mod built {
+    include!(concat!(env!("OUT_DIR"), "/built_in.rs"));
+}
+
+/// Whether the built-in cubins are used ([`set_built_in_kernels`]).
+static BUILT_IN_ON: AtomicBool = AtomicBool::new(true);
+
+/// Uses the cubins built into the crate from now on (`true`, the default), or not: then every module comes from the
+/// disk cache or NVRTC, as in a build without them (how tests and measurements reach that path).
+pub fn set_built_in_kernels(on: bool) {
+    BUILT_IN_ON.store(on, Ordering::Relaxed);
+}
+
+/// The cubins built into the crate, as (architecture, module): `sm_90`, `unary`.
+pub fn built_in_kernels() -> impl Iterator<Item = (&'static str, &'static str)> {
+    built::BUILT_IN.iter().map(|&(sm, name, _)| (sm, name))
+}
+
+/// The cubin of `src` for `sm` built into the crate, if there is one and they are used.
+fn built_in(src: &KernelSource, sm: &str) -> Option<Vec<u8>> {
+    let on = BUILT_IN_ON.load(Ordering::Relaxed);
+    let found = built::BUILT_IN
+        .iter()
+        .find(|&&(s, name, _)| s == sm && name == src.name);
+    found.filter(|_| on).map(|&(_, _, image)| image.to_vec())
 }
 
 impl KernelSource {
-    fn full_source(&self) -> String {
-        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.code)
-    }
-
     /// Compiles the source to PTX for `arch` (`compute_90`, ...; `None`: NVRTC's default).
     pub(crate) fn compile(&self, arch: Option<&'static str>) -> Result<Ptx> {
         nvrtc_present()?;
@@ -63,51 +74,7 @@ impl KernelSource {
     /// Compiles the source to a cubin for `sm` (`sm_90`, ...).
     fn compile_cubin(&self, sm: &str) -> Result<Vec<u8>> {
         nvrtc_present()?;
-        let src = CString::new(self.full_source()).expect("kernel sources hold no NUL");
-        let name = CString::new(format!("{}.cu", self.name)).expect("module names hold no NUL");
-        let prog = nvrtc::result::create_program(&src, Some(&name))
-            .map_err(|e| cuda_err(&format!("NVRTC's create on {}.cu", self.name), e))?;
-        let mut options: Vec<String> = OPTIONS.iter().map(|o| o.to_string()).collect();
-        options.push(format!("--gpu-architecture={sm}"));
-        // SAFETY: `prog` was just created; it is destroyed right after, and not used again.
-        let cubin = unsafe { self.cubin_of(prog, &options) };
-        // SAFETY: as above. A failed destroy leaks one program; the compiled image is still good.
-        let _ = unsafe { nvrtc::result::destroy_program(prog) };
-        cubin
-    }
-
-    /// Compiles program `prog` with `options` and returns its cubin.
-    ///
-    /// # Safety
-    /// `prog` is a live NVRTC program.
-    unsafe fn cubin_of(
-        &self,
-        prog: nvrtc::sys::nvrtcProgram,
-        options: &[String],
-    ) -> Result<Vec<u8>> {
-        let what = |call: &str| format!("NVRTC's {call} on {}.cu", self.name);
-        // SAFETY: `prog` is live (the caller's promise); the size is read first and the buffer made
-        // that large, as NVRTC's contract asks.
-        unsafe {
-            if nvrtc::result::compile_program(prog, options).is_err() {
-                let log = nvrtc::result::get_program_log(prog).unwrap_or_default();
-                let log: Vec<u8> = log
-                    .iter()
-                    .take_while(|&&c| c != 0)
-                    .map(|&c| c as u8)
-                    .collect();
-                return Err(self.log_error(&String::from_utf8_lossy(&log)));
-            }
-            let mut size = 0usize;
-            nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size)
-                .result()
-                .map_err(|e| cuda_err(&what("nvrtcGetCUBINSize"), e))?;
-            let mut cubin = vec![0u8; size];
-            nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast::<c_char>())
-                .result()
-                .map_err(|e| cuda_err(&what("nvrtcGetCUBIN"), e))?;
-            Ok(cubin)
-        }
+        self.cubin(sm).map_err(|log| self.log_error(&log))
     }
 
     fn log_error(&self, log: &str) -> Error {
@@ -172,6 +139,8 @@ pub(crate) enum Origin {
     Compiled,
     /// Read from the disk cache.
     Disk,
+    /// Built into the crate.
+    BuiltIn,
 }
 
 /// A module's image once made (or why it could not be), shared by every device of the process.
@@ -184,19 +153,32 @@ fn slot(name: &'static str, target: Target) -> Slot {
     slots.entry((name, target)).or_default().clone()
 }
 
-/// Makes `src`'s image for `target`: the disk cache's cubin, or NVRTC's.
+/// Makes `src`'s image for `target`: the disk cache's cubin, the built-in one, or NVRTC's.
 fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
     match target.sm {
         Some(sm) => {
-            let (cubin, origin) = cubin(src, sm, cache_dir().as_deref(), false)?;
+            let dir = cache_dir();
+            let (cubin, origin) = match ready(src, sm, dir.as_deref()) {
+                Some(found) => found,
+                None => (compiled(src, sm, dir.as_deref())?, Origin::Compiled),
+            };
             Ok((Ptx::from_binary(cubin), origin))
         }
         None => Ok((src.compile(target.arch)?, Origin::Compiled)),
     }
 }
 
-/// The module image of `src` for `target`, and where it came from: the disk cache, or NVRTC (made once per
-/// process). A common module is most often made already, or being made, by [`prefetch`]; then this waits for it
+/// The cubin of `src` for `sm` that needs no compiling: the disk cache's (first, so that one compiled again where
+/// the driver refused the built-in one is found there), else the built-in one.
+fn ready(src: &KernelSource, sm: &str, dir: Option<&Path>) -> Option<(Vec<u8>, Origin)> {
+    let disk = dir
+        .and_then(|d| cached(src, sm, d))
+        .map(|c| (c, Origin::Disk));
+    disk.or_else(|| built_in(src, sm).map(|c| (c, Origin::BuiltIn)))
+}
+
+/// The module image of `src` for `target`, and where it came from: the disk cache, the crate, or NVRTC (made once
+/// per process). A common module is most often made already, or being made, by [`prefetch`]; then this waits for it
 /// alone. The others (batch norm's, attention's) are made here, when first asked for.
 pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, Origin)> {
     slot(src.name, target)
@@ -207,8 +189,8 @@ pub(crate) fn image(src: &'static KernelSource, target: Target) -> Result<(Ptx, 
 
 /// Starts making the common modules' images for `target`, once per target (cubin targets only: a PTX one is
 /// compiled where it is used). A device calls it as it opens, so that NVRTC works while the process sets up (cuBLAS,
-/// cuDNN, its models and data) and a kernel waits for its own module only, not for the slowest. Cubins on disk are
-/// read here; the rest are compiled side by side, each on a thread of its own, which exit waits for.
+/// cuDNN, its models and data) and a kernel waits for its own module only, not for the slowest. Cubins on disk or
+/// built in are taken here; the rest are compiled side by side, each on a thread of its own, which exit waits for.
 pub(crate) fn prefetch(target: Target) {
     static STARTED: Mutex<Vec<Target>> = Mutex::new(Vec::new());
     let Some(sm) = target.sm else { return };
@@ -221,11 +203,11 @@ pub(crate) fn prefetch(target: Target) {
     }
     let dir = cache_dir();
     let mut missing = Vec::new();
-    for src in super::common_sources() {
+    for src in COMMON_SOURCES {
         let s = slot(src.name, target);
-        match dir.as_deref().and_then(|d| cached(src, sm, d)) {
-            Some(cubin) => {
-                let _ = s.set(Ok((Ptx::from_binary(cubin), Origin::Disk)));
+        match ready(src, sm, dir.as_deref()) {
+            Some((cubin, origin)) => {
+                let _ = s.set(Ok((Ptx::from_binary(cubin), origin)));
             }
             None => missing.push((src, s)),
         }
@@ -285,30 +267,19 @@ fn wait_at_exit() {
     });
 }
 
-/// Compiles `src` for `target` again and replaces it on disk (a cached one did not load).
+/// Compiles `src` for `target` again and replaces it on disk (a cached or built-in one did not load).
 pub(crate) fn recompile(src: &'static KernelSource, target: Target) -> Result<Ptx> {
     match target.sm {
-        Some(sm) => Ok(Ptx::from_binary(
-            cubin(src, sm, cache_dir().as_deref(), true)?.0,
-        )),
+        Some(sm) => Ok(Ptx::from_binary(compiled(src, sm, cache_dir().as_deref())?)),
         None => src.compile(target.arch),
     }
 }
 
-/// The cubin of `src` for `sm`: from `dir` when it holds one made from the same key (and `fresh` is not asked
-/// for), else compiled and stored there.
-fn cubin(
-    src: &KernelSource,
-    sm: &str,
-    dir: Option<&Path>,
-    fresh: bool,
-) -> Result<(Vec<u8>, Origin)> {
+/// The cubin of `src` for `sm`, compiled by NVRTC and stored in `dir` (replacing what it held).
+fn compiled(src: &KernelSource, sm: &str, dir: Option<&Path>) -> Result<Vec<u8>> {
     let Some(dir) = dir else {
-        return Ok((src.compile_cubin(sm)?, Origin::Compiled));
+        return src.compile_cubin(sm);
     };
-    if let Some(cubin) = (!fresh).then(|| cached(src, sm, dir)).flatten() {
-        return Ok((cubin, Origin::Disk));
-    }
     let key = key(src, sm);
     let path = cache_file(dir, src.name, &key);
     let cubin = src.compile_cubin(sm)?;
@@ -318,7 +289,7 @@ fn cubin(
             path.display()
         );
     }
-    Ok((cubin, Origin::Compiled))
+    Ok(cubin)
 }
 
 /// The cubin of `src` for `sm` that `dir` holds, if one was made from the same key.
@@ -432,10 +403,11 @@ mod tests {
     #[test]
     #[ignore = "needs libnvrtc.so.13 on the library path"]
     fn prefetched_modules_are_made_in_the_background() {
+        set_built_in_kernels(false);
         let target = Target::of((9, 0));
         prefetch(target);
         let first = std::time::Instant::now();
-        let (_, origin) = image(&crate::copy::cuda::CAST_SRC, target).unwrap();
+        let (_, origin) = image(&super::super::sources::CAST, target).unwrap();
         assert_eq!(origin, Origin::Compiled);
         assert!(
             *IN_FLIGHT.lock().unwrap() > 0,

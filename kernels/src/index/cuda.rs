@@ -2,12 +2,7 @@
 //! [`crate::Error::IndexOutOfRange`] by the next [`Gpu::synchronize`] or device-to-host copy.
 
 use crate::Result;
-use crate::cuda::{CudaType, Gpu, KernelSource, Launch, kernel_args, unsupported};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "index",
-    code: include_str!("index.cu"),
-};
+use crate::cuda::{CudaType, Gpu, Launch, kernel_args, sources::INDEX as SRC, unsupported};
 
 fn by_width(ty: CudaType, w4: &'static str, w2: &'static str, w1: &'static str) -> &'static str {
     match ty.size() {

@@ -2,13 +2,8 @@
 //! input's gradient and two for the parameters' (partial column sums over blocks of rows, then their sum).
 
 use super::LayerNormShape;
-use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
+use crate::cuda::{Gpu, Launch, kernel_args, sources::LAYERNORM as SRC};
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "layernorm",
-    code: include_str!("layernorm.cu"),
-};
 
 /// Rows of a 256-thread block of the row kernels (a warp each), and rows a block of the parameters' partial sums
 /// takes (`ROWS_PER_BLOCK` and `PARAM_ROWS` of `layernorm.cu`).

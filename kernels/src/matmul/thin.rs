@@ -6,12 +6,7 @@
 use super::lt::Operands;
 use super::{Epilogue, Geometry};
 use crate::Result;
-use crate::cuda::{Gpu, KernelSource, kernel_args};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "matmul_thin",
-    code: include_str!("thin.cu"),
-};
+use crate::cuda::{Gpu, kernel_args, sources::MATMUL_THIN as SRC};
 
 /// Products with at most this many contracted terms, or rows or columns of D, are tried.
 const THIN: i32 = 32;

@@ -4,13 +4,8 @@
 #[cfg(doc)]
 use super::LossScaleState;
 use super::{AdamParams, SgdParams};
-use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
+use crate::cuda::{Gpu, Launch, kernel_args, sources::OPTIM as SRC};
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "optim",
-    code: include_str!("optim.cu"),
-};
 
 const MT_MAX: usize = 24;
 const MT_RATES: usize = 256;

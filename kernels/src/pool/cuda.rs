@@ -1,13 +1,10 @@
 //! CUDA max pooling (`max_pool.cu`).
 
 use super::PoolParams;
-use crate::cuda::{CudaType, Gpu, KernelSource, float_kernel, float_kernels, kernel_args};
-use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "max_pool",
-    code: include_str!("max_pool.cu"),
+use crate::cuda::{
+    CudaType, Gpu, float_kernel, float_kernels, kernel_args, sources::MAX_POOL as SRC,
 };
+use crate::{Error, Result};
 
 /// Max over each window of `x` (`[planes, h, w]`, f32, bf16 or f16) into `out` (the same type), with the flat
 /// in-plane index of each maximum (the first one on ties) in `idx` (i32).

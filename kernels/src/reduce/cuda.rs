@@ -1,13 +1,8 @@
 //! CUDA reductions along one dim (`reduce.cu`), two-pass where one pass would leave the GPU idle.
 
 use super::{ReduceOp, ReduceShape};
-use crate::cuda::{CudaType, Gpu, KernelSource, Launch, kernel_args, unsupported};
+use crate::cuda::{CudaType, Gpu, Launch, kernel_args, sources::REDUCE as SRC, unsupported};
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "reduce",
-    code: include_str!("reduce.cu"),
-};
 
 const BLOCK: u32 = 256;
 

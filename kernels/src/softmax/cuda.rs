@@ -1,12 +1,7 @@
 //! CUDA softmax and log-softmax along the last dim (`softmax.cu`).
 
 use crate::Result;
-use crate::cuda::{Gpu, KernelSource, Launch, kernel_args};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "softmax",
-    code: include_str!("softmax.cu"),
-};
+use crate::cuda::{Gpu, Launch, kernel_args, sources::SOFTMAX as SRC};
 
 /// Softmax (or log-softmax when `log`) of each of `rows` rows of `cols` f32; `out` may be `x`.
 ///

@@ -2,16 +2,11 @@
 
 use super::UnaryOp;
 use crate::cuda::{
-    CudaType, Gpu, KernelSource, Launch, aligned16, float_kernel, float_kernels, kernel_args,
-    unsupported,
+    CudaType, Gpu, Launch, aligned16, float_kernel, float_kernels, kernel_args,
+    sources::UNARY as SRC, unsupported,
 };
 use crate::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
 use crate::{Error, Result};
-
-pub(crate) static SRC: KernelSource = KernelSource {
-    name: "unary",
-    code: include_str!("unary.cu"),
-};
 
 fn kernel(op: UnaryOp) -> (&'static str, f32) {
     match op {

@@ -9,8 +9,9 @@ use cudarc::driver::{CudaFunction, CudaModule, result as drv, sys};
 use super::{Gpu, Launch, cuda_err, lock};
 use crate::Result;
 use crate::cuda::KernelTime;
-use crate::cuda::modules::{self, KernelSource, Origin};
+use crate::cuda::modules::{self, Origin};
 use crate::cuda::profile::Profile;
+use crate::cuda::sources::KernelSource;
 
 /// Dynamic shared memory a kernel may take without opting in (48 KiB on every architecture since Volta).
 const DEFAULT_SHARED: u32 = 48 << 10;
@@ -43,7 +44,7 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Loads `src`'s module; a cached cubin that the driver refuses is compiled again once.
+    /// Loads `src`'s module; a cached or built-in cubin that the driver refuses is compiled again once.
     fn load_module(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>> {
         let load = |ptx| {
             self.ctx
@@ -52,8 +53,12 @@ impl Gpu {
         };
         let (ptx, origin) = modules::image(src, self.target)?;
         match load(ptx) {
-            Err(e) if origin == Origin::Disk => {
-                tracing::warn!("kernel cache: {e}; compiling {}.cu again", src.name);
+            Err(e) if origin != Origin::Compiled => {
+                // a built-in cubin from a newer NVRTC than this driver takes, or a damaged cache file
+                tracing::warn!(
+                    "kernel module {}.cu ({origin:?}): {e}; compiling it again",
+                    src.name
+                );
                 load(modules::recompile(src, self.target)?)
             }
             loaded => loaded,
