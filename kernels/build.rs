@@ -59,6 +59,7 @@ fn kernel_files(src: &Path) -> Vec<PathBuf> {
 }
 
 /// The architectures asked for: `COHORT_CUDA_ARCH`'s (explicit: true), else the GPUs `nvidia-smi` lists.
+#[cfg(feature = "cuda")]
 fn architectures() -> (Vec<String>, bool) {
     if let Some(v) = std::env::var_os(ARCH) {
         let v = v.to_string_lossy();
