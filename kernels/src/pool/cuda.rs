@@ -22,11 +22,17 @@ pub unsafe fn max_pool2d(
     out: u64,
     idx: u64,
 ) -> Result<()> {
-    let name = float_kernel("max_pool2d", ty, float_kernels!("max_pool2d"))?;
     let n = p.planes * p.out_h() * p.out_w();
     if n == 0 {
         return Ok(());
     }
+    if let Some([n, w, k, ow, ohw]) = tiling(p) {
+        let name = float_kernel("max_pool2d_tiled", ty, float_kernels!("max_pool2d_tiled"))?;
+        let mut args = kernel_args![n, w, k, ow, ohw, x, out, idx];
+        // SAFETY: matches `max_pool2d_tiled_<ty>(u32 x5, const T*, T*, int*)`.
+        return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
+    }
+    let name = float_kernel("max_pool2d", ty, float_kernels!("max_pool2d"))?;
     let [pl, h, w, k, s, oh, ow] = geometry(p);
     let mut args = kernel_args![pl, h, w, k, s, oh, ow, x, out, idx];
     // SAFETY: matches `max_pool2d_<ty>(u64 x7, const T*, T*, int*)`.
@@ -36,6 +42,18 @@ pub unsafe fn max_pool2d(
 /// `[planes, h, w, kernel, stride, out_h, out_w]` as the kernels take them.
 fn geometry(p: &PoolParams) -> [u64; 7] {
     [p.planes, p.h, p.w, p.kernel, p.stride, p.out_h(), p.out_w()].map(|v| v as u64)
+}
+
+/// `[windows, w, kernel, out_w, out_h·out_w]` for the tiled kernels, where `p`'s windows tile its planes (stride =
+/// kernel, dividing h and w) and its elements count in 32 bits.
+fn tiling(p: &PoolParams) -> Option<[u32; 5]> {
+    let k = p.kernel;
+    let tiles = k > 0 && p.stride == k && p.h % k == 0 && p.w % k == 0;
+    let fits = u32::try_from(p.planes * p.h * p.w).is_ok();
+    (tiles && fits).then(|| {
+        let (ow, ohw) = (p.out_w(), p.out_h() * p.out_w());
+        [p.planes * ohw, p.w, k, ow, ohw].map(|v| v as u32)
+    })
 }
 
 /// The backward of [`max_pool2d`] on 16-bit (bf16 or f16) gradients, for windows that do not overlap
@@ -74,8 +92,19 @@ pub unsafe fn max_pool2d_backward_16bit(
     if n == 0 {
         return Ok(());
     }
-    let [pl, h, w, k, s, oh, ow] = geometry(p);
     let flag = gpu.flag_ptr()?;
+    if let Some([n, w, k, ow, ohw]) = tiling(p) {
+        let tiled = [
+            None,
+            Some("max_pool2d_backward_tiled_bf16"),
+            Some("max_pool2d_backward_tiled_f16"),
+        ];
+        let name = float_kernel("max_pool2d_backward_16bit", ty, tiled)?;
+        let mut args = kernel_args![n, w, k, ow, ohw, grad_out, idx, grad_in, flag];
+        // SAFETY: matches `max_pool2d_backward_tiled_<ty>(u32 x5, const T*, const int*, T*, int*)`.
+        return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
+    }
+    let [pl, h, w, k, s, oh, ow] = geometry(p);
     let mut args = kernel_args![pl, h, w, k, s, oh, ow, grad_out, idx, grad_in, flag];
     // SAFETY: matches `max_pool2d_backward_gather_<ty>(u64 x7, const T*, const int*, T*, int*)`.
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
