@@ -56,18 +56,24 @@ fn tiling(p: &PoolParams) -> Option<[u32; 5]> {
     })
 }
 
-/// The backward of [`max_pool2d`] on 16-bit (bf16 or f16) gradients, for windows that do not overlap
-/// (`stride >= kernel`, where each input element has at most one window): every element of `grad_in`
-/// (`[planes, h, w]`) gathers its window's gradient from `grad_out` where it was the window's max, else 0; in a
-/// fixed order, so deterministic mode needs nothing more.
+/// Whether the windows of `p` tile its planes (stride = kernel, dividing h and w) with 32-bit indices: then each
+/// input element has exactly one window, and [`max_pool2d_backward_gather`] takes every float type.
+pub fn tiles(p: &PoolParams) -> bool {
+    tiling(p).is_some()
+}
+
+/// The backward of [`max_pool2d`] for windows that do not overlap (`stride >= kernel`, where each input element has
+/// at most one window), on 16-bit (bf16 or f16) gradients, or on f32 ones where the windows [`tiles`]: every element
+/// of `grad_in` (`[planes, h, w]`) gathers its window's gradient from `grad_out` where it was the window's max, else
+/// 0; in a fixed order, so deterministic mode needs nothing more.
 ///
 /// # Safety
 /// `grad_out` and `idx` hold `planes·out_h·out_w` elements, `grad_in` `planes·h·w`, of `ty` (`idx` i32).
 ///
 /// # Errors
-/// Overlapping windows, a type other than bf16 and f16, or a launch failure (bad indices are reported at the next
-/// synchronisation).
-pub unsafe fn max_pool2d_backward_16bit(
+/// Overlapping windows, f32 over windows that do not tile, another type, or a launch failure (bad indices are
+/// reported at the next synchronisation).
+pub unsafe fn max_pool2d_backward_gather(
     gpu: &Gpu,
     ty: CudaType,
     p: &PoolParams,
@@ -75,34 +81,33 @@ pub unsafe fn max_pool2d_backward_16bit(
     idx: u64,
     grad_in: u64,
 ) -> Result<()> {
+    const OP: &str = "max_pool2d_backward_gather";
+    if p.stride < p.kernel {
+        return Err(Error::Cuda(format!(
+            "{OP}: windows of {k} with stride {s} overlap; their gradients add up in f32",
+            k = p.kernel,
+            s = p.stride
+        )));
+    }
+    let flag = gpu.flag_ptr()?;
+    if let Some([n, w, k, ow, ohw]) = tiling(p) {
+        let name = float_kernel(OP, ty, float_kernels!("max_pool2d_backward_tiled"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut args = kernel_args![n, w, k, ow, ohw, grad_out, idx, grad_in, flag];
+        // SAFETY: matches `max_pool2d_backward_tiled_<ty>(u32 x5, const T*, const int*, T*, int*)`.
+        return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
+    }
     let gather = [
         None,
         Some("max_pool2d_backward_gather_bf16"),
         Some("max_pool2d_backward_gather_f16"),
     ];
-    let name = float_kernel("max_pool2d_backward_16bit", ty, gather)?;
-    if p.stride < p.kernel {
-        return Err(Error::Cuda(format!(
-            "max_pool2d_backward_16bit: windows of {k} with stride {s} overlap; their gradients add up in f32",
-            k = p.kernel,
-            s = p.stride
-        )));
-    }
+    let name = float_kernel(OP, ty, gather)?;
     let n = p.planes * p.h * p.w;
     if n == 0 {
         return Ok(());
-    }
-    let flag = gpu.flag_ptr()?;
-    if let Some([n, w, k, ow, ohw]) = tiling(p) {
-        let tiled = [
-            None,
-            Some("max_pool2d_backward_tiled_bf16"),
-            Some("max_pool2d_backward_tiled_f16"),
-        ];
-        let name = float_kernel("max_pool2d_backward_16bit", ty, tiled)?;
-        let mut args = kernel_args![n, w, k, ow, ohw, grad_out, idx, grad_in, flag];
-        // SAFETY: matches `max_pool2d_backward_tiled_<ty>(u32 x5, const T*, const int*, T*, int*)`.
-        return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
     }
     let [pl, h, w, k, s, oh, ow] = geometry(p);
     let mut args = kernel_args![pl, h, w, k, s, oh, ow, grad_out, idx, grad_in, flag];

@@ -91,7 +91,8 @@ __device__ __forceinline__ void max_pool_backward_gather(u64 planes, u64 h, u64 
     }
 }
 
-// The same over tiling windows (see max_pool_tiled): a thread per window writes its k x k elements.
+// The same over tiling windows (see max_pool_tiled), for every float type: a thread per window writes its k x k
+// elements.
 template <typename T>
 __device__ __forceinline__ void max_pool_backward_tiled(u32 n, u32 w, u32 k, u32 ow, u32 ohw, const T* g,
                                                         const int* idx, T* gin, int* flag) {
@@ -111,13 +112,18 @@ __device__ __forceinline__ void max_pool_backward_tiled(u32 n, u32 w, u32 k, u32
                                                                    u64 oh, u64 ow, const T* g, const int* idx,   \
                                                                    T* gin, int* flag) {                          \
         max_pool_backward_gather<T>(planes, h, w, k, stride, oh, ow, g, idx, gin, flag);                        \
-    }                                                                                                             \
-    extern "C" __global__ void max_pool2d_backward_tiled_##SUFFIX(u32 n, u32 w, u32 k, u32 ow, u32 ohw,         \
-                                                                  const T* g, const int* idx, T* gin, int* flag) { \
-        max_pool_backward_tiled<T>(n, w, k, ow, ohw, g, idx, gin, flag);                                         \
     }
 MAX_POOL_BACKWARD_GATHER(bf16, bf16_t)
 MAX_POOL_BACKWARD_GATHER(f16, f16_t)
+
+#define MAX_POOL_BACKWARD_TILED(SUFFIX, T)                                                                     \
+    extern "C" __global__ void max_pool2d_backward_tiled_##SUFFIX(u32 n, u32 w, u32 k, u32 ow, u32 ohw,        \
+                                                                  const T* g, const int* idx, T* gin, int* flag) { \
+        max_pool_backward_tiled<T>(n, w, k, ow, ohw, g, idx, gin, flag);                                        \
+    }
+MAX_POOL_BACKWARD_TILED(f32, float)
+MAX_POOL_BACKWARD_TILED(bf16, bf16_t)
+MAX_POOL_BACKWARD_TILED(f16, f16_t)
 
 // grad_in (zeroed by the host) [planes, hw_in] += grad_out routed by idx. Where windows overlap, several outputs
 // add into one input element, in whatever order their threads arrive: the bits vary from run to run.
