@@ -1,7 +1,7 @@
 //! The CUDA device layer: one [`Gpu`] per device (context, a compute stream, a copy stream,
 //! cuBLAS and cuBLASLt handles, a cuDNN handle where `libcudnn.so.9` loads, and its loaded kernel
-//! modules), and the kernel modules themselves:
-//! compiled by NVRTC to cubins once per machine and kept on disk ([`modules`]).
+//! modules), and the kernel modules themselves ([`sources`]): built into the crate as cubins where the build could
+//! (`build.rs`), else compiled by NVRTC once per machine and kept on disk ([`modules`]).
 //!
 //! Kernels take raw device addresses (`u64`), because tensors hold blocks of the device's
 //! caching allocator, not one driver allocation each. Every op of the `<family>/cuda.rs`
@@ -68,9 +68,9 @@ pub struct GemmTuning {
     pub best_index: usize,
 }
 
-/// The modules only some models use, each made alone when one of its kernels is first launched, so that a job
-/// without them never waits for NVRTC over them: batch norm (1.9 s on an H100 machine's CPU, the slowest module of the
-/// rest) and attention's, which take seconds each (on a 2-core machine 3-15 s per tensor-core type and width; on an
+/// The modules only some models use, each made alone when one of its kernels is first launched (where the build did
+/// not build it in), so that a job without them never waits for NVRTC over them: batch norm (1.9 s on an H100
+/// machine's CPU, the slowest module of the rest; built in with the common ones) and attention's, which take seconds each (on a 2-core machine 3-15 s per tensor-core type and width; on an
 /// H100 machine's CPU the fp32 multiply-add module took 8 s).
 #[cfg(feature = "cuda")]
 fn first_use_sources() -> impl Iterator<Item = &'static KernelSource> {
