@@ -48,11 +48,13 @@ pub fn built_in_kernels() -> impl Iterator<Item = (&'static str, &'static str)> 
 
 /// The cubin of `src` for `sm` built into the crate, if there is one and they are used.
 fn built_in(src: &KernelSource, sm: &str) -> Option<Vec<u8>> {
-    let on = BUILT_IN_ON.load(Ordering::Relaxed);
+    if !BUILT_IN_ON.load(Ordering::Relaxed) {
+        return None;
+    }
     let found = built::BUILT_IN
         .iter()
         .find(|&&(s, name, _)| s == sm && name == src.name);
-    found.filter(|_| on).map(|&(_, _, image)| image.to_vec())
+    found.map(|&(_, _, image)| image.to_vec())
 }
 
 impl KernelSource {
@@ -168,13 +170,11 @@ fn make(src: &KernelSource, target: Target) -> Result<(Ptx, Origin)> {
     }
 }
 
-/// The cubin of `src` for `sm` that needs no compiling: the disk cache's (first, so that one compiled again where
-/// the driver refused the built-in one is found there), else the built-in one.
+/// The cubin of `src` for `sm` that needs no compiling: the built-in one, else the disk cache's. A built-in module
+/// thus costs no key (whose NVRTC version loads NVRTC) and no file read as a process starts.
 fn ready(src: &KernelSource, sm: &str, dir: Option<&Path>) -> Option<(Vec<u8>, Origin)> {
-    let disk = dir
-        .and_then(|d| cached(src, sm, d))
-        .map(|c| (c, Origin::Disk));
-    disk.or_else(|| built_in(src, sm).map(|c| (c, Origin::BuiltIn)))
+    let built = built_in(src, sm).map(|c| (c, Origin::BuiltIn));
+    built.or_else(|| Some((cached(src, sm, dir?)?, Origin::Disk)))
 }
 
 /// The module image of `src` for `target`, and where it came from: the disk cache, the crate, or NVRTC (made once
@@ -267,12 +267,35 @@ fn wait_at_exit() {
     });
 }
 
-/// Compiles `src` for `target` again and replaces it on disk (a cached or built-in one did not load).
-pub(crate) fn recompile(src: &'static KernelSource, target: Target) -> Result<Ptx> {
+/// An image of `src` for `target` in place of one from `refused` that the driver did not load.
+pub(crate) fn replacement(
+    src: &'static KernelSource,
+    target: Target,
+    refused: Origin,
+) -> Result<Ptx> {
     match target.sm {
-        Some(sm) => Ok(Ptx::from_binary(compiled(src, sm, cache_dir().as_deref())?)),
+        Some(sm) => Ok(Ptx::from_binary(replacement_cubin(
+            src,
+            sm,
+            cache_dir().as_deref(),
+            refused,
+        )?)),
         None => src.compile(target.arch),
     }
+}
+
+/// For a refused built-in cubin, the one an earlier process compiled in its stead on disk; else (or where there is
+/// none) NVRTC's, stored on disk in place of what the cache held.
+fn replacement_cubin(
+    src: &KernelSource,
+    sm: &str,
+    dir: Option<&Path>,
+    refused: Origin,
+) -> Result<Vec<u8>> {
+    let earlier = (refused == Origin::BuiltIn)
+        .then(|| cached(src, sm, dir?))
+        .flatten();
+    earlier.map_or_else(|| compiled(src, sm, dir), Ok)
 }
 
 /// The cubin of `src` for `sm`, compiled by NVRTC and stored in `dir` (replacing what it held).
@@ -398,11 +421,15 @@ fn driver_version() -> String {
 mod tests {
     use super::*;
 
+    /// Held by the tests that set whether built-in cubins are used (one flag for the process).
+    static BUILT_IN_FLAG: Mutex<()> = Mutex::new(());
+
     /// A kernel waits for its own module, while the others go on compiling; the process then exits with them still in
     /// flight, where it must wait for them: a crash in NVRTC's destructors would fail this test binary.
     #[test]
     #[ignore = "needs libnvrtc.so.13 on the library path"]
     fn prefetched_modules_are_made_in_the_background() {
+        let _flag = BUILT_IN_FLAG.lock().unwrap_or_else(PoisonError::into_inner);
         set_built_in_kernels(false);
         let target = Target::of((9, 0));
         prefetch(target);
@@ -414,6 +441,41 @@ mod tests {
             "none of the slower modules was still compiling when the cast module was ready ({:?} in)",
             first.elapsed()
         );
+    }
+
+    /// A module built into the crate is taken before the disk cache (no key, which loads NVRTC, and no file read as
+    /// a process starts); where the driver refused it, the cubin an earlier process compiled in its stead is found on
+    /// disk. Built without the module, the disk cache's cubin is taken.
+    #[test]
+    #[ignore = "needs a CUDA GPU (the cache key reads the driver's version)"]
+    fn a_built_in_module_comes_before_the_disk_cache() {
+        let _flag = BUILT_IN_FLAG.lock().unwrap_or_else(PoisonError::into_inner);
+        set_built_in_kernels(true);
+        let src = &super::super::sources::UNARY;
+        let sm = built_in_kernels()
+            .find(|&(_, module)| module == src.name)
+            .map_or("sm_90", |(sm, _)| sm);
+        let dir = std::env::temp_dir().join(format!("cohort-kc-built-{}", std::process::id()));
+        let key = key(src, sm);
+        store(
+            &cache_file(&dir, src.name, &key),
+            &key,
+            b"compiled in its stead",
+        )
+        .unwrap();
+        let (_, origin) = ready(src, sm, Some(&dir)).unwrap();
+        if built_in(src, sm).is_some() {
+            assert_eq!(origin, Origin::BuiltIn);
+            let instead = replacement_cubin(src, sm, Some(&dir), Origin::BuiltIn).unwrap();
+            assert_eq!(instead, b"compiled in its stead");
+        } else {
+            assert_eq!(
+                origin,
+                Origin::Disk,
+                "nothing built in for {sm}: the disk cache's cubin"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl Gpu {
                     "kernel module {}.cu ({origin:?}): {e}; compiling it again",
                     src.name
                 );
-                load(modules::recompile(src, self.target)?)
+                load(modules::replacement(src, self.target, origin)?)
             }
             loaded => loaded,
         }
