@@ -230,8 +230,9 @@ fn sixteen_bit_activations_stay_in_their_type_through_a_conv_nets_ops() {
         let e = off_in(low, &y.add(&gy).unwrap(), &yc.add(&gyc).unwrap());
         assert!(e <= tol, "{}: {e:.2e}", what("add"));
 
-        // Windows apart (gathered in the type) and overlapping (summed in f32).
-        for (k, s) in [(2, 2), (3, 2)] {
+        // Windows that tile the planes (a thread per window), apart with gaps (gathered in the type) and overlapping
+        // (summed in f32).
+        for (k, s) in [(2, 2), (3, 3), (2, 3), (3, 2)] {
             let (o, idx) = y.max_pool2d(k, s).unwrap();
             let (oc, _) = yc.max_pool2d(k, s).unwrap();
             assert_eq!(off_in(low, &o, &oc), 0.0, "{} {k}/{s}", what("max_pool2d"));

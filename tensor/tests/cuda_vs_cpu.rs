@@ -224,10 +224,29 @@ fn conv_net_pieces_agree() {
         let gy = Tensor::max_pool2d_backward(&gp, &idx, y.shape(), (2, 2))?;
         let gx = Tensor::conv2d_backward_input(&gy, &w, x.shape(), 1, 1, 1)?;
         let gw = Tensor::conv2d_backward_weight(&x, &gy, w.shape(), 1, 1, 1)?;
+        // Windows that leave the last row and column out, and windows apart with gaps (2x2 ones tile the planes).
+        let (p3, idx3) = y.max_pool2d(3, 3)?;
+        let gy3 = Tensor::max_pool2d_backward(&p3.relu()?, &idx3, y.shape(), (3, 3))?;
+        let (p23, idx23) = y.max_pool2d(2, 3)?;
         let wg = rand(&[4, 3, 3, 2], 24, dev)?;
         let xg = rand(&[2, 6, 9, 7], 25, dev)?;
         let yg = xg.conv2d(&wg, None, 2, 1, 2)?;
-        Ok(vec![y, p, idx.to_dtype(DType::F32)?, gy, gx, gw, yg])
+        let idx3 = idx3.to_dtype(DType::F32)?;
+        let idx23 = idx23.to_dtype(DType::F32)?;
+        Ok(vec![
+            y,
+            p,
+            idx.to_dtype(DType::F32)?,
+            gy,
+            gx,
+            gw,
+            yg,
+            p3,
+            idx3,
+            gy3,
+            p23,
+            idx23,
+        ])
     });
 }
 

@@ -37,17 +37,29 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
 
 // The sums, over this block's split of its channel (grid (channels, splits), `chunk` elements a split), of the pair
 // `f` gives for each element's offset, into partial[ch][split][0..2].
+// A thread places its first element by division and each next one (blockDim.x further) by carrying, since
+// divisions per element cost more than the loads (the bf16 CNN's bias gradients ran at a fifth of their memory bound).
 template <typename I, typename F>
 __device__ __forceinline__ void split_sums(const Dims& d, u64 chunk, float* partial, F f) {
     const I ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const I n = (I)(d.outer * d.rows * d.inner);
     const I start = (I)(split * chunk);
     const I end = start + (I)chunk < n ? start + (I)chunk : n;
+    const I inner = (I)d.inner, rows = (I)d.rows, g = ch / (I)d.channels, c = ch % (I)d.channels;
+    const I step = blockDim.x, dq = step % inner, dr = step / inner % rows, dp = step / inner / rows;
+    I e = start + threadIdx.x, q = e % inner, r = e / inner % rows, p = e / inner / rows;
     float s1 = 0.0f, s2 = 0.0f;
-    for (I e = start + threadIdx.x; e < end; e += blockDim.x) {
-        const float2 v = f(element_offset<I>(d, ch, e));
+    for (; e < end; e += step) {
+        const float2 v = f(((((u64)p * d.members + g) * rows + r) * d.channels + c) * inner + q);
         s1 += v.x;
         s2 += v.y;
+        q += dq;
+        const I cq = q >= inner;
+        q -= cq * inner;
+        r += dr + cq;
+        const I cr = r >= rows;
+        r -= cr * rows;
+        p += dp + cr;
     }
     const float2 s = block_sum2(s1, s2);
     if (threadIdx.x == 0) {

@@ -22,11 +22,17 @@ pub unsafe fn max_pool2d(
     out: u64,
     idx: u64,
 ) -> Result<()> {
-    let name = float_kernel("max_pool2d", ty, float_kernels!("max_pool2d"))?;
     let n = p.planes * p.out_h() * p.out_w();
     if n == 0 {
         return Ok(());
     }
+    if let Some([n, w, k, ow, ohw]) = tiling(p) {
+        let name = float_kernel("max_pool2d_tiled", ty, float_kernels!("max_pool2d_tiled"))?;
+        let mut args = kernel_args![n, w, k, ow, ohw, x, out, idx];
+        // SAFETY: matches `max_pool2d_tiled_<ty>(u32 x5, const T*, T*, int*)`.
+        return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
+    }
+    let name = float_kernel("max_pool2d", ty, float_kernels!("max_pool2d"))?;
     let [pl, h, w, k, s, oh, ow] = geometry(p);
     let mut args = kernel_args![pl, h, w, k, s, oh, ow, x, out, idx];
     // SAFETY: matches `max_pool2d_<ty>(u64 x7, const T*, T*, int*)`.
@@ -38,18 +44,36 @@ fn geometry(p: &PoolParams) -> [u64; 7] {
     [p.planes, p.h, p.w, p.kernel, p.stride, p.out_h(), p.out_w()].map(|v| v as u64)
 }
 
-/// The backward of [`max_pool2d`] on 16-bit (bf16 or f16) gradients, for windows that do not overlap
-/// (`stride >= kernel`, where each input element has at most one window): every element of `grad_in`
-/// (`[planes, h, w]`) gathers its window's gradient from `grad_out` where it was the window's max, else 0; in a
-/// fixed order, so deterministic mode needs nothing more.
+/// `[windows, w, kernel, out_w, out_h·out_w]` for the tiled kernels, where `p`'s windows tile its planes (stride =
+/// kernel, dividing h and w) and its elements count in 32 bits.
+fn tiling(p: &PoolParams) -> Option<[u32; 5]> {
+    let k = p.kernel;
+    let tiles = k > 0 && p.stride == k && p.h % k == 0 && p.w % k == 0;
+    let fits = u32::try_from(p.planes * p.h * p.w).is_ok();
+    (tiles && fits).then(|| {
+        let (ow, ohw) = (p.out_w(), p.out_h() * p.out_w());
+        [p.planes * ohw, p.w, k, ow, ohw].map(|v| v as u32)
+    })
+}
+
+/// Whether the windows of `p` tile its planes (stride = kernel, dividing h and w) with 32-bit indices: then each
+/// input element has exactly one window, and [`max_pool2d_backward_gather`] takes every float type.
+pub fn tiles(p: &PoolParams) -> bool {
+    tiling(p).is_some()
+}
+
+/// The backward of [`max_pool2d`] for windows that do not overlap (`stride >= kernel`, where each input element has
+/// at most one window), on 16-bit (bf16 or f16) gradients, or on f32 ones where the windows [`tiles`]: every element
+/// of `grad_in` (`[planes, h, w]`) gathers its window's gradient from `grad_out` where it was the window's max, else
+/// 0; in a fixed order, so deterministic mode needs nothing more.
 ///
 /// # Safety
 /// `grad_out` and `idx` hold `planes·out_h·out_w` elements, `grad_in` `planes·h·w`, of `ty` (`idx` i32).
 ///
 /// # Errors
-/// Overlapping windows, a type other than bf16 and f16, or a launch failure (bad indices are reported at the next
-/// synchronisation).
-pub unsafe fn max_pool2d_backward_16bit(
+/// Overlapping windows, f32 over windows that do not tile, another type, or a launch failure (bad indices are
+/// reported at the next synchronisation).
+pub unsafe fn max_pool2d_backward_gather(
     gpu: &Gpu,
     ty: CudaType,
     p: &PoolParams,
@@ -57,25 +81,35 @@ pub unsafe fn max_pool2d_backward_16bit(
     idx: u64,
     grad_in: u64,
 ) -> Result<()> {
+    const OP: &str = "max_pool2d_backward_gather";
+    if p.stride < p.kernel {
+        return Err(Error::Cuda(format!(
+            "{OP}: windows of {k} with stride {s} overlap; their gradients add up in f32",
+            k = p.kernel,
+            s = p.stride
+        )));
+    }
+    let flag = gpu.flag_ptr()?;
+    if let Some([n, w, k, ow, ohw]) = tiling(p) {
+        let name = float_kernel(OP, ty, float_kernels!("max_pool2d_backward_tiled"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut args = kernel_args![n, w, k, ow, ohw, grad_out, idx, grad_in, flag];
+        // SAFETY: matches `max_pool2d_backward_tiled_<ty>(u32 x5, const T*, const int*, T*, int*)`.
+        return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
+    }
     let gather = [
         None,
         Some("max_pool2d_backward_gather_bf16"),
         Some("max_pool2d_backward_gather_f16"),
     ];
-    let name = float_kernel("max_pool2d_backward_16bit", ty, gather)?;
-    if p.stride < p.kernel {
-        return Err(Error::Cuda(format!(
-            "max_pool2d_backward_16bit: windows of {k} with stride {s} overlap; their gradients add up in f32",
-            k = p.kernel,
-            s = p.stride
-        )));
-    }
+    let name = float_kernel(OP, ty, gather)?;
     let n = p.planes * p.h * p.w;
     if n == 0 {
         return Ok(());
     }
     let [pl, h, w, k, s, oh, ow] = geometry(p);
-    let flag = gpu.flag_ptr()?;
     let mut args = kernel_args![pl, h, w, k, s, oh, ow, grad_out, idx, grad_in, flag];
     // SAFETY: matches `max_pool2d_backward_gather_<ty>(u64 x7, const T*, const int*, T*, int*)`.
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }

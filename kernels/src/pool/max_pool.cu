@@ -27,10 +27,42 @@ __device__ __forceinline__ void max_pool(u64 planes, u64 h, u64 w, u64 k, u64 st
     }
 }
 
+// Windows that tile the planes (stride k, h and w multiples of k: the usual 2x2 pools), a thread per window with
+// 32-bit index math (the host checks that planes·h·w fits): n windows, ow of them a row, ohw a plane. The generic
+// kernels' 64-bit divisions per element cost them most of their time.
+#define FOR_WINDOW(t, n) for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < (n); t += gridDim.x * blockDim.x)
+
+template <typename T>
+__device__ __forceinline__ void max_pool_tiled(u32 n, u32 w, u32 k, u32 ow, u32 ohw, const T* x, T* out, int* idx) {
+    FOR_WINDOW(t, n) {
+        const u32 pl = t / ohw, oy = (t - pl * ohw) / ow, ox = t - pl * ohw - oy * ow;
+        const T* src = x + (u64)pl * ohw * k * k;
+        float best = 0.0f;
+        u32 bi = 0;
+        bool first = true;
+        for (u32 y = oy * k; y < oy * k + k; ++y) {
+            for (u32 xx = ox * k; xx < ox * k + k; ++xx) {
+                const float v = to_f32(src[y * w + xx]);
+                if (first || v > best) {
+                    best = v;
+                    bi = y * w + xx;
+                    first = false;
+                }
+            }
+        }
+        out[t] = from_f32<T>(best);
+        idx[t] = (int)bi;
+    }
+}
+
 #define MAX_POOL(SUFFIX, T)                                                                                   \
     extern "C" __global__ void max_pool2d_##SUFFIX(u64 planes, u64 h, u64 w, u64 k, u64 stride, u64 oh, u64 ow, \
                                                    const T* x, T* out, int* idx) {                             \
         max_pool<T>(planes, h, w, k, stride, oh, ow, x, out, idx);                                              \
+    }                                                                                                         \
+    extern "C" __global__ void max_pool2d_tiled_##SUFFIX(u32 n, u32 w, u32 k, u32 ow, u32 ohw, const T* x,      \
+                                                         T* out, int* idx) {                                   \
+        max_pool_tiled<T>(n, w, k, ow, ohw, x, out, idx);                                                       \
     }
 MAX_POOL(f32, float)
 MAX_POOL(bf16, bf16_t)
@@ -59,6 +91,22 @@ __device__ __forceinline__ void max_pool_backward_gather(u64 planes, u64 h, u64 
     }
 }
 
+// The same over tiling windows (see max_pool_tiled), for every float type: a thread per window writes its k x k
+// elements.
+template <typename T>
+__device__ __forceinline__ void max_pool_backward_tiled(u32 n, u32 w, u32 k, u32 ow, u32 ohw, const T* g,
+                                                        const int* idx, T* gin, int* flag) {
+    FOR_WINDOW(t, n) {
+        const u32 pl = t / ohw, oy = (t - pl * ohw) / ow, ox = t - pl * ohw - oy * ow, hw = ohw * k * k;
+        const int i = idx[t];
+        if (i < 0 || (u32)i >= hw) report_index_error(flag, OP_MAX_POOL_BACKWARD, i, (i64)hw);
+        const T v = g[t], zero = from_f32<T>(0.0f);
+        T* dst = gin + (u64)pl * hw;
+        for (u32 y = oy * k; y < oy * k + k; ++y)
+            for (u32 xx = ox * k; xx < ox * k + k; ++xx) dst[y * w + xx] = (u32)i == y * w + xx ? v : zero;
+    }
+}
+
 #define MAX_POOL_BACKWARD_GATHER(SUFFIX, T)                                                                     \
     extern "C" __global__ void max_pool2d_backward_gather_##SUFFIX(u64 planes, u64 h, u64 w, u64 k, u64 stride,  \
                                                                    u64 oh, u64 ow, const T* g, const int* idx,   \
@@ -67,6 +115,15 @@ __device__ __forceinline__ void max_pool_backward_gather(u64 planes, u64 h, u64 
     }
 MAX_POOL_BACKWARD_GATHER(bf16, bf16_t)
 MAX_POOL_BACKWARD_GATHER(f16, f16_t)
+
+#define MAX_POOL_BACKWARD_TILED(SUFFIX, T)                                                                     \
+    extern "C" __global__ void max_pool2d_backward_tiled_##SUFFIX(u32 n, u32 w, u32 k, u32 ow, u32 ohw,        \
+                                                                  const T* g, const int* idx, T* gin, int* flag) { \
+        max_pool_backward_tiled<T>(n, w, k, ow, ohw, g, idx, gin, flag);                                        \
+    }
+MAX_POOL_BACKWARD_TILED(f32, float)
+MAX_POOL_BACKWARD_TILED(bf16, bf16_t)
+MAX_POOL_BACKWARD_TILED(f16, f16_t)
 
 // grad_in (zeroed by the host) [planes, hw_in] += grad_out routed by idx. Where windows overlap, several outputs
 // add into one input element, in whatever order their threads arrive: the bits vary from run to run.

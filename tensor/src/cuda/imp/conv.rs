@@ -182,10 +182,10 @@ impl Convolutions for CudaStorage {
                 .cast(self.dtype);
         }
         let out = self.sibling(p.planes * p.h * p.w, self.dtype)?;
-        if ty != CudaType::F32 {
+        if ty != CudaType::F32 || pool_cuda::tiles(p) {
             // SAFETY: self and indices hold planes·out_h·out_w elements, out planes·h·w, of ty.
             unsafe {
-                pool_cuda::max_pool2d_backward_16bit(
+                pool_cuda::max_pool2d_backward_gather(
                     &self.gpu,
                     ty,
                     p,
