@@ -42,6 +42,10 @@ pub(crate) enum Op {
         y: Tensor,
         bias: Vec<usize>,
     },
+    /// A bias per channel of image features `[N, C, H, W]`, then a ReLU (the output `y` is kept for it).
+    ChannelBiasRelu {
+        y: Tensor,
+    },
     /// `x · w + bias`, then a ReLU when `relu` (the output `y` is kept for it).
     Linear {
         x: Tensor,
@@ -299,6 +303,15 @@ impl Op {
                 } else {
                     one(need, || Ok(g.relu_backward(y)?))
                 }
+            }
+            Op::ChannelBiasRelu { y } => {
+                let gx = g.relu_backward(y)?;
+                let gb = if need[1] {
+                    Some(Tensor::conv2d_backward_bias(&gx)?)
+                } else {
+                    None
+                };
+                Ok(vec![need[0].then_some(gx), gb])
             }
             Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),

@@ -140,6 +140,21 @@ impl Var {
         })
     }
 
+    /// `max(self + bias, 0)` with a bias per channel of image features (`[N, C, H, W]`, bias `[C]`, or none): a
+    /// convolution's bias and ReLU after the max pool that follows it ([`Tensor::channel_bias_relu`]).
+    ///
+    /// # Errors
+    /// When the bias does not fit or the tensor op fails.
+    pub fn channel_bias_relu(&self, bias: Option<&Var>) -> Result<Var> {
+        let y = self.value().channel_bias_relu(bias.map(Var::value))?;
+        match bias {
+            Some(b) => Var::record("channel_bias_relu", y.clone(), &[self, b], || {
+                Op::ChannelBiasRelu { y }
+            }),
+            None => Var::record("relu", y.clone(), &[self], || Op::Relu { y }),
+        }
+    }
+
     /// `-self`.
     ///
     /// # Errors

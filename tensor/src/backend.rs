@@ -491,6 +491,14 @@ pub trait CudaBackend: BackendStorage {
     /// `self` not 16-bit or `bias` not f32, different devices, out of memory, or a launch failure.
     fn conv_epilogue(self, bias: Option<&Self>, p: &ConvParams, act: (bool, bool)) -> Result<Self>;
 
+    /// `max(self + bias, 0)` for image features `self` (`dims` `[C, H·W]` of an NCHW tensor, any float type) and
+    /// a bias per channel (`[C]` f32, or none), into a new tensor of `self`'s type in one pass: the bias and ReLU
+    /// of a convolution that a max pool came between.
+    ///
+    /// # Errors
+    /// `bias` not f32, different devices, out of memory, or a launch failure.
+    fn channel_bias_relu(&self, bias: Option<&Self>, dims: [usize; 2]) -> Result<Self>;
+
     /// A convolution's bias gradient from its output's 16-bit gradient `self` (`dims` `[N, O, OH·OW]`, bf16 or
     /// f16): each channel's sum, in f32 (`[O]`). An f32 gradient's runs through [`Reductions`].
     ///

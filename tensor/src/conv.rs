@@ -255,6 +255,52 @@ impl Tensor {
         grad_out.sum_to(&[1, c_out, 1, 1])?.reshape(&[c_out])
     }
 
+    /// `max(self + bias, 0)` with a bias per channel of image features `self` (`[N, C, H, W]`, bias `[C]` of any
+    /// float type, or none): a convolution's bias and ReLU moved after the max pool that follows it, so that they
+    /// run at the pooled size. `relu(maxpool(conv + b)) = relu(maxpool(conv) + b)` exactly, since adding `b` and
+    /// rounding keep the order within each channel's windows. On CUDA one kernel, the bias read in f32 (a mixed
+    /// policy's master); on the CPU the bias is taken in `self`'s type.
+    ///
+    /// # Errors
+    /// `self` not of rank 4 or not a float type; a bias of another shape or device.
+    pub fn channel_bias_relu(&self, bias: Option<&Tensor>) -> Result<Tensor> {
+        const OP: &str = "channel_bias_relu";
+        self.require_float(OP)?;
+        let &[_, c, h, w] = &self.shape[..] else {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: self.shape.clone(),
+                reason: "expected image features [N, C, H, W]".into(),
+            });
+        };
+        if let Some(b) = bias {
+            self.same_device(OP, b)?;
+            if b.shape != [c] {
+                return Err(self.shape_mismatch(OP, b));
+            }
+        }
+        if !self.device().is_cuda() {
+            return match bias {
+                Some(b) => self
+                    .add(&b.to_dtype(self.dtype)?.reshape(&[1, c, 1, 1])?)?
+                    .relu(),
+                None => self.relu(),
+            };
+        }
+        let bias = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
+        let mut ts = vec![self];
+        ts.extend(bias.as_ref());
+        let s = Tensor::read_all(&ts, |st| match st {
+            [Storage::Cuda(x)] => x.channel_bias_relu(None, [c, h * w]),
+            [Storage::Cuda(x), Storage::Cuda(b)] => x.channel_bias_relu(Some(b), [c, h * w]),
+            _ => Err(Error::InvalidArgument {
+                op: OP,
+                reason: "features and bias on different devices".into(),
+            }),
+        })?;
+        Ok(Tensor::from_storage(Storage::Cuda(s), self.shape.clone()))
+    }
+
     /// Max pooling over `kernel × kernel` windows of the last two dims (no padding); returns the
     /// pooled values and, per output, the i32 flat index (`y·W + x`) of its max in the input plane.
     ///

@@ -229,6 +229,12 @@ fn sixteen_bit_activations_stay_in_their_type_through_a_conv_nets_ops() {
         assert!(e == 0.0, "{}: {e:.2e}", what("relu"));
         let e = off_in(low, &y.add(&gy).unwrap(), &yc.add(&gyc).unwrap());
         assert!(e <= tol, "{}: {e:.2e}", what("add"));
+        let e = off_in(
+            low,
+            &y.channel_bias_relu(Some(&bias)).unwrap(),
+            &yc.channel_bias_relu(Some(&bc)).unwrap(),
+        );
+        assert!(e <= tol, "{}: {e:.2e}", what("channel_bias_relu"));
 
         // Windows that tile the planes (a thread per window), apart with gaps (gathered in the type) and overlapping
         // (summed in f32).

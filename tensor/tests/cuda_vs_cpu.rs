@@ -233,7 +233,11 @@ fn conv_net_pieces_agree() {
         let yg = xg.conv2d(&wg, None, 2, 1, 2)?;
         let idx3 = idx3.to_dtype(DType::F32)?;
         let idx23 = idx23.to_dtype(DType::F32)?;
+        // A bias and ReLU moved after the pool: the same values as `p`, in one kernel on CUDA.
+        let (pooled, _) = x.conv2d(&w, None, 1, 1, 1)?.max_pool2d(2, 2)?;
+        let moved = pooled.channel_bias_relu(Some(&bias))?;
         Ok(vec![
+            moved,
             y,
             p,
             idx.to_dtype(DType::F32)?,

@@ -619,6 +619,46 @@ fn max_pool(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+fn channel_bias_relu(dev: &Device) -> Result<()> {
+    for dt in float_dtypes(dev) {
+        let shape = [2usize, 3, 4, 5];
+        let x = rand(&shape, 950, dt, dev)?;
+        let b = rand(&[3], 951, dt, dev)?;
+        let (hx, hb) = (host(&x), host(&b));
+        let plane = 4 * 5;
+        let want: Vec<f64> = hx
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v + hb[(i / plane) % 3]).max(0.0))
+            .collect();
+        assert_close(
+            "channel_bias_relu",
+            &x.channel_bias_relu(Some(&b))?,
+            &shape,
+            &want,
+            tol(dt),
+        );
+        let want: Vec<f64> = hx.iter().map(|&v| v.max(0.0)).collect();
+        assert_close(
+            "channel_bias_relu without a bias",
+            &x.channel_bias_relu(None)?,
+            &shape,
+            &want,
+            0.0,
+        );
+        let e = x
+            .channel_bias_relu(Some(&rand(&[4], 952, dt, dev)?))
+            .unwrap_err();
+        assert!(e.to_string().contains("channel_bias_relu"), "{e}");
+        let e = x
+            .reshape(&[6, 4, 5])?
+            .channel_bias_relu(Some(&b))
+            .unwrap_err();
+        assert!(e.to_string().contains("[N, C, H, W]"), "{e}");
+    }
+    Ok(())
+}
+
 fn indexing(dev: &Device) -> Result<()> {
     for dt in float_dtypes(dev) {
         let table = rand(&[6, 4], 1000, dt, dev)?;
@@ -1204,6 +1244,7 @@ device_tests!(
     matmul,
     conv2d,
     max_pool,
+    channel_bias_relu,
     indexing,
     layout,
     in_place,

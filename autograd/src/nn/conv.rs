@@ -2,9 +2,9 @@ use cohort_tensor::{DType, Device};
 use serde::Serialize;
 use toml::Value;
 
-use super::{ActivationKind, Features, Layout, Module, init_full, init_normal};
+use super::{ActivationKind, Features, Layout, MaxPool2d, Module, init_full, init_normal};
 use crate::spec::{Fields, LayerCtx, Shape, SpecResult, describe};
-use crate::{Error, Param, Result, Tape};
+use crate::{Error, Param, Result, Tape, Var};
 
 /// 2-D convolution per member, NCHW: weight `[M, O, C, k, k]`, bias `[M, O]`.
 ///
@@ -63,6 +63,15 @@ impl Module for Conv2d {
         Some(self.run(tape, x, true))
     }
 
+    fn forward_relu_max_pool(
+        &self,
+        tape: &Tape,
+        x: Features,
+        pool: &MaxPool2d,
+    ) -> Option<Result<Features>> {
+        Some(self.run_pooled(tape, x, pool))
+    }
+
     fn takes_16bit(&self) -> bool {
         true
     }
@@ -80,10 +89,50 @@ impl Module for Conv2d {
     }
 }
 
+/// A convolution's operands on the tape: its input as one image batch, its weight `[M*O, C, k, k]`, its bias
+/// `[M*O]` and the number of groups (members).
+struct Operands {
+    input: Var,
+    weight: Var,
+    bias: Option<Var>,
+    groups: usize,
+}
+
 impl Conv2d {
     /// The convolution, then a ReLU in the same op when `relu` (under a 16-bit policy the output's cast, bias and
     /// ReLU are one kernel).
     fn run(&self, tape: &Tape, x: Features, relu: bool) -> Result<Features> {
+        let Operands {
+            input,
+            weight: w,
+            bias: b,
+            groups,
+        } = self.operands(tape, x)?;
+        let (s, p) = (self.stride, self.padding);
+        let y = if relu {
+            input.conv2d_relu(&w, b.as_ref(), s, p, groups)?
+        } else {
+            input.conv2d(&w, b.as_ref(), s, p, groups)?
+        };
+        Ok(Features::packed(y))
+    }
+
+    /// The convolution, a ReLU and `pool` as the convolution without its bias, the pool, then the bias and the
+    /// ReLU at the pooled size: the same values (see `Tensor::channel_bias_relu`) with
+    /// no full-size pass after the convolution's own, forward or backward.
+    fn run_pooled(&self, tape: &Tape, x: Features, pool: &MaxPool2d) -> Result<Features> {
+        let Operands {
+            input,
+            weight: w,
+            bias: b,
+            groups,
+        } = self.operands(tape, x)?;
+        let y = input.conv2d(&w, None, self.stride, self.padding, groups)?;
+        let pooled = pool.forward(tape, Features::packed(y))?;
+        Ok(Features::packed(pooled.var.channel_bias_relu(b.as_ref())?))
+    }
+
+    fn operands(&self, tape: &Tape, x: Features) -> Result<Operands> {
         let ws = self.weight.shape().to_vec();
         let (m, o, c, k) = (ws[0], ws[1], ws[2], ws[3]);
         let s = x.var.shape().to_vec();
@@ -104,17 +153,16 @@ impl Conv2d {
         if is[2] + 2 * self.padding < k || is[3] + 2 * self.padding < k {
             return Err(bad(format!("a {k}x{k} kernel does not fit")));
         }
-        let w = tape.param(&self.weight).reshape(&[m * o, c, k, k])?;
-        let b = match &self.bias {
+        let bias = match &self.bias {
             Some(b) => Some(tape.param(b).reshape(&[m * o])?),
             None => None,
         };
-        let y = if relu {
-            input.conv2d_relu(&w, b.as_ref(), self.stride, self.padding, groups)?
-        } else {
-            input.conv2d(&w, b.as_ref(), self.stride, self.padding, groups)?
-        };
-        Ok(Features::packed(y))
+        Ok(Operands {
+            input,
+            weight: tape.param(&self.weight).reshape(&[m * o, c, k, k])?,
+            bias,
+            groups,
+        })
     }
 
     /// The same convolution without its bias (before a batch norm, whose shift makes a bias redundant).

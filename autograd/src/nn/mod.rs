@@ -182,6 +182,24 @@ pub trait Module: Debug + Send + Sync {
         None
     }
 
+    /// The layer, a ReLU, then the max pool `pool`, in fewer passes where the layer can reorder them (a
+    /// convolution adds its bias and applies the ReLU after the pool, at a quarter of the size for 2x2 windows);
+    /// `None` where it cannot.
+    fn forward_relu_max_pool(
+        &self,
+        tape: &Tape,
+        x: Features,
+        pool: &MaxPool2d,
+    ) -> Option<Result<Features>> {
+        let _ = (tape, x, pool);
+        None
+    }
+
+    /// The layer as a max pool, where it is one (for [`Module::forward_relu_max_pool`]).
+    fn as_max_pool(&self) -> Option<&MaxPool2d> {
+        None
+    }
+
     /// Whether the layer takes features in a 16-bit type. Under a mixed policy on CUDA convolutions give their
     /// output in the low type, as autocast does, and the layers that take it keep it so (half the memory traffic
     /// and saved memory); a [`Sequential`] gives every other layer (a user's own among them) its input in f32.

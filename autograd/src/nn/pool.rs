@@ -61,6 +61,10 @@ impl Module for MaxPool2d {
         })
     }
 
+    fn as_max_pool(&self) -> Option<&MaxPool2d> {
+        Some(self)
+    }
+
     fn takes_16bit(&self) -> bool {
         true
     }

@@ -114,17 +114,18 @@ pub unsafe fn conv_pass_16bit(
     unsafe { through_cudnn(gpu, (pass, math), p, x, workspace) }
 }
 
-/// The epilogue of a 16-bit forward pass ([`conv_pass_16bit`]) in one pass: `out` = `y` (`[N, O, OH, OW]` of the
-/// 16-bit type `from`) + `bias` (`[O]` f32, or 0 for none), then `max(·, 0)` when `relu`, written as f32 or as
-/// `from` itself (`out_ty`; then `out` may be `y`). What the cast, the bias's broadcast add and the activation
-/// would do in three passes over the largest tensors of a step.
+/// A convolution's epilogue in one pass: `out` = `y` (`[N, O, OH, OW]` of type `from`) + `bias` (`[O]` f32, or 0
+/// for none), then `max(·, 0)` when `relu`, written as `out_ty`; `out` may be `y`. After a 16-bit forward pass
+/// ([`conv_pass_16bit`]) `from` is bf16 or f16 and `out_ty` f32 or `from`: what the cast, the bias's broadcast add
+/// and the activation would do in three passes over the largest tensors of a step. f32 into f32 is the bias and
+/// ReLU after a max pool (at a quarter of the size they would have before it).
 ///
 /// # Safety
 /// `y` holds `n·o·inner` elements of `from`, `out` as many of `out_ty` and `bias` (where not 0) `o` f32, on `gpu`.
 ///
 /// # Errors
-/// `from` other than bf16 or f16, `out_ty` other than f32 or `from`, or a launch failure.
-pub unsafe fn conv_epilogue_16bit(
+/// Types other than those above, or a launch failure.
+pub unsafe fn conv_epilogue(
     gpu: &Gpu,
     (from, out_ty): (CudaType, CudaType),
     (y, bias, out): (u64, u64, u64),
@@ -137,9 +138,10 @@ pub unsafe fn conv_epilogue_16bit(
         (CudaType::F16, CudaType::F32) => "conv_epilogue_f16",
         (CudaType::BF16, CudaType::BF16) => "conv_epilogue_bf16_bf16",
         (CudaType::F16, CudaType::F16) => "conv_epilogue_f16_f16",
+        (CudaType::F32, CudaType::F32) => "conv_epilogue_f32_f32",
         other => {
             return Err(Error::Cuda(format!(
-                "conv_epilogue_16bit: takes a bf16 or f16 output into f32 or its own type, not {other:?}"
+                "conv_epilogue: takes a bf16 or f16 output into f32 or its own type, or f32 into f32, not {other:?}"
             )));
         }
     };

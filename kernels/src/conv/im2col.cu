@@ -71,9 +71,10 @@ extern "C" __global__ void conv_accumulate_f32(u64 n, const float* src, float* d
     GRID_STRIDE(t, n) { dst[t] += src[t]; }
 }
 
-// A 16-bit forward pass's epilogue in one pass: the bias of each channel (none where bias is null) and a ReLU when
-// relu is set (as relu_f32: NaN gives 0), into f32 (conv_epilogue_<T>) or into the 16-bit type itself, in place
-// allowed (conv_epilogue_<T>_<T>, for activations kept in the low type). NCHW: channel (i / inner) % channels,
+// A forward pass's epilogue in one pass: the bias of each channel (none where bias is null) and a ReLU when relu
+// is set (as relu_f32: NaN gives 0). A 16-bit pass's output goes into f32 (conv_epilogue_<T>) or into its own
+// type, in place allowed (conv_epilogue_<T>_<T>, for activations kept in the low type); conv_epilogue_f32_f32 is
+// the bias and ReLU that follow a max pool in place of preceding it. NCHW: channel (i / inner) % channels,
 // inner = OH·OW (in 32 bits where the tensor allows: a 64-bit division costs more than the element's traffic).
 template <typename T, typename O>
 __device__ __forceinline__ void conv_epilogue(u64 n, u64 channels, u64 inner, const T* y, const float* bias,
@@ -93,3 +94,4 @@ CONV_EPILOGUE(conv_epilogue_bf16, bf16_t, float)
 CONV_EPILOGUE(conv_epilogue_f16, f16_t, float)
 CONV_EPILOGUE(conv_epilogue_bf16_bf16, bf16_t, bf16_t)
 CONV_EPILOGUE(conv_epilogue_f16_f16, f16_t, f16_t)
+CONV_EPILOGUE(conv_epilogue_f32_f32, float, float)

@@ -437,6 +437,19 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// [`Error::NotCompiledWithCuda`].
+    fn channel_bias_relu(
+        &self,
+        bias: Option<&CudaStorage>,
+        dims: [usize; 2],
+    ) -> Result<CudaStorage> {
+        let _ = (bias, dims);
+        Err(unavailable("channel_bias_relu", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
     fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<CudaStorage> {
         let _ = dims;
         Err(unavailable("conv2d_backward_bias", self.ordinal))

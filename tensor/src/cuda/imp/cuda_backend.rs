@@ -239,7 +239,7 @@ impl CudaBackend for CudaStorage {
         // SAFETY: `self` holds the pass's output, `out` (or `self` again, element by element in place) as many
         // elements of `to`, `bias` (validated by the tensor) `c_out` f32.
         unsafe {
-            conv_cuda::conv_epilogue_16bit(
+            conv_cuda::conv_epilogue(
                 &self.gpu,
                 (from, to),
                 (self.device_ptr(), b, out_ptr),
@@ -249,6 +249,40 @@ impl CudaBackend for CudaStorage {
             )?;
         }
         Ok(out.unwrap_or(self))
+    }
+
+    /// The bias and ReLU of a convolution after the max pool that came between, in one kernel.
+    ///
+    /// # Errors
+    /// `self` not a float type or `bias` not f32, different devices, out of memory, or a launch failure.
+    fn channel_bias_relu(
+        &self,
+        bias: Option<&CudaStorage>,
+        [channels, inner]: [usize; 2],
+    ) -> Result<CudaStorage> {
+        const OP: &str = "channel_bias_relu";
+        let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
+        let b = match bias {
+            Some(b) => {
+                want(OP, b, &[DType::F32])?;
+                same_device(OP, self, b)?;
+                b.device_ptr()
+            }
+            None => 0,
+        };
+        let out = self.sibling(self.len, self.dtype)?;
+        // SAFETY: `self` and `out` hold `len` elements of `ty`, `bias` (validated by the tensor) `channels` f32.
+        unsafe {
+            conv_cuda::conv_epilogue(
+                &self.gpu,
+                (ty, ty),
+                (self.device_ptr(), b, out.device_ptr()),
+                (channels, inner),
+                self.len,
+                true,
+            )?;
+        }
+        Ok(out)
     }
 
     /// Each channel's sum of the 16-bit output gradient `self`, in f32.
