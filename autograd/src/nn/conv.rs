@@ -102,34 +102,28 @@ impl Conv2d {
     /// The convolution, then a ReLU in the same op when `relu` (under a 16-bit policy the output's cast, bias and
     /// ReLU are one kernel).
     fn run(&self, tape: &Tape, x: Features, relu: bool) -> Result<Features> {
-        let Operands {
-            input,
-            weight: w,
-            bias: b,
-            groups,
-        } = self.operands(tape, x)?;
-        let (s, p) = (self.stride, self.padding);
+        let o = self.operands(tape, x)?;
+        let (b, s, p) = (o.bias.as_ref(), self.stride, self.padding);
         let y = if relu {
-            input.conv2d_relu(&w, b.as_ref(), s, p, groups)?
+            o.input.conv2d_relu(&o.weight, b, s, p, o.groups)?
         } else {
-            input.conv2d(&w, b.as_ref(), s, p, groups)?
+            o.input.conv2d(&o.weight, b, s, p, o.groups)?
         };
         Ok(Features::packed(y))
     }
 
     /// The convolution, a ReLU and `pool` as the convolution without its bias, the pool, then the bias and the
-    /// ReLU at the pooled size: the same values (see `Tensor::channel_bias_relu`) with
-    /// no full-size pass after the convolution's own, forward or backward.
+    /// ReLU at the pooled size: the same values (see `Tensor::channel_bias_relu`) with no full-size pass after the
+    /// convolution's own, forward or backward.
     fn run_pooled(&self, tape: &Tape, x: Features, pool: &MaxPool2d) -> Result<Features> {
-        let Operands {
-            input,
-            weight: w,
-            bias: b,
-            groups,
-        } = self.operands(tape, x)?;
-        let y = input.conv2d(&w, None, self.stride, self.padding, groups)?;
+        let o = self.operands(tape, x)?;
+        let y = o
+            .input
+            .conv2d(&o.weight, None, self.stride, self.padding, o.groups)?;
         let pooled = pool.forward(tape, Features::packed(y))?;
-        Ok(Features::packed(pooled.var.channel_bias_relu(b.as_ref())?))
+        Ok(Features::packed(
+            pooled.var.channel_bias_relu(o.bias.as_ref())?,
+        ))
     }
 
     fn operands(&self, tape: &Tape, x: Features) -> Result<Operands> {
