@@ -293,10 +293,7 @@ impl Tensor {
         let s = Tensor::read_all(&ts, |st| match st {
             [Storage::Cuda(x)] => x.channel_bias_relu(None, [c, h * w]),
             [Storage::Cuda(x), Storage::Cuda(b)] => x.channel_bias_relu(Some(b), [c, h * w]),
-            _ => Err(Error::InvalidArgument {
-                op: OP,
-                reason: "features and bias on different devices".into(),
-            }),
+            _ => Err(self.device_mismatch(OP, ts[ts.len() - 1])),
         })?;
         Ok(Tensor::from_storage(Storage::Cuda(s), self.shape.clone()))
     }

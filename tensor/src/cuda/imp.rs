@@ -202,6 +202,14 @@ fn f32_on_one_device(op: &'static str, x: &CudaStorage, others: &[&CudaStorage])
     Ok(())
 }
 
+/// The address of a per-channel bias for `x`'s epilogue (f32, on `x`'s device), or 0 for none.
+fn channel_bias_ptr(op: &'static str, x: &CudaStorage, bias: Option<&CudaStorage>) -> Result<u64> {
+    let Some(b) = bias else { return Ok(0) };
+    want(op, b, &[DType::F32])?;
+    same_device(op, x, b)?;
+    Ok(b.device_ptr())
+}
+
 fn same_device(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.ordinal == b.ordinal {
         Ok(())

@@ -14,7 +14,7 @@ use cohort_kernels::unary::cuda as unary_cuda;
 
 use super::conv::ConvWorkspace;
 use super::optim::{adam_launch, optim_check, sgd_launch, unscale_grads, update_loss_scale};
-use super::{Ctx, CudaStorage, indices, mismatch, same_device, ty, want};
+use super::{Ctx, CudaStorage, channel_bias_ptr, indices, mismatch, same_device, ty, want};
 use crate::backend::{AdamEntry, CudaBackend, SgdEntry};
 use crate::products::operand_type;
 use crate::storage::CpuStorage;
@@ -215,14 +215,7 @@ impl CudaBackend for CudaStorage {
     ) -> Result<CudaStorage> {
         const OP: &str = "conv2d";
         let from = want(OP, &self, &[DType::BF16, DType::F16])?;
-        let b = match bias {
-            Some(b) => {
-                want(OP, b, &[DType::F32])?;
-                same_device(OP, &self, b)?;
-                b.device_ptr()
-            }
-            None => 0,
-        };
+        let b = channel_bias_ptr(OP, &self, bias)?;
         if keep && b == 0 && !relu {
             return Ok(self);
         }
@@ -262,14 +255,7 @@ impl CudaBackend for CudaStorage {
     ) -> Result<CudaStorage> {
         const OP: &str = "channel_bias_relu";
         let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
-        let b = match bias {
-            Some(b) => {
-                want(OP, b, &[DType::F32])?;
-                same_device(OP, self, b)?;
-                b.device_ptr()
-            }
-            None => 0,
-        };
+        let b = channel_bias_ptr(OP, self, bias)?;
         let out = self.sibling(self.len, self.dtype)?;
         // SAFETY: `self` and `out` hold `len` elements of `ty`, `bias` (validated by the tensor) `channels` f32.
         unsafe {
