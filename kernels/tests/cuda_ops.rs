@@ -1274,6 +1274,60 @@ fn counted_adam_steps_advance_their_device_state_and_follow_its_scale() {
     assert_close("counted adam m", &down::<f32>(&g, &dm, n), &m, 1e-5);
 }
 
+/// A step replayed from a graph (its number on the device) updates to the bits of the eager step of that number:
+/// both take the bias corrections from the same f64 operations, at early steps where they matter most and late
+/// ones where the powers take many squarings.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_counted_adam_step_gives_the_eager_steps_bits() {
+    let g = gpu();
+    let (members, per) = (3, 1000);
+    let lrs = [1e-3, 3e-4, 1e-2];
+    let n = members * per;
+    let (p, gr) = (rand_vec(n, 1, -1.0, 1.0), rand_vec(n, 2, -1.0, 1.0));
+    let (m, v) = (rand_vec(n, 3, -0.1, 0.1), rand_vec(n, 4, 0.0, 0.1));
+    for step in [1, 2, 3, 10, 1000, 123_457] {
+        let run = |counted: bool| {
+            let (dp, dg, dm, dv) = (up(&g, &p), up(&g, &gr), up(&g, &m), up(&g, &v));
+            let state = up(&g, &[optim_cuda::StepState::before(step, 1.0)]);
+            let bufs = [optim_cuda::ParamBuffers {
+                param: dp.ptr(),
+                grad: dg.ptr(),
+                state1: dm.ptr(),
+                state2: dv.ptr(),
+                len: n,
+                lrs: &lrs,
+            }];
+            let h = AdamParams {
+                lrs: &[],
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                decoupled: false,
+                step,
+            };
+            let state = counted.then(|| state.ptr());
+            // SAFETY: every buffer holds n f32; the state is a StepState.
+            unsafe { optim_cuda::adam_step(&g, &bufs, &h, state, None).unwrap() };
+            [&dp, &dm, &dv].map(|b| down::<f32>(&g, b, n))
+        };
+        let (eager, replayed) = (run(false), run(true));
+        for (what, (a, b)) in ["param", "m", "v"].iter().zip(eager.iter().zip(&replayed)) {
+            let differ = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "step {step}: {differ} of {n} {what} values differ"
+            );
+        }
+        assert_ne!(eager[0], p, "step {step}: the step moved the parameters");
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prefetch_on_the_copy_stream_is_ordered_with_compute() {

@@ -102,9 +102,9 @@ pub fn adam_step<T: Float>(
         grad.len() == len && m.len() == len && v.len() == len,
         "adam_step: buffer lengths"
     );
-    let step = h.step.max(1) as i32;
-    let bc1 = 1.0 - h.beta1.powi(step);
-    let bc2 = 1.0 - h.beta2.powi(step);
+    let step = h.step.max(1);
+    let bc1 = super::bias_correction(h.beta1, step);
+    let bc2 = super::bias_correction(h.beta2, step);
     let b1 = T::from_f64(h.beta1);
     let b2 = T::from_f64(h.beta2);
     let one_b1 = T::from_f64(1.0 - h.beta1);

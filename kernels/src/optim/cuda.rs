@@ -267,8 +267,11 @@ pub unsafe fn adam_step(
             "adam_step: every parameter needs both moment buffers".into(),
         ));
     }
-    let step = h.step.max(1) as i32;
-    let (bc1, bc2) = (1.0 - h.beta1.powi(step), 1.0 - h.beta2.powi(step));
+    let step = h.step.max(1);
+    let (bc1, bc2) = (
+        super::bias_correction(h.beta1, step),
+        super::bias_correction(h.beta2, step),
+    );
     let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
     let (one_b1, one_b2) = ((1.0 - h.beta1) as f32, (1.0 - h.beta2) as f32);
     let eps = h.eps as f32;
@@ -304,10 +307,12 @@ pub unsafe fn adam_step(
                 }
                 Some(state) => {
                     let advance = u32::from(last);
-                    let mut args =
-                        kernel_args![table, b1, b2, one_b1, one_b2, eps, l2, state, advance, skip];
-                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, StepState*, u32,
-                    // float*)`; buffers per the caller.
+                    let (beta1, beta2) = (h.beta1, h.beta2);
+                    let mut args = kernel_args![
+                        table, b1, b2, one_b1, one_b2, eps, l2, beta1, beta2, state, advance, skip
+                    ];
+                    // SAFETY: matches `adam_f32_counted(MtTable, float x6, double x2, StepState*,
+                    // u32, float*)`; buffers per the caller.
                     unsafe { gpu.launch(&SRC, "adam_f32_counted", cfg, &mut args) }
                 }
             }

@@ -7,6 +7,21 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+/// Adam's bias correction `1 - beta^step` (1-based `step`), the power taken by squaring in f64: the operations
+/// `adam_f32_counted` in `optim.cu` repeats on the device, so that a step replayed from a CUDA graph scales its
+/// update by the bits an eager step uses (the library `powi` and the device's `pow` need not round alike).
+pub fn bias_correction(beta: f64, step: u64) -> f64 {
+    let (mut power, mut base, mut n) = (1.0f64, beta, step);
+    while n > 0 {
+        if n & 1 == 1 {
+            power *= base;
+        }
+        base *= base;
+        n >>= 1;
+    }
+    1.0 - power
+}
+
 /// SGD hyper-parameters, PyTorch semantics (`torch.optim.SGD`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdParams<'a> {
@@ -73,4 +88,23 @@ pub struct AdamParams<'a> {
     pub decoupled: bool,
     /// 1-based step number (after this update), for bias correction.
     pub step: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bias_correction;
+
+    #[test]
+    fn bias_correction_is_one_less_the_power() {
+        assert_eq!(bias_correction(0.9, 1), 1.0 - 0.9);
+        assert_eq!(bias_correction(0.5, 3), 0.875);
+        for (beta, step) in [(0.9, 7), (0.999, 10), (0.999, 1000), (0.999, 123_457)] {
+            let want = 1.0 - f64::powf(beta, step as f64);
+            let got = bias_correction(beta, step);
+            assert!(
+                (got - want).abs() <= 1e-12 * want,
+                "{beta}^{step}: {got} against {want}"
+            );
+        }
+    }
 }

@@ -122,15 +122,30 @@ extern "C" __global__ void adam_f32(MtTable t, float b1, float b2, float one_b1,
     adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, 1.0f});
 }
 
+// 1 - beta^step, the power taken by squaring in f64: `bias_correction` in optim/mod.rs, operation for
+// operation (the _rn intrinsics are never contracted into a fused multiply-add), so that the bias
+// correction a replay computes here is the bits an eager step has from the host.
+__device__ double bias_correction(double beta, u32 step) {
+    double power = 1.0;
+    while (step > 0u) {
+        if (step & 1u) power = __dmul_rn(power, beta);
+        beta = __dmul_rn(beta, beta);
+        step >>= 1;
+    }
+    return __dsub_rn(1.0, power);
+}
+
 // Graph-capturable Adam: the step and the rates' scale live in device memory (`state`), so every
 // replay of a captured step applies the right bias correction and schedule. The last block of the
 // step's last launch (`advance`) moves the step on, counting finished blocks in `state->blocks`:
 // no separate kernel on the step's critical path. A skipped update moves the step on too, as an eager one counts.
+// `beta1` and `beta2` are the betas in f64, for the bias corrections (`adam_f32` has them from the host).
 extern "C" __global__ void adam_f32_counted(MtTable t, float b1, float b2, float one_b1, float one_b2,
-                                            float eps, float l2, StepState* state, u32 advance, const float* skip) {
-    const float step = (float)(state->last + 1u);
-    const float inv_bc1 = 1.0f / (1.0f - powf(b1, step));
-    const float inv_sqrt_bc2 = rsqrtf(1.0f - powf(b2, step));
+                                            float eps, float l2, double beta1, double beta2, StepState* state,
+                                            u32 advance, const float* skip) {
+    const u32 step = state->last + 1u;
+    const float inv_bc1 = __double2float_rn(__drcp_rn(bias_correction(beta1, step)));
+    const float inv_sqrt_bc2 = __double2float_rn(__drcp_rn(__dsqrt_rn(bias_correction(beta2, step))));
     if (!skipped(skip))
         adam_chunk(t, AdamConsts{b1, b2, one_b1, one_b2, eps, inv_sqrt_bc2, l2, inv_bc1, state->scale});
     if (!advance) return;

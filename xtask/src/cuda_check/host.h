@@ -62,4 +62,9 @@ float tanhf(float);
 float fabsf(float);
 float powf(float, float);
 float __fdividef(float, float);
+double __dmul_rn(double, double);
+double __dsub_rn(double, double);
+double __drcp_rn(double);
+double __dsqrt_rn(double);
+float __double2float_rn(double);
 #define asm(...) ((void)0)
