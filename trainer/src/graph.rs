@@ -9,7 +9,11 @@
 //!
 //! What keeps a replay equal to an eager step: the batch is copied into the graph's static inputs;
 //! the optimizer's step number and the schedule's factor over the one at capture are set on the
-//! device before each replay, and the host optimizer's count advances with it; under f16 the loss scale,
+//! device before each replay, and the host optimizer's count advances with it; Adam's bias
+//! correction comes from the same f64 operations on the device as on the host, so a replay at the
+//! capture's rates gives the eager step's bits. Rates scaled on the device round otherwise than the
+//! host's: under deterministic algorithms a step whose schedule factor is not the capture's runs
+//! eagerly, so that a run ends on the same bits however its steps split between eager and replayed; under f16 the loss scale,
 //! its overflow flag and the decision to skip an update all live on the device, so a replay scales, checks and
 //! skips as an eager step does. The graph's memory
 //! comes from the shared allocator under the unit's tenant, so it counts against the member's budget.
@@ -102,10 +106,16 @@ impl Graphs {
             && opt.rate_factor().is_some_and(|f| f > 0.0)
     }
 
-    /// The graph to replay for a step of `n` examples, if there is one.
-    pub(crate) fn replayable(&self, n: usize) -> Option<&StepGraph> {
+    /// The graph to replay for the next step of `opt`, of `n` examples, if there is one; under deterministic
+    /// algorithms only at the rates of its capture (see the [module docs](self)).
+    pub(crate) fn replayable(&self, n: usize, opt: &Optimizer) -> Option<&StepGraph> {
         match self {
-            Graphs::Ready(g) if g.batch == n => Some(g.as_ref()),
+            Graphs::Ready(g)
+                if g.batch == n
+                    && (!cohort_tensor::deterministic() || opt.rate_factor() == Some(g.factor)) =>
+            {
+                Some(g.as_ref())
+            }
             _ => None,
         }
     }
@@ -215,7 +225,7 @@ mod tests {
             "a short batch is never captured"
         );
         assert!(g.should_capture(32, 32, &opt));
-        assert!(g.replayable(32).is_none());
+        assert!(g.replayable(32, &opt).is_none());
         // The unit's batch changed (OOM, control file): the new size warms up first.
         assert!(!g.should_capture(16, 16, &opt));
         g.ran_eagerly(16, 16);

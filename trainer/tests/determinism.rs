@@ -8,13 +8,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{config_on, final_tensors, gpu_turn, mlp, quiet};
+use common::{config_on, final_tensors, gpu_turn, mlp, quiet, records};
 
 use cohort_trainer::cohort::{RunOptions, resume, train};
 use cohort_trainer::config::Config;
 
-/// A fused pair of MLPs and a small CNN (a convolution, overlapping max-pool windows) with checkpoints every 5
-/// steps, for 2 epochs.
+/// A fused pair of MLPs, an MLP whose SGD rate halves every 3 steps, and a small CNN (a convolution, overlapping
+/// max-pool windows) with checkpoints every 5 steps, for 2 epochs.
 fn job(device: &str, dir: &Path, name: &str, deterministic: bool) -> Config {
     let cnn = "[data.pics]\nsource = { synthetic = { train = 256, test = 64, classes = 4, shape = [2, 8, 8] } }\n\
                shuffle = 256\nseed = 9\n\
@@ -24,6 +24,10 @@ fn job(device: &str, dir: &Path, name: &str, deterministic: bool) -> Config {
     let mlps = mlp(
         "g",
         "batch = 32\noptimizer = { adam = { lr = [1e-2, 3e-3] } }\ncheckpoint = { every = 5, keep = 2 }",
+    ) + &mlp(
+        "s",
+        "batch = 32\noptimizer = { sgd = { lr = 0.05, momentum = 0.9 } }\n\
+         lr_schedule = { step = { every = 3, gamma = 0.5 } }\ncheckpoint = { every = 5, keep = 2 }",
     );
     config_on(
         device,
@@ -34,7 +38,7 @@ fn job(device: &str, dir: &Path, name: &str, deterministic: bool) -> Config {
     )
 }
 
-const MEMBERS: [&str; 3] = ["g-lr0.01", "g-lr3e-3", "cnn"];
+const MEMBERS: [&str; 4] = ["g-lr0.01", "g-lr3e-3", "s", "cnn"];
 
 /// Trains `job` to the end, and again killed after 7 steps (its last checkpoints at 5) and resumed.
 fn full_and_resumed(
@@ -85,8 +89,8 @@ fn deterministic_is_a_boolean_and_changes_nothing_on_the_cpu() {
 
 /// Under `deterministic = true` two fresh runs, and a run killed and resumed, end on the same bits on a GPU: the
 /// products run on the heuristics' picks (not whichever algorithm timed fastest), the max-pool's backward sums
-/// overlapping windows in a fixed order, and every step is eager (a resumed run's first step is eager, and a
-/// replayed graph rounds Adam's bias correction otherwise).
+/// overlapping windows in a fixed order, and steps replayed from CUDA graphs give the eager steps' bits (a resumed
+/// run's first step is eager; the scheduled member's steps run eagerly once its rate moves from the capture's).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn under_deterministic_fresh_and_resumed_runs_end_on_the_same_bits_on_cuda() {
@@ -95,6 +99,16 @@ fn under_deterministic_fresh_and_resumed_runs_end_on_the_same_bits_on_cuda() {
     let (full, resumed) = full_and_resumed("cuda:0", tmp.path(), true);
     let again = train(job("cuda:0", tmp.path(), "again", true), quiet()).unwrap();
     for m in MEMBERS {
+        let captured = |run: &Path| {
+            records(run, m)
+                .iter()
+                .filter_map(|r| r.event.as_deref())
+                .any(|e| e.contains("captured as a CUDA graph"))
+        };
+        assert!(
+            captured(&full) && captured(&resumed),
+            "{m}: steps replayed from graphs"
+        );
         let a = final_tensors(&full, m);
         assert!(!a.is_empty());
         for (what, run) in [

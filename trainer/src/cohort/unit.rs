@@ -347,7 +347,7 @@ impl Cohort {
             fusion_key(
                 &m.cfg,
                 &self.data[&m.cfg.data],
-                self.device.is_cuda() && self.config.run.replays_graphs(),
+                self.device.is_cuda() && self.config.run.cuda_graphs,
             )
         } else {
             format!("single:{}", i.0)
@@ -527,7 +527,7 @@ impl Cohort {
         // An embedding reads its ids back to check them, which a graph cannot replay.
         let graphs = Graphs::new(
             device.is_cuda()
-                && self.config.run.replays_graphs()
+                && self.config.run.cuda_graphs
                 && spec.is_some_and(|s| s.vocab().is_none())
                 && member_specs.iter().all(|s| !s.draws_masks()),
         );
@@ -745,7 +745,7 @@ impl Cohort {
             };
         }
         let scaler = u.scaling.as_ref().map(|s| &s.scaler);
-        if let Some(g) = u.graphs.replayable(n) {
+        if let Some(g) = u.graphs.replayable(n, &u.opt) {
             let readings = u
                 .tenant
                 .scope(|| Readings::of(g.replay(&mut u.opt, &x, &y)?, scaler))?;

@@ -118,22 +118,12 @@ pub struct RunConfig {
     pub cuda_graphs: bool,
     /// Only kernels whose results do not depend on timing or on the order threads finish: products on the
     /// heuristics' pick rather than the fastest timed algorithm, ordered sums instead of atomic ones (PyTorch's
-    /// `use_deterministic_algorithms(True)` with `cudnn.benchmark = False`), and every step eager (see
-    /// [`RunConfig::replays_graphs`]). On the CPU every kernel already is.
+    /// `use_deterministic_algorithms(True)` with `cudnn.benchmark = False`), and a step replayed from a CUDA graph
+    /// only where it gives the eager step's bits (see [`crate::graph`]). On the CPU every kernel already is.
     pub deterministic: bool,
     /// Every member's precision policy unless it sets its own ([`MemberConfig::precision`]).
     #[serde(serialize_with = "precision_name")]
     pub precision: Precision,
-}
-
-impl RunConfig {
-    /// Whether steps on a GPU are captured as CUDA graphs and replayed: `cuda_graphs`, unless `deterministic`. A
-    /// replayed step computes Adam's bias correction and a schedule's rates on the device, in f32, where an eager
-    /// step has them from the host: the two round differently, so a run whose steps split otherwise between eager
-    /// and replayed (a resumed run starts eagerly) would not end on the same bits.
-    pub fn replays_graphs(&self) -> bool {
-        self.cuda_graphs && !self.deterministic
-    }
 }
 
 /// `[memory]`: the allocator of the device.
