@@ -292,12 +292,24 @@ fn graph_rate(
     Ok(steps_per_s * (models * members) as f64)
 }
 
+/// Distances between parameters after a [`Captured`] check, relative to how far its steps moved them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Drift {
+    /// The replayed trainee from the first eager twin.
+    pub(crate) replay: f64,
+    /// The two eager twins from each other.
+    pub(crate) eager: f64,
+}
+
 /// Trainees whose training steps (forward, backward, Adam) are captured as CUDA graphs reading the static inputs
 /// `x`, `y`: a step is the batch assigned to those (where it changes) and [`Captured::replay`].
 pub(crate) struct Captured {
     /// The captured trainees, kept alive: the graphs read and write their parameters and optimizer state.
     _trainees: Vec<Trainee>,
     graphs: Vec<cohort_tensor::cuda::CudaGraph>,
+    /// How far the check's replays ended from its eager steps, and the eager twins from each other, each over how
+    /// far those steps moved the parameters (see [`Captured::new`]).
+    pub(crate) drift: Drift,
     /// The static inputs: copies of the first batch, with storage of their own.
     pub(crate) x: Tensor,
     pub(crate) y: Tensor,
@@ -373,6 +385,10 @@ impl Captured {
         Ok(Captured {
             _trainees: trainees,
             graphs,
+            drift: Drift {
+                replay: apart / moved,
+                eager: spread / moved,
+            },
             x,
             y,
         })

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use cohort_alloc::TenantId;
 use cohort_autograd::ModelSpec;
 use cohort_tensor::{DType, Device, Precision, Tensor, memory};
@@ -111,6 +111,17 @@ impl Workload {
         args.extend(self.timing.script_args());
         args
     }
+}
+
+/// The text classifier and its batch as the part trains them: its spec, its per-example input shape, the token ids and
+/// the labels (for `cargo xtask profile`).
+pub(crate) fn text_model(device: Device) -> Result<(ModelSpec, Vec<usize>, Tensor, Tensor)> {
+    let text = Workload::new(true)
+        .models(device, TenantId::DEFAULT)?
+        .into_iter()
+        .find(|m| m.name == "text")
+        .context("the part has a text model")?;
+    Ok((text.spec, text.input, text.x, text.y))
 }
 
 /// The part's report: our rows, and the reference's JSON (or why there is none); `script` as [`crate::cnn::run`]'s.

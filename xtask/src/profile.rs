@@ -1,14 +1,29 @@
-//! `cargo xtask profile`: where the time of one fused cohort training step goes, per phase (forward, loss,
-//! backward, optimizer; wall time with the device drained between phases) and, on a GPU with
-//! `COHORT_CUDA_PROFILE=1`, per kernel (GPU time from timing events around every launch and cuBLAS call).
+//! `cargo xtask profile`: where the time and memory of one fused cohort training step go, per phase (forward, loss,
+//! backward, optimizer; wall time with the device drained between phases, and on a GPU each phase's peak over the
+//! memory held before the step) and, on a GPU with `COHORT_CUDA_PROFILE=1`, per kernel (GPU time from timing events
+//! around every launch and cuBLAS call). The model is the cohort benchmark's MLP, or the `cnn` or `resnet` part's
+//! model on its batch, in any precision.
 
 use anyhow::Result;
 use std::time::{Duration, Instant};
 
-use cohort_autograd::{Tape, loss};
-use cohort_tensor::{Device, Tensor, memory};
+use cohort_autograd::{ModelSpec, Tape, loss};
+use cohort_tensor::{DType, Device, Precision, Tensor, memory};
 
 use crate::cohort::{self, Trainee};
+
+/// The models a profile can take: the bench parts' own.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Model {
+    /// The cohort benchmark's MLP on MNIST-shaped rows.
+    Mlp,
+    /// The `cnn` part's image CNN on its batch of 128 images 3x64x64.
+    Cnn,
+    /// The `resnet` part's ResNet on its batch of 128 images 3x32x32.
+    Resnet,
+    /// The `cotrain` part's text classifier on its batch of 128 documents of 200 tokens.
+    Text,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,6 +36,39 @@ pub struct Args {
     /// Profile on the CPU even where a GPU is present.
     #[arg(long)]
     cpu: bool,
+    /// The model profiled.
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: Model,
+    /// Its precision policy: fp32, tf32, bf16 or f16.
+    #[arg(long, default_value_t = Precision::Fp32)]
+    precision: Precision,
+}
+
+impl Model {
+    /// `members` fused members of the model, and the batch they train on.
+    fn trainee(self, members: usize, device: Device) -> Result<(Trainee, Tensor, Tensor)> {
+        let tenant = cohort_alloc::TenantId::DEFAULT;
+        let (spec, side) = match self {
+            Model::Mlp => {
+                let (x, y) = cohort::batches(device)?.swap_remove(0);
+                return Ok((Trainee::new(members, 0, device, tenant)?, x, y));
+            }
+            Model::Text => {
+                let (spec, input, x, y) = crate::cotrain::text_model(device)?;
+                let t = Trainee::from_spec(&spec, &input, members, 0, device, tenant)?;
+                return Ok((t, x, y));
+            }
+            Model::Cnn => (crate::cnn::CNN, 64),
+            Model::Resnet => (crate::resnet::RESNET, 32),
+        };
+        let batch = 128;
+        let input = [3, side, side];
+        let x = Tensor::rand_uniform(&[batch, 3, side, side], 0.0, 1.0, DType::F32, 0, &device)?;
+        let y = cohort::labels(batch, 10, device)?;
+        let spec = ModelSpec::from_toml(spec)?;
+        let t = Trainee::from_spec(&spec, &input, members, 0, device, tenant)?;
+        Ok((t, x, y))
+    }
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -29,15 +77,20 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         Device::best()
     };
-    let (x, y) = cohort::batches(device)?.swap_remove(0);
+    let _policy = args.precision.enter();
     for &n in &args.n {
-        let mut t = Trainee::new(n, 0, device, cohort_alloc::TenantId::DEFAULT)?;
+        let (mut t, x, y) = args.model.trainee(n, device)?;
         for _ in 0..5 {
             t.step(&x, &y)?;
         }
         device.synchronize()?;
+        println!(
+            "profile of {:?} in {} on {device}",
+            args.model, args.precision
+        );
         phases(&mut t, &x, &y, device, n, args.steps)?;
         if let Device::Cuda(ordinal) = device {
+            memory_by_phase(&mut t, &x, &y, device)?;
             tuning(ordinal)?;
             kernels(&mut t, &x, &y, device, ordinal, args.steps)?;
             graph(&mut t, &x, &y, device, args.steps)?;
@@ -87,18 +140,67 @@ fn phases(
     Ok(())
 }
 
-/// The products the warm-up steps tuned: the cuBLASLt heuristic's pick against the fastest.
+/// One step's memory, phase by phase: each phase's peak, and what it leaves held, over what the device held before
+/// the step (parameters, optimizer state, the batch, caches), as the allocator counts live blocks.
+fn memory_by_phase(t: &mut Trainee, x: &Tensor, y: &Tensor, device: Device) -> Result<()> {
+    let alloc = memory::allocator(&device)?;
+    device.synchronize()?;
+    let base = alloc.stats().counters.in_use;
+    alloc.reset_peak();
+    let mut marks = Vec::new();
+    let mut mark = |phase: &'static str| {
+        let c = alloc.stats().counters;
+        marks.push((
+            phase,
+            c.peak_in_use.saturating_sub(base),
+            c.in_use as i64 - base as i64,
+        ));
+        alloc.reset_peak();
+    };
+    let tape = Tape::new();
+    let logits = t.model.forward(&tape, x)?;
+    mark("forward");
+    let l = loss::cross_entropy(&logits, y)?;
+    mark("loss");
+    tape.backward(&l)?;
+    drop((logits, l));
+    mark("backward");
+    t.opt.step()?;
+    t.opt.zero_grad();
+    mark("optimizer");
+    let mib = |b: f64| b / f64::from(1 << 20);
+    let phases: Vec<String> = marks
+        .iter()
+        .map(|(phase, peak, held)| {
+            format!(
+                "{phase} peak +{:.1}, then +{:.1}",
+                mib(*peak as f64),
+                mib(*held as f64)
+            )
+        })
+        .collect();
+    println!(
+        "  memory (MiB over the {:.1} held before the step): {}",
+        mib(base as f64),
+        phases.join("; ")
+    );
+    Ok(())
+}
+
+/// The products and convolutions the warm-up steps tuned: the heuristic's pick against the fastest, and the
+/// workspace the one kept runs with.
 fn tuning(ordinal: usize) -> Result<()> {
     for t in cohort_tensor::cuda::gemm_tuning(ordinal)? {
         let heuristic = t
             .heuristic_us
             .map_or("failed".to_string(), |h| format!("{h:.1} µs"));
         println!(
-            "  tuned {}: heuristic's pick {heuristic}, fastest {:.1} µs (candidate {} of {})",
+            "  tuned {}: heuristic's pick {heuristic}, kept {:.1} µs (candidate {} of {}) with {:.1} MiB of workspace",
             t.label,
             t.best_us,
             t.best_index + 1,
-            t.candidates
+            t.candidates,
+            t.workspace as f64 / f64::from(1 << 20)
         );
     }
     Ok(())

@@ -30,7 +30,7 @@ use crate::cohort::{self, Trainee};
 use crate::workload::{self, Job, Table, Timing};
 
 /// The benchmark's model (PyTorch's is `resnet()` in `bench/torch_resnet.py`).
-const RESNET: &str = r#"layers = [
+pub(crate) const RESNET: &str = r#"layers = [
     { conv = 32, kernel = 3, padding = 1, bias = false }, { batchnorm = true, act = "relu" },
     { residual = [
         { conv = 32, kernel = 3, padding = 1, bias = false }, { batchnorm = true, act = "relu" },

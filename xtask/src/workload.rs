@@ -18,7 +18,7 @@ use cohort_tensor::{Device, Tensor};
 use serde_json::{Value, json};
 
 use crate::bench::median;
-use crate::cohort::{self, Captured, ConcurrentPeak, Trainee};
+use crate::cohort::{self, Captured, ConcurrentPeak, Drift, Trainee};
 
 /// Warm-up and windows, passed as they are to the PyTorch script so both sides time alike.
 pub(crate) struct Timing {
@@ -102,6 +102,7 @@ pub(crate) fn train_together(
     label: &str,
 ) -> Result<Value> {
     let members: usize = jobs.iter().map(|j| j.members).sum();
+    let mut drift = None;
     let m = match form {
         "graph" => {
             let groups = jobs
@@ -113,6 +114,10 @@ pub(crate) fn train_together(
                 })
                 .collect::<Result<Vec<_>>>()?;
             let groups: Vec<&Captured> = groups.iter().collect();
+            drift = groups.iter().map(|g| g.drift).reduce(|a, b| Drift {
+                replay: a.replay.max(b.replay),
+                eager: a.eager.max(b.eager),
+            });
             timing.measure(device, &[], || Captured::replay_together(&groups))?
         }
         "eager" => {
@@ -135,14 +140,18 @@ pub(crate) fn train_together(
     let model_steps = m.rate * members as f64;
     let per_member = m.peak.map(|p| p as f64 / members.max(1) as f64);
     println!(
-        "cohort {label}: {model_steps:9.1} model-steps/s{}",
+        "cohort {label}: {model_steps:9.1} model-steps/s{}{}",
         per_member
             .map(|p| format!("  peak/member {:.1} MiB", mib(p)))
+            .unwrap_or_default(),
+        drift
+            .map(|d| format!("  replay drift {:.1e} (eager {:.1e})", d.replay, d.eager))
             .unwrap_or_default()
     );
     Ok(json!({
         "model_steps_per_s": model_steps, "steps_per_s": m.rate, "windows": m.windows,
         "peak_bytes_per_member": per_member,
+        "replay_drift": drift.map(|d| d.replay), "eager_drift": drift.map(|d| d.eager),
     }))
 }
 

@@ -642,6 +642,7 @@ impl Dnn {
             heuristic_us: times[0],
             best_us,
             best_index: best,
+            workspace: kept.workspace,
         });
         Ok(Entry::Run(Choice {
             desc,

@@ -66,6 +66,8 @@ pub struct GemmTuning {
     pub best_us: f64,
     /// Its index among them.
     pub best_index: usize,
+    /// Bytes of workspace it runs with (memory its call holds at the member's peak, where it falls there).
+    pub workspace: usize,
 }
 
 /// The modules only some models use, each made alone when one of its kernels is first launched (where the build did

@@ -640,6 +640,7 @@ impl Lt {
             heuristic_us: times[0],
             best_us,
             best_index: best,
+            workspace: cands[best].workspaceSize,
         });
         Ok(Some(Choice {
             algo: cands[best].algo,
@@ -667,6 +668,7 @@ impl Lt {
             r.best_index = r.candidates;
             r.candidates += 1;
             r.best_us = us;
+            r.workspace = 0;
         }
         Ok(true)
     }
