@@ -87,6 +87,45 @@ impl Trainee {
     }
 }
 
+impl Trainee {
+    /// Takes `other`'s parameters, optimizer buffers and step count (same model, same optimizer), each copied into
+    /// this trainee's own tensors: a graph captured over them keeps reading and writing the same memory.
+    fn take_state(&mut self, other: &Trainee) -> Result<()> {
+        for (mine, theirs) in self.model.params().iter().zip(other.model.params()) {
+            mine.value().assign_(theirs.value())?;
+        }
+        let (mine, theirs) = (self.opt.state_dict(), other.opt.state_dict());
+        anyhow::ensure!(
+            mine.tensors.len() == theirs.tensors.len(),
+            "the optimizers' buffers do not match"
+        );
+        for ((_, a), (_, b)) in mine.tensors.iter().zip(&theirs.tensors) {
+            a.assign_(b)?;
+        }
+        self.opt.set_steps(other.opt.steps());
+        Ok(())
+    }
+
+    /// Every parameter's values, on the host.
+    fn values(&self) -> Result<Vec<Vec<f32>>> {
+        self.model
+            .params()
+            .iter()
+            .map(|p| Ok(p.value().to_vec::<f32>()?))
+            .collect()
+    }
+}
+
+/// The Euclidean distance between two models' parameters.
+fn distance(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum::<f64>()
+        .sqrt()
+}
+
 /// `count` class ids below `classes`, spread over them (a fixed pseudo-random sequence), as i32 of shape
 /// `[count]`.
 pub(crate) fn labels(count: usize, classes: usize, device: Device) -> Result<Tensor> {
@@ -318,11 +357,13 @@ pub(crate) struct Captured {
 impl Captured {
     /// Three eager warm-up steps of each trainee (and of `twins`, two eager copies of the first) on `(x0, y0)`,
     /// then each step captured. A rate is only worth reporting if the replays train as eager steps do: on each batch
-    /// of `check` the first graph is replayed and the twins step eagerly, and the replay must end on the first
-    /// twin's parameters up to a small fraction of how far those steps moved them, or, where eager steps do not
-    /// repeat themselves, no farther than twice the distance between the twins (cuDNN's and cuBLAS's fastest
-    /// algorithms need not sum in one order, a TF32 or 16-bit product rounds that difference up, and Adam's
-    /// normalised step magnifies a gradient near zero).
+    /// of `check`, the first trainee and the second twin take the first twin's parameters and optimizer state, then
+    /// the first graph is replayed and both twins step eagerly. Each replayed step must end on the first twin's
+    /// parameters up to a small fraction of how far that step moved them, or, where eager steps do not repeat
+    /// themselves, no farther than twice the distance between the twins (cuDNN's and cuBLAS's fastest algorithms
+    /// need not sum in one order, and a TF32 or 16-bit product rounds that difference up). One step from one state
+    /// at a time: over several steps, training magnifies any such difference (Adam's normalised step flips on a
+    /// gradient near zero), and a replay would be judged by a chaotic distance instead of its own step.
     ///
     /// # Errors
     /// When a capture is refused, or the replays do not train as eager steps do.
@@ -343,52 +384,40 @@ impl Captured {
             .iter_mut()
             .map(|t| Ok(cohort_tensor::cuda::capture(&device, || t.step(&x, &y))?.0))
             .collect::<Result<Vec<_>>>()?;
-        let values = |t: &Trainee| -> Result<Vec<Vec<f32>>> {
-            t.model
-                .params()
-                .iter()
-                .map(|p| Ok(p.value().to_vec::<f32>()?))
-                .collect()
-        };
-        let before = values(&twins[0])?;
+        let mut drift = Drift::default();
         for (bx, by) in check {
+            let [first, second] = &mut twins;
+            trainees[0].take_state(first)?;
+            second.take_state(first)?;
+            let before = twins[0].values()?;
             x.assign_(bx)?;
             y.assign_(by)?;
             graphs[0].replay()?;
             twins.iter_mut().try_for_each(|t| t.step(bx, by))?;
+            let (replayed, eager, again) = (
+                trainees[0].values()?,
+                twins[0].values()?,
+                twins[1].values()?,
+            );
+            let (apart, moved, spread) = (
+                distance(&replayed, &eager),
+                distance(&eager, &before),
+                distance(&eager, &again),
+            );
+            anyhow::ensure!(
+                apart <= (0.05 * moved).max(2.0 * spread),
+                "a graph replay diverges from the eager step (from one state they end {apart:.2e} apart; the \
+                 step moved the parameters {moved:.2e}, and two eager runs of it ended {spread:.2e} apart)"
+            );
+            drift.replay = drift.replay.max(apart / moved);
+            drift.eager = drift.eager.max(spread / moved);
         }
-        let (replayed, eager, again) = (
-            values(&trainees[0])?,
-            values(&twins[0])?,
-            values(&twins[1])?,
-        );
-        let distance = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-            a.iter()
-                .flatten()
-                .zip(b.iter().flatten())
-                .map(|(a, b)| f64::from(a - b).powi(2))
-                .sum::<f64>()
-                .sqrt()
-        };
-        let (apart, moved, spread) = (
-            distance(&replayed, &eager),
-            distance(&eager, &before),
-            distance(&eager, &again),
-        );
-        anyhow::ensure!(
-            apart <= (0.05 * moved).max(2.0 * spread),
-            "graph replays diverge from eager steps (they end {apart:.2e} apart; the steps moved the parameters \
-             {moved:.2e}, and two eager runs of them ended {spread:.2e} apart)"
-        );
         x.assign_(x0)?;
         y.assign_(y0)?;
         Ok(Captured {
             _trainees: trainees,
             graphs,
-            drift: Drift {
-                replay: apart / moved,
-                eager: spread / moved,
-            },
+            drift,
             x,
             y,
         })
