@@ -302,7 +302,11 @@ fn run_backward(
             for (input, gi) in node.inputs.iter().zip(ins) {
                 if let (Some(id), Some(gi)) = (input, gi) {
                     grads[*id] = Some(match grads[*id].take() {
-                        Some(prev) => prev.add(&gi.to_dtype(prev.dtype())?)?,
+                        Some(prev) if gi.dtype() == prev.dtype() => prev.accumulate(gi)?,
+                        Some(prev) => {
+                            let gi = gi.to_dtype(prev.dtype())?;
+                            prev.accumulate(gi)?
+                        }
                         None => gi,
                     });
                 }

@@ -68,6 +68,22 @@ impl Tensor {
         self.binary_op(BinaryOp::Add, rhs)
     }
 
+    /// `self + rhs` for gradient accumulation: written over the elements of whichever of the two no other tensor
+    /// shares (a view, a saved value), so that summing two gradients makes no third buffer of their size; into a
+    /// new tensor where both are shared or their shapes differ. The same bits as [`Tensor::add`] either way.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches.
+    pub fn accumulate(self, rhs: Tensor) -> Result<Tensor> {
+        let alone = |t: &Tensor| std::sync::Arc::strong_count(&t.storage) == 1;
+        let same = self.shape == rhs.shape && self.dtype == rhs.dtype && self.device == rhs.device;
+        match (alone(&self), alone(&rhs)) {
+            (true, _) if same => self.add_assign_(&rhs).map(|()| self),
+            (_, true) if same => rhs.add_assign_(&self).map(|()| rhs),
+            _ => self.add(&rhs),
+        }
+    }
+
     /// `self - rhs`, broadcasting.
     ///
     /// # Errors

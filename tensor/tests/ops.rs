@@ -848,6 +848,23 @@ fn in_place(dev: &Device) -> Result<()> {
         let x = rand(&[4, 3], 1200, dt, dev)?;
         let y = rand(&[4, 3], 1201, dt, dev)?;
         let (hx, hy) = (host(&x), host(&y));
+        // Accumulating: the sum's bits, over whichever side is not shared, never over a shared one.
+        let sum = host(&x.add(&y)?);
+        let (a, b) = (x.copy()?, y.copy()?);
+        let (seen_a, seen_b) = (a.clone(), b.clone());
+        assert_eq!(host(&a.accumulate(b)?), sum, "both shared");
+        assert_eq!((host(&seen_a), host(&seen_b)), (hx.clone(), hy.clone()));
+        let (a, b) = (x.copy()?, y.copy()?);
+        let seen_a = a.clone();
+        let out = a.accumulate(b)?;
+        assert!(!out.same_storage(&seen_a));
+        assert_eq!(host(&out), sum, "over the one alone");
+        assert_eq!(host(&seen_a), hx, "the shared one keeps its values");
+        let (a, b) = (x.copy()?, y.copy()?);
+        assert_eq!(host(&a.accumulate(b)?), sum, "over the left");
+        let wide = rand(&[2, 4, 3], 1204, dt, dev)?;
+        let e = host(&wide.add(&x)?);
+        assert_eq!(host(&wide.accumulate(x.copy()?)?), e, "broadcast");
         let acc = x.copy()?;
         assert!(!acc.same_storage(&x));
         acc.add_assign_(&y)?;
