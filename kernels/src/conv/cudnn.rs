@@ -18,9 +18,11 @@
 //! filters above 3x3, atomic 16-bit accumulation.
 //!
 //! Workspaces: an algorithm runs with the workspace `cudnnGet*WorkspaceSize` names for it, from the caller
-//! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself. Of the
-//! timed candidates, the one with the least workspace among those within [`NEAR_FASTEST`] of the fastest is kept:
-//! a few per cent of one convolution are not worth a member's peak memory.
+//! ([`Workspace`]: the member's tenant), at most [`workspace_cap`] bytes; cuDNN allocates none itself. A workspace
+//! is memory at the member's peak (a backward pass runs beside most of the saved activations), so [`keep`] weighs
+//! each candidate's time by the workspace it needs beyond the pass's largest operand, and of those within
+//! [`NEAR_FASTEST`] of the best weighed time keeps the one with the least workspace: a few per cent of one
+//! convolution are not worth a member's peak memory.
 //!
 //! Layouts: under `Tf32`, `Bf16` and `F16` every algorithm is also a candidate on channels-last operands,
 //! transposed inside its workspace around the call ([`desc`]): cuDNN's tensor-core kernels are NHWC ones. Under
@@ -57,6 +59,11 @@ const CANDIDATES: usize = 8;
 const MIN_WORKSPACE_CAP: usize = 128 << 20;
 /// How much slower than the fastest a candidate may time and still be kept for needing less workspace.
 const NEAR_FASTEST: f64 = 1.05;
+/// The weight on a candidate's time per operand's worth of workspace beyond the pass's largest operand: such
+/// workspace must buy 10 % of speed per operand. In fp32, a ResNet's backward passes over 16 MiB operands ran 1.2x
+/// to 1.4x faster on 4.5 to 19 operands of workspace, which set its peak; a CNN's 3x3 passes run 1.65x to 3.1x
+/// faster on 3.4 to 4.6 (Winograd), which they keep.
+const WORKSPACE_PRICE: f64 = 0.1;
 /// Workspace the candidates are held to when the largest any of them needs cannot be had.
 const SMALL_WORKSPACE: usize = 8 << 20;
 
@@ -210,16 +217,26 @@ fn missing_part() -> Option<&'static str> {
 /// where that is more. Winograd's transforms of a 3x3 layer need 2.3 to 4.6 operands (and run it 1.9x to 4.7x
 /// faster than the direct algorithms, in fp32 and TF32 alike); FFTs of large batches need more, for little gain.
 pub(crate) fn workspace_cap(p: &ConvParams) -> usize {
-    let largest = p.input_len().max(p.output_len()).max(p.weight_len());
-    MIN_WORKSPACE_CAP.max(4 * size_of::<f32>() * largest)
+    MIN_WORKSPACE_CAP.max(4 * largest_operand(p))
 }
 
-/// Which of the timed candidates (`None`: it failed) to keep: the one needing the least workspace among those
-/// within [`NEAR_FASTEST`] of the fastest, the earlier (the heuristics' preference) on a tie.
-fn keep(times: &[Option<f64>], workspaces: &[usize]) -> Option<usize> {
-    let fastest = times.iter().flatten().copied().min_by(f64::total_cmp)?;
+/// Bytes of the pass's largest operand (input, output or filter) in f32.
+fn largest_operand(p: &ConvParams) -> usize {
+    size_of::<f32>() * p.input_len().max(p.output_len()).max(p.weight_len())
+}
+
+/// Which of the timed candidates (`None`: it failed) to keep for a pass whose largest operand holds `operand` bytes:
+/// each time weighed by 1 + [`WORKSPACE_PRICE`] per operand's worth of workspace beyond the first, the one needing
+/// the least workspace among those within [`NEAR_FASTEST`] of the best weighed time, the earlier (the heuristics'
+/// preference) on a tie.
+fn keep(times: &[Option<f64>], workspaces: &[usize], operand: usize) -> Option<usize> {
+    let excess = |i: usize| (workspaces[i] as f64 / operand.max(1) as f64 - 1.0).max(0.0);
+    let weighed = |i: usize| times[i].map(|t| t * (1.0 + WORKSPACE_PRICE * excess(i)));
+    let best = (0..times.len())
+        .filter_map(weighed)
+        .min_by(f64::total_cmp)?;
     (0..times.len())
-        .filter(|&i| times[i].is_some_and(|t| t <= fastest * NEAR_FASTEST))
+        .filter(|&i| weighed(i).is_some_and(|w| w <= best * NEAR_FASTEST))
         .min_by_key(|&i| workspaces[i])
 }
 
@@ -616,7 +633,7 @@ impl Dnn {
             })
             .collect();
         let workspaces: Vec<usize> = variants.iter().map(|v| v.workspace).collect();
-        let Some(best) = keep(&times, &workspaces) else {
+        let Some(best) = keep(&times, &workspaces, largest_operand(&key.p)) else {
             return Ok(Entry::Own);
         };
         let best_us = times[best].unwrap_or_default();
