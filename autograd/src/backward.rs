@@ -114,6 +114,11 @@ pub(crate) enum Op {
         indices: Tensor,
         dim: usize,
     },
+    BagMean {
+        indices: Tensor,
+        bag: usize,
+        shape: Vec<usize>,
+    },
     GatherLast {
         indices: Tensor,
         classes: usize,
@@ -365,7 +370,17 @@ impl Op {
                 shape,
             } => one(need, || {
                 let z = Tensor::zeros(shape, g.dtype(), &g.device())?;
-                Ok(z.index_add(*dim, indices, g)?)
+                z.index_add_(*dim, indices, g)?;
+                Ok(z)
+            }),
+            Op::BagMean {
+                indices,
+                bag,
+                shape,
+            } => one(need, || {
+                let z = Tensor::zeros(shape, g.dtype(), &g.device())?;
+                z.index_add_(0, indices, &g.mul_scalar(1.0 / *bag as f64)?)?;
+                Ok(z)
             }),
             Op::IndexAdd { indices, dim } => two(
                 need,
@@ -387,7 +402,9 @@ impl Op {
                 keepdim,
                 shape,
             } => one(need, || {
-                Ok(unreduce(g, *dim, *keepdim, shape)?.mul_scalar(1.0 / shape[*dim] as f64)?)
+                // Scaled before it is widened: the same bits, one multiply per output instead of per input.
+                let g = g.mul_scalar(1.0 / shape[*dim] as f64)?;
+                unreduce(&g, *dim, *keepdim, shape)
             }),
             Op::Max { x, y, dim, keepdim } => one(need, || {
                 let yk = unreduce(y, *dim, *keepdim, x.shape())?;
@@ -400,7 +417,7 @@ impl Op {
             Op::MeanAll { shape } => {
                 let n: usize = shape.iter().product();
                 one(need, || {
-                    Ok(g.broadcast_to(shape)?.mul_scalar(1.0 / n.max(1) as f64)?)
+                    Ok(g.mul_scalar(1.0 / n.max(1) as f64)?.broadcast_to(shape)?)
                 })
             }
             Op::Softmax { y } => one(need, || {

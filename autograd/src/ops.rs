@@ -383,6 +383,35 @@ impl Var {
         )
     }
 
+    /// The mean of each bag of `bag` rows of `self` (`[R, D]`) that consecutive I32 `indices` (`[N·bag]`) pick:
+    /// `[N, D]`, an embedding bag's lookup. Its backward adds each bag's gradient (over `bag`) at its ids in one
+    /// pass ([`Tensor::index_add_`]), with no copy of it per id.
+    ///
+    /// # Errors
+    /// When `self` is not 2-D, `bag` does not divide the indices, or an index is out of range.
+    pub fn bag_mean(&self, indices: &Tensor, bag: usize) -> Result<Var> {
+        let n = indices.elem_count();
+        let &[_, d] = self.shape() else {
+            return Err(Error::Shape {
+                op: "bag_mean",
+                reason: format!("needs a table [R, D], got {:?}", self.shape()),
+            });
+        };
+        if bag == 0 || n % bag != 0 {
+            return Err(Error::Shape {
+                op: "bag_mean",
+                reason: format!("{n} indices do not make bags of {bag}"),
+            });
+        }
+        let rows = self.value().index_select(indices, 0)?;
+        let out = rows.reshape(&[n / bag, bag, d])?.mean(1, false)?;
+        Var::record("bag_mean", out, &[self], || Op::BagMean {
+            indices: indices.clone(),
+            bag,
+            shape: self.shape().to_vec(),
+        })
+    }
+
     /// `self` with `src[i]` added at `indices[i]` along `dim`.
     ///
     /// # Errors

@@ -242,6 +242,14 @@ fn shapes_and_indexing() {
         &[rand(&[3, 5], -1.0, 1.0, 16), rand(&[4, 5], -1.0, 1.0, 17)],
         |v| v[0].index_add(0, &idx, &v[1]),
     );
+    // Two bags of three ids, one id twice in a bag and one in both.
+    let bags = Tensor::from_vec(vec![2i32, 0, 2, 1, 2, 4], &[6], &DEV).unwrap();
+    check("bag_mean", &[rand(&[5, 4], -1.0, 1.0, 21)], |v| {
+        v[0].bag_mean(&bags, 3)
+    });
+    let table = Var::constant(rand(&[5, 4], -1.0, 1.0, 21));
+    let e = table.bag_mean(&bags, 4).unwrap_err().to_string();
+    assert!(e.contains("6 indices do not make bags of 4"), "{e}");
     let cls = Tensor::from_vec(vec![4i32, 0, 3, 3, 1, 2], &[2, 3], &DEV).unwrap();
     check("gather_last", &[rand(&[2, 3, 5], -1.0, 1.0, 18)], |v| {
         v[0].gather_last(&cls)

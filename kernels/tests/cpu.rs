@@ -332,7 +332,7 @@ fn copies_and_indices() {
     );
     assert!(index::index_select(&src, 1, 4, 3, &[4]).is_err());
     let mut d = vec![0.0; 6];
-    index::index_add(&mut d, 1, 3, 2, &[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    index::index_add(&mut d, (1, 3, 2), &[2, 2], &[1.0, 2.0, 3.0, 4.0], 1).unwrap();
     assert_eq!(d, vec![0.0, 0.0, 0.0, 0.0, 4.0, 6.0]);
     assert_eq!(
         index::one_hot::<f32>(&[2, 0], 3).unwrap(),
@@ -505,7 +505,7 @@ fn reductions_are_the_same_bits_with_one_thread_or_many() {
             let back = pool::max_pool2d_backward(&pg, &idx, pp.planes, plane_in, plane_out);
             out.push(("max-pool backward", back.unwrap()));
             let mut table = vec![0f32; 50 * 96];
-            index::index_add(&mut table, 1, 50, 96, &ids, &rows).unwrap();
+            index::index_add(&mut table, (1, 50, 96), &ids, &rows, 1).unwrap();
             out.push(("index_add", table));
             let mut dst = vec![0f32; 2000 * 100];
             index::scatter_add_last(&mut dst, 100, &labels, &logits[..2000]).unwrap();

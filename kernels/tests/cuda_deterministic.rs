@@ -128,26 +128,28 @@ fn max_pool_backward_over_overlapping_windows_is_the_same_bits_every_run() {
 #[ignore = "needs a CUDA GPU"]
 fn index_add_with_repeated_indices_is_the_same_bits_every_run() {
     let g = gpu();
-    // An embedding's gradient (a batch of token ids into a 50-row table, most ids repeated), then an index_add
-    // along a middle dim, into a destination that holds values already.
-    for (outer, dim, inner, nidx, start) in [
-        (1usize, 50usize, 96usize, 4000usize, 0.0f32),
-        (3, 20, 7, 700, 1.0),
+    // An embedding's gradient (a batch of token ids into a 50-row table, most ids repeated), an embedding bag's
+    // (a row of the source for each bag of 40 ids), then an index_add along a middle dim, into a destination that
+    // holds values already.
+    for (outer, dim, inner, nidx, start, repeat) in [
+        (1usize, 50usize, 96usize, 4000usize, 0.0f32, 1usize),
+        (1, 50, 96, 4000, 0.0, 40),
+        (3, 20, 7, 700, 1.0, 1),
     ] {
         let idx: Vec<i32> = rand_vec(nidx, 71 + dim as u64)
             .iter()
             .map(|v| (((v + 1.0) * 0.5 * dim as f32) as i32).min(dim as i32 - 1))
             .collect();
-        let src = rand_vec(outer * nidx * inner, 72);
+        let src = rand_vec(outer * nidx / repeat * inner, 72);
         let init: Vec<f32> = rand_vec(outer * dim * inner, 73)
             .iter()
             .map(|v| v * start)
             .collect();
         let mut want = init.clone();
-        index_cpu::index_add(&mut want, outer, dim, inner, &idx, &src).unwrap();
+        index_cpu::index_add(&mut want, (outer, dim, inner), &idx, &src, repeat).unwrap();
         let (didx, dsrc) = (up(&g, &idx), up(&g, &src));
         let dst = g.alloc(init.len() * 4).unwrap();
-        let what = format!("index_add [{outer}, {dim}, {inner}] by {nidx} indices");
+        let what = format!("index_add [{outer}, {dim}, {inner}] by {nidx} indices, {repeat} a row");
         let got = same_bits_five_times(&what, || {
             // SAFETY: dst holds init.len() f32.
             unsafe { g.htod(dst.ptr(), bytemuck::cast_slice(&init)).unwrap() };
@@ -157,12 +159,9 @@ fn index_add_with_repeated_indices_is_the_same_bits_every_run() {
                     &g,
                     CudaType::F32,
                     dst.ptr(),
-                    outer,
-                    dim,
-                    inner,
-                    didx.ptr(),
-                    nidx,
-                    dsrc.ptr(),
+                    (outer, dim, inner),
+                    (didx.ptr(), nidx),
+                    (dsrc.ptr(), repeat),
                 )
                 .unwrap()
             };
@@ -181,12 +180,9 @@ fn index_add_with_repeated_indices_is_the_same_bits_every_run() {
             &g,
             CudaType::F32,
             dst.ptr(),
-            1,
-            dim,
-            inner,
-            didx.ptr(),
-            idx.len(),
-            dsrc.ptr(),
+            (1, dim, inner),
+            (didx.ptr(), idx.len()),
+            (dsrc.ptr(), 1),
         )
         .unwrap()
     };

@@ -520,7 +520,7 @@ fn index_ops_match_the_cpu() {
 
     let add_src = rand_vec(outer * nidx * inner, 23, -1.0, 1.0);
     let mut want = src.clone();
-    index_cpu::index_add(&mut want, outer, dim, inner, &idx, &add_src).unwrap();
+    index_cpu::index_add(&mut want, (outer, dim, inner), &idx, &add_src, 1).unwrap();
     let (dst, das) = (up(&g, &src), up(&g, &add_src));
     // SAFETY: as above.
     unsafe {
@@ -528,12 +528,9 @@ fn index_ops_match_the_cpu() {
             &g,
             CudaType::F32,
             dst.ptr(),
-            outer,
-            dim,
-            inner,
-            di.ptr(),
-            nidx,
-            das.ptr(),
+            (outer, dim, inner),
+            (di.ptr(), nidx),
+            (das.ptr(), 1),
         )
         .unwrap()
     };

@@ -290,7 +290,8 @@ pub trait Indexing: Sized {
     /// Indices not i32 or out of range, a dtype without kernels, out of memory, or a device failure.
     fn index_select(&self, idx: &Self, outer: usize, dim: usize, inner: usize) -> Result<Self>;
 
-    /// `self[o, idx[i], :] += src[o, i, :]`.
+    /// `self[o, idx[i], :] += src[o, i / repeat, :]`, `self` `[outer, dim, inner]` (`shape`) and `src`
+    /// `[outer, idx.len / repeat, inner]`: `repeat` consecutive indices share a row of `src`.
     ///
     /// # Errors
     /// As [`Indexing::index_select`], and different dtypes.
@@ -298,9 +299,8 @@ pub trait Indexing: Sized {
         &mut self,
         idx: &Self,
         src: &Self,
-        outer: usize,
-        dim: usize,
-        inner: usize,
+        shape: (usize, usize, usize),
+        repeat: usize,
     ) -> Result<()>;
 
     /// `out[r] = self[r, idx[r]]` over rows of `cols`.

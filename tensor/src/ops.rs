@@ -649,33 +649,65 @@ impl Tensor {
     /// # Errors
     /// Shape, dtype or device mismatches; an index out of range.
     pub fn index_add(&self, dim: usize, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
-        const OP: &str = "index_add";
+        let out = self.copy()?;
+        out.index_add_(dim, indices, src)?;
+        Ok(out)
+    }
+
+    /// Adds `src` rows at `indices` along `dim` of `self`, in place (repeats accumulate). `src` has `indices`' dims
+    /// in place of `dim`, or, for indices `[n]`, `n / k` rows there: each of those rows is added at `k` consecutive
+    /// indices (an embedding bag's gradient, one row per bag of `k` ids, needs no copy per id).
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatches; an index out of range (`self` is then unchanged on the CPU; on a GPU the
+    /// error comes with the next synchronisation).
+    pub fn index_add_(&self, dim: usize, indices: &Tensor, src: &Tensor) -> Result<()> {
+        const OP: &str = "index_add_";
         self.check_dim(OP, dim)?;
         indices.require_i32(OP)?;
         self.same_dtype(OP, src)?;
         self.same_device(OP, indices)?;
-        let mut expect = self.shape[..dim].to_vec();
-        expect.extend_from_slice(&indices.shape);
-        expect.extend_from_slice(&self.shape[dim + 1..]);
-        if src.shape != expect {
+        let with = |rows: &[usize]| {
+            let mut s = self.shape[..dim].to_vec();
+            s.extend_from_slice(rows);
+            s.extend_from_slice(&self.shape[dim + 1..]);
+            s
+        };
+        let n = indices.elem_count();
+        let groups = src.shape.get(dim).copied().unwrap_or(0);
+        let repeat = if src.shape == with(&indices.shape) {
+            1
+        } else if indices.shape.len() == 1
+            && groups > 0
+            && n % groups == 0
+            && src.shape == with(&[groups])
+        {
+            n / groups
+        } else {
             return Err(Error::ShapeMismatch {
                 op: OP,
-                lhs: expect,
+                lhs: with(&indices.shape),
                 rhs: src.shape.clone(),
             });
-        }
+        };
         let ReduceShape {
             outer,
             dim: d,
             inner,
         } = self.split_at_dim(dim);
-        let out = self.copy()?;
+        // Indices that are this very tensor (i32) are read from a copy: it is written meanwhile.
+        let own;
+        let indices = if self.same_storage(indices) {
+            own = indices.copy()?;
+            &own
+        } else {
+            indices
+        };
         let ig = indices.read();
-        mutate2!(&out, OP, src, |dst, s| match OfBackend::of(&ig) {
-            Some(i) => dst.index_add(i, s, outer, d, inner),
+        mutate2!(self, OP, src, |dst, s| match OfBackend::of(&ig) {
+            Some(i) => dst.index_add(i, s, (outer, d, inner), repeat),
             None => Err(indices.device_mismatch(OP, src)),
-        })?;
-        Ok(out)
+        })
     }
 
     /// `out[..] = self[.., indices[..]]`: one entry of the last dim per row; `indices` (i32) has

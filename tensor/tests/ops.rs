@@ -698,6 +698,23 @@ fn indexing(dev: &Device) -> Result<()> {
             tol(dt),
         );
         assert_close("index_add leaves self", &table, &[6, 4], &ht, 0.0);
+        // One row of the source per bag of three consecutive ids, added in place.
+        let flat = Tensor::from_vec(vec![5i32, 0, 2, 2, 1, 5], &[6], dev)?;
+        let per_bag = rand(&[2, 4], 1002, dt, dev)?;
+        let hb = host(&per_bag);
+        let mut want = ht.clone();
+        for (i, &r) in [5usize, 0, 2, 2, 1, 5].iter().enumerate() {
+            for c in 0..4 {
+                want[r * 4 + c] += hb[i / 3 * 4 + c];
+            }
+        }
+        let acc = table.copy()?;
+        acc.index_add_(0, &flat, &per_bag)?;
+        assert_close("index_add_ by bags", &acc, &[6, 4], &want, tol(dt));
+        let e = acc
+            .index_add_(0, &flat, &rand(&[4, 4], 1003, dt, dev)?)
+            .unwrap_err();
+        assert!(e.to_string().contains("index_add_"), "{e}");
 
         let gi = Tensor::from_vec(vec![0i32, 3, 1, 1, 2, 0], &[6], dev)?;
         let want: Vec<f64> = [0usize, 3, 1, 1, 2, 0]

@@ -106,8 +106,25 @@ impl Embedding {
         x: &Features,
         op: &'static str,
     ) -> Result<(crate::Var, Option<Tensor>)> {
+        let (idx, shape) = self.rows(x, op)?;
+        let (m, v, d) = self.table();
+        let rows = tape
+            .param(&self.weight)
+            .reshape(&[m * v, d])?
+            .index_select(&idx, 0)?;
+        Ok((rows.reshape(&shape)?, self.mask(x.var.value())?))
+    }
+
+    /// The members, the vocabulary and the width of the table.
+    fn table(&self) -> (usize, usize, usize) {
         let ws = self.weight.shape();
-        let (m, v, d) = (ws[0], ws[1], ws[2]);
+        (ws[0], ws[1], ws[2])
+    }
+
+    /// The rows of the stacked tables `[M·V, D]` that the ids of `x` pick (checked against the vocabulary), and the
+    /// shape of the picked rows: `[M, ..ids, D]`.
+    fn rows(&self, x: &Features, op: &'static str) -> Result<(Tensor, Vec<usize>)> {
+        let (m, v, d) = self.table();
         let ids_t = x.var.value();
         let s = ids_t.shape().to_vec();
         if ids_t.dtype() != DType::I32
@@ -154,10 +171,6 @@ impl Embedding {
                 .collect();
             Tensor::from_vec(flat, &[m * per], &dev)?
         };
-        let rows = tape
-            .param(&self.weight)
-            .reshape(&[m * v, d])?
-            .index_select(&idx, 0)?;
         let mut shape = vec![m];
         shape.extend_from_slice(if x.layout == Layout::Shared {
             &s[..]
@@ -165,7 +178,7 @@ impl Embedding {
             &s[1..]
         });
         shape.push(d);
-        Ok((rows.reshape(&shape)?, self.mask(ids_t)?))
+        Ok((idx, shape))
     }
 }
 
@@ -207,15 +220,17 @@ impl EmbeddingBag {
 
 impl Module for EmbeddingBag {
     fn forward(&self, tape: &Tape, x: Features) -> Result<Features> {
-        let (rows, _) = self.0.lookup(tape, &x, "embedding_bag")?; // [M, B, L, D]
-        let r = rows.shape().len();
-        if r != 4 {
+        let (idx, shape) = self.0.rows(&x, "embedding_bag")?; // rows [M, B, L, D]
+        let &[m, b, l, d] = shape.as_slice() else {
             return Err(Error::Shape {
                 op: "embedding_bag",
-                reason: format!("needs bags [B, L] of ids, got rows {:?}", rows.shape()),
+                reason: format!("needs bags [B, L] of ids, got rows {shape:?}"),
             });
-        }
-        Ok(Features::members(rows.mean(2, false)?))
+        };
+        let (_, v, _) = self.0.table();
+        let table = tape.param(&self.0.weight).reshape(&[m * v, d])?;
+        let bags = table.bag_mean(&idx, l)?; // [M·B, D]
+        Ok(Features::members(bags.reshape(&[m, b, d])?))
     }
 
     fn params(&self) -> Vec<(String, Param)> {

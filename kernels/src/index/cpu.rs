@@ -39,26 +39,27 @@ pub fn index_select<T: Copy>(
     Ok(out)
 }
 
-/// `dst` is `[outer, dim, inner]`, `src` `[outer, idx.len(), inner]`:
-/// `dst[o, idx[i], :] += src[o, i, :]` (repeated indices accumulate).
+/// `dst` is `[outer, dim, inner]`, `src` `[outer, idx.len() / repeat, inner]`:
+/// `dst[o, idx[i], :] += src[o, i / repeat, :]` (repeated indices accumulate; `repeat` consecutive indices share
+/// a row of `src`, as the ids of a bag share its gradient).
 ///
 /// # Errors
 /// [`Error::IndexOutOfRange`] when an index is outside `0..dim`; `dst` is then unchanged.
 pub fn index_add<T: Scalar>(
     dst: &mut [T],
-    outer: usize,
-    dim: usize,
-    inner: usize,
+    (outer, dim, inner): (usize, usize, usize),
     idx: &[i32],
     src: &[T],
+    repeat: usize,
 ) -> Result<()> {
     let rows: Vec<usize> = idx
         .iter()
         .map(|&i| check("index_add", i, dim))
         .collect::<Result<_>>()?;
+    let per = rows.len() / repeat.max(1);
     for o in 0..outer {
         for (i, &r) in rows.iter().enumerate() {
-            let s = &src[(o * rows.len() + i) * inner..][..inner];
+            let s = &src[(o * per + i / repeat.max(1)) * inner..][..inner];
             let d = &mut dst[(o * dim + r) * inner..][..inner];
             for (a, &b) in d.iter_mut().zip(s) {
                 *a = a.add(b);

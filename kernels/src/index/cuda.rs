@@ -49,26 +49,23 @@ pub unsafe fn index_select(
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
 }
 
-/// `dst[o, idx[i], :] += src[o, i, :]` (repeated indices accumulate: in f32 in no fixed order, or
-/// in index order as the CPU does in deterministic mode, [`crate::determinism`]).
+/// `dst[o, idx[i], :] += src[o, i / repeat, :]`: `repeat` consecutive indices share a row of `src` (1: a row
+/// each). Repeated indices accumulate: in f32 in no fixed order, or in index order as the CPU does in deterministic
+/// mode, [`crate::determinism`].
 ///
 /// # Safety
 /// `dst` holds `outer * dim * inner` elements of `ty`, `idx` `nidx` i32, `src`
-/// `outer * nidx * inner` elements of `ty`.
+/// `outer * (nidx / repeat) * inner` elements of `ty`; `repeat` divides `nidx`.
 ///
 /// # Errors
 /// `ty` is not f32 or i32, or a launch failure.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn index_add(
     gpu: &Gpu,
     ty: CudaType,
     dst: u64,
-    outer: usize,
-    dim: usize,
-    inner: usize,
-    idx: u64,
-    nidx: usize,
-    src: u64,
+    (outer, dim, inner): (usize, usize, usize),
+    (idx, nidx): (u64, usize),
+    (src, repeat): (u64, usize),
 ) -> Result<()> {
     let n = outer * nidx * inner;
     if n == 0 {
@@ -91,10 +88,16 @@ pub unsafe fn index_add(
         CudaType::I32 => ("index_add_i32", gpu.grid(n, 256)),
         other => return Err(unsupported("index_add", other)),
     };
-    let (o, d, k, i) = (outer as u64, dim as u64, nidx as u64, inner as u64);
+    let (o, d, k, i, rep) = (
+        outer as u64,
+        dim as u64,
+        nidx as u64,
+        inner as u64,
+        repeat.max(1) as u64,
+    );
     let flag = gpu.flag_ptr()?;
-    let mut args = kernel_args![o, d, k, i, dst, idx, src, flag];
-    // SAFETY: matches `index_add_<t>(u64, u64, u64, u64, T*, const int*, const T*, int*)`, which
+    let mut args = kernel_args![o, d, k, i, rep, dst, idx, src, flag];
+    // SAFETY: matches `index_add_<t>(u64, u64, u64, u64, u64, T*, const int*, const T*, int*)`, which
     // `index_add_ordered_f32` shares (launched with the 256 threads a block it needs).
     unsafe { gpu.launch(&SRC, name, cfg, &mut args) }
 }

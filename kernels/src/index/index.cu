@@ -26,10 +26,12 @@ INDEX_SELECT(u32, u32)
 INDEX_SELECT(u16, u16)
 INDEX_SELECT(u8, u8)
 
-// dst[o, idx[i], r] += src[o, i, r]; dst is [outer, dim, inner], src [outer, nidx, inner]. Repeated indices add
-// into one element in whatever order their threads arrive: f32 bits vary from run to run (i32 sums do not).
+// dst[o, idx[i], r] += src[o, i / repeat, r]; dst is [outer, dim, inner], src [outer, nidx / repeat, inner]
+// (`repeat` consecutive indices share a row of src: the ids of a bag its gradient). Repeated indices add into one
+// element in whatever order their threads arrive: f32 bits vary from run to run (i32 sums do not).
 template <typename T>
-__device__ void index_add(u64 outer, u64 dim, u64 nidx, u64 inner, T* dst, const int* idx, const T* src, int* flag) {
+__device__ void index_add(u64 outer, u64 dim, u64 nidx, u64 inner, u64 repeat, T* dst, const int* idx, const T* src,
+                          int* flag) {
     const u64 n = outer * nidx * inner;
     GRID_STRIDE(t, n) {
         const u64 r = t % inner;
@@ -39,24 +41,24 @@ __device__ void index_add(u64 outer, u64 dim, u64 nidx, u64 inner, T* dst, const
         if (k < 0 || (u64)k >= dim) {
             report_index_error(flag, OP_INDEX_ADD, k, (i64)dim);
         } else {
-            atomicAdd(&dst[(o * dim + (u64)k) * inner + r], src[t]);
+            atomicAdd(&dst[(o * dim + (u64)k) * inner + r], src[(o * (nidx / repeat) + i / repeat) * inner + r]);
         }
     }
 }
-extern "C" __global__ void index_add_f32(u64 outer, u64 dim, u64 nidx, u64 inner, float* dst, const int* idx,
-                                         const float* src, int* flag) {
-    index_add<float>(outer, dim, nidx, inner, dst, idx, src, flag);
+extern "C" __global__ void index_add_f32(u64 outer, u64 dim, u64 nidx, u64 inner, u64 repeat, float* dst,
+                                         const int* idx, const float* src, int* flag) {
+    index_add<float>(outer, dim, nidx, inner, repeat, dst, idx, src, flag);
 }
-extern "C" __global__ void index_add_i32(u64 outer, u64 dim, u64 nidx, u64 inner, int* dst, const int* idx,
-                                         const int* src, int* flag) {
-    index_add<int>(outer, dim, nidx, inner, dst, idx, src, flag);
+extern "C" __global__ void index_add_i32(u64 outer, u64 dim, u64 nidx, u64 inner, u64 repeat, int* dst,
+                                         const int* idx, const int* src, int* flag) {
+    index_add<int>(outer, dim, nidx, inner, repeat, dst, idx, src, flag);
 }
 
 // The f32 one in a fixed order (deterministic mode): a block of 256 threads per row (o, d) of dst scans the indices
 // 256 at a time, lists those equal to d in order in shared memory, and each thread adds the listed rows of src into
 // its elements of the row one after another. Every element sums in index order, as the CPU kernel does: the CPU's
 // bits, whatever the scheduling.
-extern "C" __global__ void index_add_ordered_f32(u64 outer, u64 dim, u64 nidx, u64 inner, float* dst,
+extern "C" __global__ void index_add_ordered_f32(u64 outer, u64 dim, u64 nidx, u64 inner, u64 repeat, float* dst,
                                                  const int* idx, const float* src, int* flag) {
     __shared__ u32 hits[256];  // offsets in this round of the indices equal to d, in order
     __shared__ u32 warp_hits[8];
@@ -82,7 +84,7 @@ extern "C" __global__ void index_add_ordered_f32(u64 outer, u64 dim, u64 nidx, u
             if (hit) hits[before + __popc(ballot & ((1u << lane) - 1u))] = threadIdx.x;
             __syncthreads();
             for (u32 j = 0; j < total; ++j) {
-                const float* s = src + (o * nidx + base + hits[j]) * inner;
+                const float* s = src + (o * (nidx / repeat) + (base + hits[j]) / repeat) * inner;
                 for (u64 r = threadIdx.x; r < inner; r += blockDim.x) out[r] += s[r];
             }
             __syncthreads();  // the next round rewrites hits and warp_hits

@@ -27,23 +27,22 @@ impl Indexing for CpuStorage {
         &mut self,
         idx: &CpuStorage,
         src: &CpuStorage,
-        outer: usize,
-        dim: usize,
-        inner: usize,
+        shape: (usize, usize, usize),
+        repeat: usize,
     ) -> Result<()> {
         let idx = indices("index_add", idx)?;
         match (self, src) {
             (CpuStorage::F32(d), CpuStorage::F32(s)) => {
-                index_cpu::index_add(d, outer, dim, inner, idx, s)?
+                index_cpu::index_add(d, shape, idx, s, repeat)?
             }
             (CpuStorage::F64(d), CpuStorage::F64(s)) => {
-                index_cpu::index_add(d, outer, dim, inner, idx, s)?
+                index_cpu::index_add(d, shape, idx, s, repeat)?
             }
             (CpuStorage::I32(d), CpuStorage::I32(s)) => {
-                index_cpu::index_add(d, outer, dim, inner, idx, s)?
+                index_cpu::index_add(d, shape, idx, s, repeat)?
             }
             (CpuStorage::U8(d), CpuStorage::U8(s)) => {
-                index_cpu::index_add(d, outer, dim, inner, idx, s)?
+                index_cpu::index_add(d, shape, idx, s, repeat)?
             }
             (d, s) if d.dtype() == s.dtype() => return Err(unsupported("index_add", d.dtype())),
             (d, s) => return Err(mismatch("index_add", d, s)),

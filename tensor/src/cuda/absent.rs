@@ -260,11 +260,10 @@ impl Indexing for CudaStorage {
         &mut self,
         idx: &CudaStorage,
         src: &CudaStorage,
-        outer: usize,
-        dim: usize,
-        inner: usize,
+        shape: (usize, usize, usize),
+        repeat: usize,
     ) -> Result<()> {
-        let _ = (idx, src, outer, dim, inner);
+        let _ = (idx, src, shape, repeat);
         Err(unavailable("index_add", self.ordinal))
     }
 

@@ -45,9 +45,8 @@ impl Indexing for CudaStorage {
         &mut self,
         idx: &CudaStorage,
         src: &CudaStorage,
-        outer: usize,
-        dim: usize,
-        inner: usize,
+        shape: (usize, usize, usize),
+        repeat: usize,
     ) -> Result<()> {
         indices("index_add", idx)?;
         if self.dtype != src.dtype {
@@ -62,12 +61,9 @@ impl Indexing for CudaStorage {
                 &self.gpu,
                 t,
                 self.device_ptr(),
-                outer,
-                dim,
-                inner,
-                idx.device_ptr(),
-                idx.len,
-                src.device_ptr(),
+                shape,
+                (idx.device_ptr(), idx.len),
+                (src.device_ptr(), repeat),
             )?
         };
         Ok(())
