@@ -225,6 +225,13 @@ fn unreduce(g: &Tensor, dim: usize, keepdim: bool, shape: &[usize]) -> Result<Te
     Ok(g.broadcast_to(shape)?)
 }
 
+/// Zeros of `shape` with `src`'s rows added at `indices` along `dim`, in place: the gradient of a lookup.
+fn added_at(shape: &[usize], dim: usize, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
+    let z = Tensor::zeros(shape, src.dtype(), &src.device())?;
+    z.index_add_(dim, indices, src)?;
+    Ok(z)
+}
+
 fn zeros_like(t: &Tensor) -> Result<Tensor> {
     Ok(Tensor::zeros(t.shape(), t.dtype(), &t.device())?)
 }
@@ -368,19 +375,13 @@ impl Op {
                 indices,
                 dim,
                 shape,
-            } => one(need, || {
-                let z = Tensor::zeros(shape, g.dtype(), &g.device())?;
-                z.index_add_(*dim, indices, g)?;
-                Ok(z)
-            }),
+            } => one(need, || added_at(shape, *dim, indices, g)),
             Op::BagMean {
                 indices,
                 bag,
                 shape,
             } => one(need, || {
-                let z = Tensor::zeros(shape, g.dtype(), &g.device())?;
-                z.index_add_(0, indices, &g.mul_scalar(1.0 / *bag as f64)?)?;
-                Ok(z)
+                added_at(shape, 0, indices, &g.mul_scalar(1.0 / *bag as f64)?)
             }),
             Op::IndexAdd { indices, dim } => two(
                 need,

@@ -1213,6 +1213,36 @@ fn products_with_the_sums_of_their_rhs_match_the_cpu() {
     }
 }
 
+/// One parameter's buffers (parameter, gradient, m, v) of `n` f32 with a rate per member.
+fn adam_buffers<'a>(
+    bufs: [&DeviceBuffer; 4],
+    n: usize,
+    lrs: &'a [f64],
+) -> [optim_cuda::ParamBuffers<'a>; 1] {
+    let [p, g, m, v] = bufs.map(DeviceBuffer::ptr);
+    [optim_cuda::ParamBuffers {
+        param: p,
+        grad: g,
+        state1: m,
+        state2: v,
+        len: n,
+        lrs,
+    }]
+}
+
+/// PyTorch's Adam defaults at `step`, the rates per parameter.
+fn adam(step: u64) -> AdamParams<'static> {
+    AdamParams {
+        lrs: &[],
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+        step,
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn counted_adam_steps_advance_their_device_state_and_follow_its_scale() {
@@ -1229,22 +1259,12 @@ fn counted_adam_steps_advance_their_device_state_and_follow_its_scale() {
     // Scaled rates: the schedule's factor relative to the captured rates, set by the host.
     let scale = 0.25f32;
     let state = up(&g, &[optim_cuda::StepState::before(3, scale)]);
-    let bufs = [optim_cuda::ParamBuffers {
-        param: dp.ptr(),
-        grad: dg.ptr(),
-        state1: dm.ptr(),
-        state2: dv.ptr(),
-        len: n,
-        lrs: &lrs,
-    }];
+    let bufs = adam_buffers([&dp, &dg, &dm, &dv], n, &lrs);
     let h = AdamParams {
-        lrs: &[],
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         weight_decay: 1e-2,
         decoupled: true,
         step: 0, // ignored: the device state decides
+        ..adam(0)
     };
     let scaled: Vec<f64> = lrs.iter().map(|l| l * f64::from(scale)).collect();
     for step in [3, 4] {
@@ -1287,23 +1307,8 @@ fn a_counted_adam_step_gives_the_eager_steps_bits() {
         let run = |counted: bool| {
             let (dp, dg, dm, dv) = (up(&g, &p), up(&g, &gr), up(&g, &m), up(&g, &v));
             let state = up(&g, &[optim_cuda::StepState::before(step, 1.0)]);
-            let bufs = [optim_cuda::ParamBuffers {
-                param: dp.ptr(),
-                grad: dg.ptr(),
-                state1: dm.ptr(),
-                state2: dv.ptr(),
-                len: n,
-                lrs: &lrs,
-            }];
-            let h = AdamParams {
-                lrs: &[],
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0,
-                decoupled: false,
-                step,
-            };
+            let bufs = adam_buffers([&dp, &dg, &dm, &dv], n, &lrs);
+            let h = adam(step);
             let state = counted.then(|| state.ptr());
             // SAFETY: every buffer holds n f32; the state is a StepState.
             unsafe { optim_cuda::adam_step(&g, &bufs, &h, state, None).unwrap() };
