@@ -302,9 +302,13 @@ fn run_backward(
             for (input, gi) in node.inputs.iter().zip(ins) {
                 if let (Some(id), Some(gi)) = (input, gi) {
                     grads[*id] = Some(match grads[*id].take() {
-                        Some(prev) if gi.dtype() == prev.dtype() => prev.accumulate(gi)?,
                         Some(prev) => {
-                            let gi = gi.to_dtype(prev.dtype())?;
+                            // Converted only where it must be: a second handle would keep it from summing in place.
+                            let gi = if gi.dtype() == prev.dtype() {
+                                gi
+                            } else {
+                                gi.to_dtype(prev.dtype())?
+                            };
                             prev.accumulate(gi)?
                         }
                         None => gi,

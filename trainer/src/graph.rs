@@ -13,10 +13,10 @@
 //! correction comes from the same f64 operations on the device as on the host, so a replay at the
 //! capture's rates gives the eager step's bits. Rates scaled on the device round otherwise than the
 //! host's: under deterministic algorithms a step whose schedule factor is not the capture's runs
-//! eagerly, so that a run ends on the same bits however its steps split between eager and replayed; under f16 the loss scale,
-//! its overflow flag and the decision to skip an update all live on the device, so a replay scales, checks and
-//! skips as an eager step does. The graph's memory
-//! comes from the shared allocator under the unit's tenant, so it counts against the member's budget.
+//! eagerly, so that a run ends on the same bits however its steps split between eager and replayed.
+//! Under f16 the loss scale, its overflow flag and the decision to skip an update all live on the
+//! device, so a replay scales, checks and skips as an eager step does. The graph's memory comes
+//! from the shared allocator under the unit's tenant, so it counts against the member's budget.
 //! Cohorts in other threads of the process may share the GPU: their work waits while a step is captured.
 
 use cohort_autograd::{Model, Tape, Var};

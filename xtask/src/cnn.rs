@@ -18,7 +18,7 @@ use std::path::Path;
 use anyhow::Result;
 use cohort_alloc::TenantId;
 use cohort_autograd::ModelSpec;
-use cohort_tensor::{DType, Device, Precision, Tensor, memory};
+use cohort_tensor::{Device, Precision, Tensor, memory};
 use serde_json::{Value, json};
 
 use crate::cohort::{self, Captured, Trainee};
@@ -98,17 +98,7 @@ pub fn run(device: Device, quick: bool, script: Option<(&str, &Path)>) -> Result
 
 /// The one fixed batch, `[batch, 3, side, side]` uniform images and their labels, charged to `tenant`.
 fn batch(device: Device, tenant: TenantId, w: &Workload) -> Result<(Tensor, Tensor)> {
-    memory::with_tenant(tenant, || -> Result<_> {
-        let x = Tensor::rand_uniform(
-            &[w.batch, 3, w.side, w.side],
-            0.0,
-            1.0,
-            DType::F32,
-            0,
-            &device,
-        )?;
-        Ok((x, cohort::labels(w.batch, 10, device)?))
-    })
+    memory::with_tenant(tenant, || cohort::images(w.batch, w.side, device))
 }
 
 /// The model, fresh, its memory charged to `tenant`.

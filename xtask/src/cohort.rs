@@ -85,9 +85,7 @@ impl Trainee {
             Ok(())
         })
     }
-}
 
-impl Trainee {
     /// Takes `other`'s parameters, optimizer buffers and step count (same model, same optimizer), each copied into
     /// this trainee's own tensors: a graph captured over them keeps reading and writing the same memory.
     fn take_state(&mut self, other: &Trainee) -> Result<()> {
@@ -124,6 +122,15 @@ fn distance(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
         .map(|(a, b)| f64::from(a - b).powi(2))
         .sum::<f64>()
         .sqrt()
+}
+
+/// Classes of the workloads' labels.
+pub(crate) const CLASSES: usize = 10;
+
+/// The image parts' fixed batch: `[batch, 3, side, side]` uniform images (seed 0) and their labels.
+pub(crate) fn images(batch: usize, side: usize, device: Device) -> Result<(Tensor, Tensor)> {
+    let x = Tensor::rand_uniform(&[batch, 3, side, side], 0.0, 1.0, DType::F32, 0, &device)?;
+    Ok((x, labels(batch, CLASSES, device)?))
 }
 
 /// `count` class ids below `classes`, spread over them (a fixed pseudo-random sequence), as i32 of shape
@@ -340,6 +347,16 @@ pub(crate) struct Drift {
     pub(crate) eager: f64,
 }
 
+impl Drift {
+    /// The larger of each distance.
+    pub(crate) fn worst(self, other: Drift) -> Drift {
+        Drift {
+            replay: self.replay.max(other.replay),
+            eager: self.eager.max(other.eager),
+        }
+    }
+}
+
 /// Trainees whose training steps (forward, backward, Adam) are captured as CUDA graphs reading the static inputs
 /// `x`, `y`: a step is the batch assigned to those (where it changes) and [`Captured::replay`].
 pub(crate) struct Captured {
@@ -409,8 +426,10 @@ impl Captured {
                 "a graph replay diverges from the eager step (from one state they end {apart:.2e} apart; the \
                  step moved the parameters {moved:.2e}, and two eager runs of it ended {spread:.2e} apart)"
             );
-            drift.replay = drift.replay.max(apart / moved);
-            drift.eager = drift.eager.max(spread / moved);
+            drift = drift.worst(Drift {
+                replay: apart / moved,
+                eager: spread / moved,
+            });
         }
         x.assign_(x0)?;
         y.assign_(y0)?;

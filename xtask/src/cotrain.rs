@@ -16,14 +16,12 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use cohort_alloc::TenantId;
 use cohort_autograd::ModelSpec;
-use cohort_tensor::{DType, Device, Precision, Tensor, memory};
+use cohort_tensor::{Device, Precision, Tensor, memory};
 use serde_json::{Value, json};
 
 use crate::cnn::{CNN, PRECISIONS};
 use crate::cohort::{self, Trainee};
 use crate::workload::{self, Job, Table, Timing};
-
-const CLASSES: usize = 10;
 
 /// Shapes and timing, passed as they are to the PyTorch script so both sides run the same.
 struct Workload {
@@ -61,22 +59,17 @@ impl Workload {
     /// The text classifier (PyTorch's is `text()` in `bench/torch_cotrain.py`).
     fn text_spec(&self) -> String {
         format!(
-            "layers = [{{ embedding_bag = {}, vocab = {} }}, {{ linear = {CLASSES} }}]",
-            self.dim, self.vocab
+            "layers = [{{ embedding_bag = {}, vocab = {} }}, {{ linear = {} }}]",
+            self.dim,
+            self.vocab,
+            cohort::CLASSES
         )
     }
 
     /// The two models with their batches, made under `tenant`.
     fn models(&self, device: Device, tenant: TenantId) -> Result<Vec<Model>> {
         memory::with_tenant(tenant, || {
-            let images = Tensor::rand_uniform(
-                &[self.batch, 3, self.side, self.side],
-                0.0,
-                1.0,
-                DType::F32,
-                0,
-                &device,
-            )?;
+            let (images, classes) = cohort::images(self.batch, self.side, device)?;
             let ids: Vec<i32> = (0..self.batch * self.doc)
                 .map(|i| ((i * 7919 + 13) % self.vocab) as i32)
                 .collect();
@@ -87,14 +80,14 @@ impl Workload {
                     spec: ModelSpec::from_toml(CNN)?,
                     input: vec![3, self.side, self.side],
                     x: images,
-                    y: cohort::labels(self.batch, CLASSES, device)?,
+                    y: classes,
                 },
                 Model {
                     name: "text",
                     spec: ModelSpec::from_toml(&self.text_spec())?,
                     input: vec![self.doc],
                     x: docs,
-                    y: cohort::labels(self.batch, CLASSES, device)?,
+                    y: cohort::labels(self.batch, cohort::CLASSES, device)?,
                 },
             ])
         })

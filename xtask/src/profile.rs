@@ -1,14 +1,14 @@
 //! `cargo xtask profile`: where the time and memory of one fused cohort training step go, per phase (forward, loss,
 //! backward, optimizer; wall time with the device drained between phases, and on a GPU each phase's peak over the
 //! memory held before the step) and, on a GPU with `COHORT_CUDA_PROFILE=1`, per kernel (GPU time from timing events
-//! around every launch and cuBLAS call). The model is the cohort benchmark's MLP, or the `cnn` or `resnet` part's
-//! model on its batch, in any precision.
+//! around every launch and cuBLAS call). The model is the cohort benchmark's MLP, or the `cnn`, `resnet` or
+//! `cotrain` part's (the text classifier) on its batch, in any precision.
 
 use anyhow::Result;
 use std::time::{Duration, Instant};
 
 use cohort_autograd::{ModelSpec, Tape, loss};
-use cohort_tensor::{DType, Device, Precision, Tensor, memory};
+use cohort_tensor::{Device, Precision, Tensor, memory};
 
 use crate::cohort::{self, Trainee};
 
@@ -61,12 +61,9 @@ impl Model {
             Model::Cnn => (crate::cnn::CNN, 64),
             Model::Resnet => (crate::resnet::RESNET, 32),
         };
-        let batch = 128;
-        let input = [3, side, side];
-        let x = Tensor::rand_uniform(&[batch, 3, side, side], 0.0, 1.0, DType::F32, 0, &device)?;
-        let y = cohort::labels(batch, 10, device)?;
+        let (x, y) = cohort::images(128, side, device)?;
         let spec = ModelSpec::from_toml(spec)?;
-        let t = Trainee::from_spec(&spec, &input, members, 0, device, tenant)?;
+        let t = Trainee::from_spec(&spec, &[3, side, side], members, 0, device, tenant)?;
         Ok((t, x, y))
     }
 }

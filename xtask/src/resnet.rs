@@ -22,7 +22,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cohort_autograd::ModelSpec;
-use cohort_tensor::{DType, Device, Precision, Tensor, memory};
+use cohort_tensor::{Device, Precision, memory};
 use serde_json::{Value, json};
 
 use crate::cnn::PRECISIONS;
@@ -46,8 +46,6 @@ pub(crate) const RESNET: &str = r#"layers = [
     ], act = "relu" },
     { global_avgpool = true }, { linear = 10 },
 ]"#;
-
-const CLASSES: usize = 10;
 
 /// cohort's schedules: N separate models or one of N members, each eager or replayed as CUDA graphs.
 const SCHEDULES: [&str; 4] = ["loop", "fused", "loop-graph", "fused-graph"];
@@ -126,17 +124,7 @@ fn measure(
     let spec = ModelSpec::from_toml(RESNET)?;
     let tag = format!("resnet-{precision}-{n}-{schedule}");
     let data = cohort::tenant(device, &format!("{tag}-data"))?;
-    let (x, y) = memory::with_tenant(data, || -> Result<_> {
-        let x = Tensor::rand_uniform(
-            &[w.batch, 3, w.side, w.side],
-            0.0,
-            1.0,
-            DType::F32,
-            0,
-            &device,
-        )?;
-        Ok((x, cohort::labels(w.batch, CLASSES, device)?))
-    })?;
+    let (x, y) = memory::with_tenant(data, || cohort::images(w.batch, w.side, device))?;
     let fused = schedule.starts_with("fused");
     let (models, members) = if fused { (1, n) } else { (n, 1) };
     let (spec, input) = (&spec, [3, w.side, w.side]);

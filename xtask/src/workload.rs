@@ -114,10 +114,7 @@ pub(crate) fn train_together(
                 })
                 .collect::<Result<Vec<_>>>()?;
             let groups: Vec<&Captured> = groups.iter().collect();
-            drift = groups.iter().map(|g| g.drift).reduce(|a, b| Drift {
-                replay: a.replay.max(b.replay),
-                eager: a.eager.max(b.eager),
-            });
+            drift = groups.iter().map(|g| g.drift).reduce(Drift::worst);
             timing.measure(device, &[], || Captured::replay_together(&groups))?
         }
         "eager" => {

@@ -107,11 +107,7 @@ impl Embedding {
         op: &'static str,
     ) -> Result<(crate::Var, Option<Tensor>)> {
         let (idx, shape) = self.rows(x, op)?;
-        let (m, v, d) = self.table();
-        let rows = tape
-            .param(&self.weight)
-            .reshape(&[m * v, d])?
-            .index_select(&idx, 0)?;
+        let rows = self.stacked(tape)?.index_select(&idx, 0)?;
         Ok((rows.reshape(&shape)?, self.mask(x.var.value())?))
     }
 
@@ -119,6 +115,12 @@ impl Embedding {
     fn table(&self) -> (usize, usize, usize) {
         let ws = self.weight.shape();
         (ws[0], ws[1], ws[2])
+    }
+
+    /// The members' tables stacked as one, `[M·V, D]`, recorded on `tape`.
+    fn stacked(&self, tape: &Tape) -> Result<crate::Var> {
+        let (m, v, d) = self.table();
+        tape.param(&self.weight).reshape(&[m * v, d])
     }
 
     /// The rows of the stacked tables `[M·V, D]` that the ids of `x` pick (checked against the vocabulary), and the
@@ -227,9 +229,7 @@ impl Module for EmbeddingBag {
                 reason: format!("needs bags [B, L] of ids, got rows {shape:?}"),
             });
         };
-        let (_, v, _) = self.0.table();
-        let table = tape.param(&self.0.weight).reshape(&[m * v, d])?;
-        let bags = table.bag_mean(&idx, l)?; // [M·B, D]
+        let bags = self.0.stacked(tape)?.bag_mean(&idx, l)?; // [M·B, D]
         Ok(Features::members(bags.reshape(&[m, b, d])?))
     }
 
