@@ -313,17 +313,16 @@ impl Op {
                     let (gx, gb) = g.relu_backward_bias(y, bias)?;
                     two(need, || Ok(gx), || Ok(gb))
                 } else {
-                    one(need, || Ok(g.relu_backward(y)?))
+                    Ok(vec![need[0].then(|| g.relu_backward(y)).transpose()?, None])
                 }
             }
             Op::ChannelBiasRelu { y } => {
-                let gx = g.relu_backward(y)?;
-                let gb = if need[1] {
-                    Some(Tensor::conv2d_backward_bias(&gx)?)
+                if need[1] {
+                    let (gx, gb) = g.relu_backward_channel_bias(y)?;
+                    Ok(vec![need[0].then_some(gx), Some(gb)])
                 } else {
-                    None
-                };
-                Ok(vec![need[0].then_some(gx), gb])
+                    one(need, || Ok(g.relu_backward(y)?))
+                }
             }
             Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),

@@ -598,18 +598,23 @@ impl Var {
             padding,
             groups,
         };
-        let conv = match bias {
-            Some(b) => Var::record("conv2d", out.clone(), &[self, weight, b], op)?,
-            None => Var::record("conv2d", out.clone(), &[self, weight], op)?,
-        };
         if !relu {
-            return Ok(conv);
+            return match bias {
+                Some(b) => Var::record("conv2d", out.clone(), &[self, weight, b], op),
+                None => Var::record("conv2d", out.clone(), &[self, weight], op),
+            };
         }
-        // The ReLU ran inside the convolution's forward, but its backward is a node of its own, as unfused: the
-        // incoming gradient is freed before the convolution's backward runs, so no step holds it beside the
-        // ReLU's gradient and its 16-bit copy. No backward reads the convolution node's value, which stands in
-        // for the pre-ReLU output.
-        Var::record("relu", out.clone(), &[&conv], || Op::Relu { y: out })
+        // The bias and ReLU ran inside the convolution's forward, but their backward is a node of its own, as
+        // `channel_bias_relu`'s: one pass makes the ReLU's gradient and the bias's, and the incoming gradient is
+        // freed before the convolution's backward runs, so no step holds it beside the ReLU's gradient and its
+        // 16-bit copy. No backward reads the convolution node's value, which stands in for the pre-ReLU output.
+        let conv = Var::record("conv2d", out.clone(), &[self, weight], op)?;
+        match bias {
+            Some(b) => Var::record("channel_bias_relu", out.clone(), &[&conv, b], || {
+                Op::ChannelBiasRelu { y: out }
+            }),
+            None => Var::record("relu", out.clone(), &[&conv], || Op::Relu { y: out }),
+        }
     }
 
     /// Fused self-attention of a packed projection `[n, L, 3·D]` into `[n, L, D]` ([`Tensor::attention`]): `heads`

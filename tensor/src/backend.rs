@@ -506,6 +506,14 @@ pub trait CudaBackend: BackendStorage {
     /// Not bf16 or f16, out of memory, or a launch failure.
     fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<Self>;
 
+    /// ReLU's backward from the gradient `self` and the output `y` of a convolution's bias and ReLU (`dims`
+    /// `[N, O, OH·OW]`, f32, bf16 or f16), with the bias's gradient, in one pass: `dx` in `self`'s type and each
+    /// channel's sum of it in f32 (`[O]`).
+    ///
+    /// # Errors
+    /// Another type or a type mismatch, different devices, out of memory, or a launch failure.
+    fn relu_backward_channel_bias(&self, y: &Self, dims: [usize; 3]) -> Result<(Self, Self)>;
+
     /// ReLU's backward from the gradient `self` and the output `y` with the gradient of the bias before
     /// it, in one kernel: `dx` and `db` (`groups · cols`, summed over the rows).
     ///

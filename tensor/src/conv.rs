@@ -298,6 +298,41 @@ impl Tensor {
         Ok(Tensor::from_storage(Storage::Cuda(s), self.shape.clone()))
     }
 
+    /// The backward of [`channel_bias_relu`](Tensor::channel_bias_relu) (or of a convolution's bias and ReLU) from
+    /// its output `y`: the gradient `self` where `y > 0`, and the bias's gradient, each channel's sum of that, as
+    /// [`conv2d_backward_bias`](Tensor::conv2d_backward_bias) gives it (f32 from a 16-bit gradient on CUDA). One
+    /// pass on CUDA, where the two apart read the gradient twice; the two apart on the CPU.
+    ///
+    /// # Errors
+    /// `self` not of rank 4 or not a float type; `y` of another shape, type or device.
+    pub fn relu_backward_channel_bias(&self, y: &Tensor) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "relu_backward_channel_bias";
+        self.require_float(OP)?;
+        self.same_shape(OP, y)?;
+        self.same_dtype(OP, y)?;
+        self.same_device(OP, y)?;
+        let &[n, c, h, w] = &self.shape[..] else {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: self.shape.clone(),
+                reason: "expected image features [N, C, H, W]".into(),
+            });
+        };
+        if !self.device().is_cuda() {
+            let dx = self.relu_backward(y)?;
+            let db = Tensor::conv2d_backward_bias(&dx)?;
+            return Ok((dx, db));
+        }
+        let (dx, db) = Tensor::read_all(&[self, y], |st| match st {
+            [Storage::Cuda(g), Storage::Cuda(v)] => g.relu_backward_channel_bias(v, [n, c, h * w]),
+            _ => Err(self.device_mismatch(OP, y)),
+        })?;
+        Ok((
+            Tensor::from_storage(Storage::Cuda(dx), self.shape.clone()),
+            Tensor::from_storage(Storage::Cuda(db), vec![c]),
+        ))
+    }
+
     /// Max pooling over `kernel × kernel` windows of the last two dims (no padding); returns the
     /// pooled values and, per output, the i32 flat index (`y·W + x`) of its max in the input plane.
     ///

@@ -225,6 +225,16 @@ fn sixteen_bit_activations_stay_in_their_type_through_a_conv_nets_ops() {
             &yc.relu_backward(&yc).unwrap(),
         );
         assert!(e == 0.0, "{}: {e:.2e}", what("relu_backward"));
+        let (gr, gb) = gy.relu_backward_channel_bias(&y).unwrap();
+        let (grc, gbc) = gyc.relu_backward_channel_bias(&yc).unwrap();
+        let e = off_in(low, &gr, &grc);
+        assert!(e == 0.0, "{}: {e:.2e}", what("relu_backward_channel_bias"));
+        let e = rel_err(&gb, &gbc);
+        assert!(
+            e <= 1e-5,
+            "{}: {e:.2e} (bias sums in f32)",
+            what("relu_backward_channel_bias")
+        );
         let e = off_in(low, &gy.relu().unwrap(), &gyc.relu().unwrap());
         assert!(e == 0.0, "{}: {e:.2e}", what("relu"));
         let e = off_in(low, &y.add(&gy).unwrap(), &yc.add(&gyc).unwrap());

@@ -236,8 +236,16 @@ fn conv_net_pieces_agree() {
         // A bias and ReLU moved after the pool: the same values as `p`, in one kernel on CUDA.
         let (pooled, _) = x.conv2d(&w, None, 1, 1, 1)?.max_pool2d(2, 2)?;
         let moved = pooled.channel_bias_relu(Some(&bias))?;
+        // Its backward in one pass: planes of 8 x 8 (four elements a thread) and of 5 x 5 (one).
+        let (gmoved, gbias) = rand(moved.shape(), 26, dev)?.relu_backward_channel_bias(&moved)?;
+        let y5 = p3.channel_bias_relu(Some(&bias))?;
+        let (g5, gbias5) = rand(y5.shape(), 27, dev)?.relu_backward_channel_bias(&y5)?;
         Ok(vec![
             moved,
+            gmoved,
+            gbias,
+            g5,
+            gbias5,
             y,
             p,
             idx.to_dtype(DType::F32)?,

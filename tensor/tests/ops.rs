@@ -655,6 +655,24 @@ fn channel_bias_relu(dev: &Device) -> Result<()> {
             .channel_bias_relu(Some(&b))
             .unwrap_err();
         assert!(e.to_string().contains("[N, C, H, W]"), "{e}");
+
+        // Its backward: the gradient where the output is positive, and the bias's, each channel's sum of that.
+        let y = x.channel_bias_relu(Some(&b))?;
+        let g = rand(&shape, 953, dt, dev)?;
+        let (hy, hg) = (host(&y), host(&g));
+        let (dx, db) = g.relu_backward_channel_bias(&y)?;
+        let want: Vec<f64> = hg
+            .iter()
+            .zip(&hy)
+            .map(|(&g, &v)| if v > 0.0 { g } else { 0.0 })
+            .collect();
+        assert_close("relu_backward_channel_bias", &dx, &shape, &want, 0.0);
+        let sums: Vec<f64> = (0..3)
+            .map(|c| (0..want.len()).filter(|i| (i / plane) % 3 == c).map(|i| want[i]).sum())
+            .collect();
+        assert_close("its bias's gradient", &db, &[3], &sums, tol(dt));
+        let e = g.relu_backward_channel_bias(&y.reshape(&[6, 4, 5])?).unwrap_err();
+        assert!(e.to_string().contains("relu_backward_channel_bias"), "{e}");
     }
     Ok(())
 }

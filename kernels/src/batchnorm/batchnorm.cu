@@ -168,6 +168,50 @@ extern "C" __global__ void channel_sums_finalize(u64 channels, u64 splits, const
     out[ch] = (float)acc;
 }
 
+// ReLU's backward from its output with each channel's sum of the result: a convolution's bias gradient where a ReLU
+// follows it, over image features [outer, channels, inner] (u32 indices: the host checks that they fit). Grid
+// (channels, splits): dx = y > 0 ? dy : 0 (NaN stops, as relu_backward), and each split's sum of dx into
+// partial[ch][split][0], which channel_sums_finalize adds up. `units` is a channel's elements over W and `chunk` a
+// split's share of them: a thread moves W consecutive elements at a time (4 where inner is a multiple of 4, as one
+// float4 or 8 bytes of a 16-bit type), so the pass runs at the memory's speed, which channel_sums does not.
+template <u32 W, typename T>
+__device__ void relu_channel_sums(u32 channels, u32 inner, u32 units, u32 chunk, const T* dy, const T* y, T* dx,
+                                  float* partial) {
+    const u32 c = blockIdx.x, split = blockIdx.y, plane = inner / W;
+    const u32 start = split * chunk, end = min(start + chunk, units);
+    float s = 0.0f;
+    for (u32 u = start + threadIdx.x; u < end; u += blockDim.x) {
+        const u32 p = u / plane;
+        const u32 o = (p * channels + c) * plane + (u - p * plane);
+        if constexpr (W == 4) {
+            const float4 v = load4(y, o), g = load4(dy, o);
+            const float4 r = make_float4(v.x > 0.0f ? g.x : 0.0f, v.y > 0.0f ? g.y : 0.0f, v.z > 0.0f ? g.z : 0.0f,
+                                         v.w > 0.0f ? g.w : 0.0f);
+            store4(dx, o, r);
+            s += (r.x + r.y) + (r.z + r.w);
+        } else {
+            const float r = to_f32(y[o]) > 0.0f ? to_f32(dy[o]) : 0.0f;
+            dx[o] = from_f32<T>(r);
+            s += r;
+        }
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[((u64)c * gridDim.y + split) * 2] = s;
+}
+
+#define RELU_CHANNEL_SUMS(TN, T)                                                                                   \
+    extern "C" __global__ void relu_channel_sums_##TN(u32 channels, u32 inner, u32 units, u32 chunk, const T* dy,  \
+                                                      const T* y, T* dx, float* partial) {                        \
+        relu_channel_sums<1, T>(channels, inner, units, chunk, dy, y, dx, partial);                                \
+    }                                                                                                              \
+    extern "C" __global__ void relu_channel_sums4_##TN(u32 channels, u32 inner, u32 units, u32 chunk, const T* dy, \
+                                                       const T* y, T* dx, float* partial) {                       \
+        relu_channel_sums<4, T>(channels, inner, units, chunk, dy, y, dx, partial);                                \
+    }
+RELU_CHANNEL_SUMS(f32, float)
+RELU_CHANNEL_SUMS(bf16, bf16_t)
+RELU_CHANNEL_SUMS(f16, f16_t)
+
 // The entry points per index type I and activation type T.
 #define BATCH_NORM_SIZED(IN, I, TN, T)                                                                            \
     extern "C" __global__ void batch_norm_stats_##IN##_##TN(Dims d, u64 chunk, const T* x, float* partial) {      \

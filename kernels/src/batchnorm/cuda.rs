@@ -236,17 +236,82 @@ pub unsafe fn channel_sums(
         let mut args = kernel_args![d, chunk, x, partial];
         // SAFETY: matches `channel_sums_*(Dims, u64, const T*, float*)`.
         unsafe { gpu.launch(&SRC, sums, plan.blocks(), &mut args)? };
-        let (c, splits) = (plan.channels as u64, plan.splits as u64);
-        let mut args = kernel_args![c, splits, partial, out];
-        // SAFETY: matches `channel_sums_finalize(u64, u64, const float*, float*)`.
-        unsafe {
-            gpu.launch(
-                &SRC,
-                "channel_sums_finalize",
-                per_channel(gpu, plan.channels),
-                &mut args,
-            )
-        }
+        // SAFETY: the partials the plan made room for; out as the caller promised.
+        unsafe { finalize_sums(gpu, &plan, partial, out) }
+    })
+}
+
+/// Each channel's sum of its splits' `partial` sums (`[channels, splits, 2]`, the first of each pair) into `out`,
+/// in split order.
+///
+/// # Safety
+/// `partial` must hold the plan's `channels · splits` pairs of f32 and `out` `channels` f32, on this device.
+unsafe fn finalize_sums(gpu: &Gpu, plan: &Split, partial: u64, out: u64) -> Result<()> {
+    let (c, splits) = (plan.channels as u64, plan.splits as u64);
+    let mut args = kernel_args![c, splits, partial, out];
+    // SAFETY: matches `channel_sums_finalize(u64, u64, const float*, float*)`; the buffers as the caller promised.
+    unsafe {
+        gpu.launch(
+            &SRC,
+            "channel_sums_finalize",
+            per_channel(gpu, plan.channels),
+            &mut args,
+        )
+    }
+}
+
+/// ReLU's backward from its output `y` into `dx`, with each channel's sum of `dx` into `out` (f32, `channels`):
+/// the gradients of a convolution's output and bias where a ReLU follows it, over image features
+/// `[outer, channels, inner]` of `ty`. One pass over the features, where [`channel_sums`] after a ReLU's backward
+/// takes two and reads the gradient twice.
+///
+/// # Safety
+/// `dy`, `y` and `dx` must hold `outer · channels · inner` elements of `ty`, `out` `channels` f32, on this device.
+///
+/// # Errors
+/// A type other than f32, bf16 and f16, features of 2³¹ elements or more (u32 indices), or a launch failure.
+pub unsafe fn relu_channel_sums(
+    gpu: &Gpu,
+    ty: CudaType,
+    [outer, channels, inner]: [usize; 3],
+    (dy, y): (u64, u64),
+    (dx, out): (u64, u64),
+) -> Result<()> {
+    const OP: &str = "relu_channel_sums";
+    let s = BatchNormShape {
+        outer,
+        members: 1,
+        rows: 1,
+        channels,
+        inner,
+    };
+    if s.is_empty() {
+        // SAFETY: out holds `channels` f32.
+        return unsafe { gpu.zero(out, channels * 4) };
+    }
+    if s.len() >= 1 << 31 {
+        return Err(Error::Cuda(format!(
+            "{OP}: {} elements; the kernel takes fewer than 2^31",
+            s.len()
+        )));
+    }
+    let (width, names) = if inner.is_multiple_of(4) {
+        (4, float_kernels!("relu_channel_sums4"))
+    } else {
+        (1, float_kernels!("relu_channel_sums"))
+    };
+    let kernel = float_kernel(OP, ty, names)?;
+    let plan = Split::new(gpu, &s)?;
+    let units = s.per_channel() / width;
+    let (c, i, u) = (channels as u32, inner as u32, units as u32);
+    let chunk = units.div_ceil(plan.splits) as u32;
+    plan.with_partials(gpu, |partial| {
+        let mut args = kernel_args![c, i, u, chunk, dy, y, dx, partial];
+        // SAFETY: matches `relu_channel_sums[4]_*(u32 x4, const T* x2, T*, float*)`; the plan's grid is
+        // (channels, splits) and every offset is below 2^31.
+        unsafe { gpu.launch(&SRC, kernel, plan.blocks(), &mut args)? };
+        // SAFETY: the partials the plan made room for; out as the caller promised.
+        unsafe { finalize_sums(gpu, &plan, partial, out) }
     })
 }
 
@@ -345,6 +410,51 @@ mod tests {
                 close(&what("dbeta"), &gpu.download_f32(&gdb, c), &db, 1e-3);
                 close(&what("dx"), &gpu.download_f32(&gdx, n), &dx, 1e-3);
             }
+        }
+    }
+
+    /// ReLU's backward and the channel sums in one pass against the two apart, four elements a thread (planes of
+    /// 20 x 20) and one (7 x 7), with more elements per channel than one block sums: `dx` bit for bit, the sums
+    /// within an f32 sum's rounding.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn relu_channel_sums_match_the_two_passes_apart() {
+        let gpu = Gpu::get(0).unwrap();
+        for [outer, channels, inner] in [[96, 6, 400], [300, 5, 49]] {
+            let n = outer * channels * inner;
+            let y: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+                .collect();
+            let dy: Vec<f32> = (0..n)
+                .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.3)
+                .collect();
+            let dx: Vec<f32> = dy
+                .iter()
+                .zip(&y)
+                .map(|(&g, &v)| if v > 0.0 { g } else { 0.0 })
+                .collect();
+            let sums: Vec<f32> = (0..channels)
+                .map(|c| {
+                    let plane = |p: usize| &dx[(p * channels + c) * inner..][..inner];
+                    (0..outer).flat_map(plane).map(|&v| f64::from(v)).sum::<f64>() as f32
+                })
+                .collect();
+            let [gdy, gy] = [&dy, &y].map(|v| gpu.upload_f32(v));
+            let gdx = gpu.alloc(n * 4).unwrap();
+            let gsums = gpu.alloc(channels * 4).unwrap();
+            // SAFETY: every buffer holds what the shape says.
+            unsafe {
+                relu_channel_sums(
+                    &gpu,
+                    CudaType::F32,
+                    [outer, channels, inner],
+                    (gdy.ptr(), gy.ptr()),
+                    (gdx.ptr(), gsums.ptr()),
+                )
+                .unwrap();
+            }
+            assert_eq!(gpu.download_f32(&gdx, n), dx, "dx of {outer}x{channels}x{inner}");
+            close("sums", &gpu.download_f32(&gsums, channels), &sums, 1e-5);
         }
     }
 }

@@ -458,6 +458,19 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// [`Error::NotCompiledWithCuda`].
+    fn relu_backward_channel_bias(
+        &self,
+        y: &CudaStorage,
+        dims: [usize; 3],
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (y, dims);
+        Err(unavailable("relu_backward_channel_bias", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
     fn relu_backward_bias(
         &self,
         y: &CudaStorage,

@@ -298,6 +298,36 @@ impl CudaBackend for CudaStorage {
         Ok(out)
     }
 
+    /// ReLU's backward from the output `y` of a convolution's bias and ReLU, and the bias's gradient in
+    /// f32, in one pass over image features `[batch, channels, inner]`.
+    ///
+    /// # Errors
+    /// Not f32, bf16 or f16, `y` of another type or device, out of memory, or a launch failure.
+    fn relu_backward_channel_bias(
+        &self,
+        y: &CudaStorage,
+        [batch, channels, inner]: [usize; 3],
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        const OP: &str = "relu_backward_channel_bias";
+        let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
+        want(OP, y, &[self.dtype])?;
+        same_device(OP, self, y)?;
+        let dx = self.sibling(self.len, self.dtype)?;
+        let db = self.sibling(channels, DType::F32)?;
+        // SAFETY: self, y and dx hold batch·channels·inner elements of `ty` (same shapes, checked by the
+        // tensor), db `channels` f32.
+        unsafe {
+            batchnorm_cuda::relu_channel_sums(
+                &self.gpu,
+                ty,
+                [batch, channels, inner],
+                (self.device_ptr(), y.device_ptr()),
+                (dx.device_ptr(), db.device_ptr()),
+            )?
+        };
+        Ok((dx, db))
+    }
+
     /// ReLU's backward and the gradient of the bias before it, in one kernel: `dy` and `y` hold
     /// `groups · rows · cols` f32; returns `dx` and `db` (`groups · cols`, summed over the rows).
     ///
