@@ -390,21 +390,7 @@ impl Var {
     /// # Errors
     /// When `self` is not 2-D, `bag` does not divide the indices, or an index is out of range.
     pub fn bag_mean(&self, indices: &Tensor, bag: usize) -> Result<Var> {
-        let n = indices.elem_count();
-        let &[_, d] = self.shape() else {
-            return Err(Error::Shape {
-                op: "bag_mean",
-                reason: format!("needs a table [R, D], got {:?}", self.shape()),
-            });
-        };
-        if bag == 0 || n % bag != 0 {
-            return Err(Error::Shape {
-                op: "bag_mean",
-                reason: format!("{n} indices do not make bags of {bag}"),
-            });
-        }
-        let rows = self.value().index_select(indices, 0)?;
-        let out = rows.reshape(&[n / bag, bag, d])?.mean(1, false)?;
+        let out = self.value().bag_mean(indices, bag)?;
         Var::record("bag_mean", out, &[self], || Op::BagMean {
             indices: indices.clone(),
             bag,

@@ -506,6 +506,14 @@ pub trait CudaBackend: BackendStorage {
     /// Not bf16 or f16, out of memory, or a launch failure.
     fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<Self>;
 
+    /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self` (`[rows, cols]`): an
+    /// embedding bag's lookup in one pass, `[idx.len / bag, cols]`.
+    ///
+    /// # Errors
+    /// Not f32, indices not i32, different devices, out of memory, or a launch failure (an id outside the table
+    /// is reported at the next synchronisation).
+    fn bag_mean(&self, idx: &Self, bag: usize, dims: [usize; 2]) -> Result<Self>;
+
     /// ReLU's backward from the gradient `self` and the output `y` of a convolution's bias and ReLU (`dims`
     /// `[N, O, OH·OW]`, f32, bf16 or f16), with the bias's gradient, in one pass: `dx` in `self`'s type and each
     /// channel's sum of it in f32 (`[O]`).

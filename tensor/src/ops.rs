@@ -643,6 +643,46 @@ impl Tensor {
             .index_select(i, outer, d, inner))
     }
 
+    /// The mean of each bag of `bag` consecutive ids' rows of the table `self` (`[R, D]`): `[n / bag, D]` for
+    /// `n` indices, an embedding bag's lookup. One kernel for an f32 table on CUDA, with no looked-up row written
+    /// out; elsewhere an [`index_select`](Tensor::index_select) and a [`mean`](Tensor::mean).
+    ///
+    /// # Errors
+    /// `self` not 2-D; `bag` 0 or not dividing the indices; indices not i32; an index out of range (on CUDA
+    /// reported at the next read-back).
+    pub fn bag_mean(&self, indices: &Tensor, bag: usize) -> Result<Tensor> {
+        const OP: &str = "bag_mean";
+        indices.require_i32(OP)?;
+        self.same_device(OP, indices)?;
+        let n = indices.elem_count();
+        let &[rows, cols] = &self.shape[..] else {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: self.shape.clone(),
+                reason: "needs a table [R, D]".into(),
+            });
+        };
+        if bag == 0 || n % bag != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("{n} indices do not make bags of {bag}"),
+            });
+        }
+        if self.device().is_cuda() && self.dtype == DType::F32 {
+            let out = Tensor::read_all(&[self, indices], |st| match st {
+                [Storage::Cuda(t), Storage::Cuda(i)] => t.bag_mean(i, bag, [rows, cols]),
+                _ => Err(self.device_mismatch(OP, indices)),
+            })?;
+            return Ok(Tensor::from_storage(
+                Storage::Cuda(out),
+                vec![n / bag, cols],
+            ));
+        }
+        self.index_select(&indices.reshape(&[n])?, 0)?
+            .reshape(&[n / bag, bag, cols])?
+            .mean(1, false)
+    }
+
     /// A copy of `self` with `src` rows added at `indices` along `dim` (repeats accumulate): the
     /// backward of [`Tensor::index_select`]. `src` has `indices`' dims in place of `dim`.
     ///

@@ -279,6 +279,16 @@ fn layout_index_and_cast_ops_agree() {
         let table = rand(&[50, 8], 33, dev)?;
         let ids = Tensor::from_vec(vec![3i32, 0, 49, 3, 7], &[5], dev)?;
         let emb = table.index_select(&ids, 0)?;
+        // Embedding bags in one kernel: 64 columns four at a time, and 130 one at a time over three blocks.
+        let bags = Tensor::from_vec(
+            (0..35).map(|i| (i * 17 % 50) as i32).collect(),
+            &[5, 7],
+            dev,
+        )?;
+        let bag_means = [
+            rand(&[50, 64], 35, dev)?.bag_mean(&bags, 7)?,
+            rand(&[50, 130], 36, dev)?.bag_mean(&bags, 5)?,
+        ];
         let table_grad = table.index_add(0, &ids, &rand(&[5, 8], 34, dev)?)?;
         let reductions = vec![
             a.sum(1, true)?,
@@ -317,6 +327,7 @@ fn layout_index_and_cast_ops_agree() {
         ];
         out.extend(reductions);
         out.extend(un);
+        out.extend(bag_means);
         Ok(out)
     });
 }
@@ -382,6 +393,13 @@ fn bad_input_on_the_gpu_is_an_error() -> Result<()> {
         .expect_err("an index out of range fails the read-back");
     let msg = err.to_string();
     assert!(msg.contains("index_select") && msg.contains("10"), "{msg}");
+    let bags = Tensor::from_vec(vec![1i32, 2, 3, 10], &[4], &GPU)?;
+    let msg = table
+        .bag_mean(&bags, 2)?
+        .to_vec::<f32>()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("bag_mean") && msg.contains("10"), "{msg}");
     // The device stays usable afterwards.
     assert_eq!(table.sum_all()?.to_device(&Device::Cpu)?.elem_count(), 1);
     let f64_on_gpu = Tensor::zeros(&[2], DType::F64, &GPU);

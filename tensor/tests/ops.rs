@@ -668,10 +668,17 @@ fn channel_bias_relu(dev: &Device) -> Result<()> {
             .collect();
         assert_close("relu_backward_channel_bias", &dx, &shape, &want, 0.0);
         let sums: Vec<f64> = (0..3)
-            .map(|c| (0..want.len()).filter(|i| (i / plane) % 3 == c).map(|i| want[i]).sum())
+            .map(|c| {
+                (0..want.len())
+                    .filter(|i| (i / plane) % 3 == c)
+                    .map(|i| want[i])
+                    .sum()
+            })
             .collect();
         assert_close("its bias's gradient", &db, &[3], &sums, tol(dt));
-        let e = g.relu_backward_channel_bias(&y.reshape(&[6, 4, 5])?).unwrap_err();
+        let e = g
+            .relu_backward_channel_bias(&y.reshape(&[6, 4, 5])?)
+            .unwrap_err();
         assert!(e.to_string().contains("relu_backward_channel_bias"), "{e}");
     }
     Ok(())

@@ -436,7 +436,10 @@ mod tests {
             let sums: Vec<f32> = (0..channels)
                 .map(|c| {
                     let plane = |p: usize| &dx[(p * channels + c) * inner..][..inner];
-                    (0..outer).flat_map(plane).map(|&v| f64::from(v)).sum::<f64>() as f32
+                    (0..outer)
+                        .flat_map(plane)
+                        .map(|&v| f64::from(v))
+                        .sum::<f64>() as f32
                 })
                 .collect();
             let [gdy, gy] = [&dy, &y].map(|v| gpu.upload_f32(v));
@@ -453,7 +456,11 @@ mod tests {
                 )
                 .unwrap();
             }
-            assert_eq!(gpu.download_f32(&gdx, n), dx, "dx of {outer}x{channels}x{inner}");
+            assert_eq!(
+                gpu.download_f32(&gdx, n),
+                dx,
+                "dx of {outer}x{channels}x{inner}"
+            );
             close("sums", &gpu.download_f32(&gsums, channels), &sums, 1e-5);
         }
     }

@@ -49,6 +49,42 @@ pub unsafe fn index_select(
     unsafe { gpu.launch(&SRC, name, gpu.grid(n, 256), &mut args) }
 }
 
+/// The mean of each bag of `bag` consecutive ids' rows of the f32 `table` (`[rows, cols]`) into `out`
+/// (`[nidx / bag, cols]`): an embedding bag's lookup in one pass, the same order of sums every run.
+///
+/// # Safety
+/// `table` holds `rows * cols` f32, `idx` `nidx` i32, `out` `nidx / bag * cols` f32; `bag` divides `nidx`.
+///
+/// # Errors
+/// A launch failure (an id outside the table is reported at the next synchronisation).
+pub unsafe fn bag_mean(
+    gpu: &Gpu,
+    (table, rows, cols): (u64, usize, usize),
+    (idx, nidx, bag): (u64, usize, usize),
+    out: u64,
+) -> Result<()> {
+    if nidx == 0 || cols == 0 {
+        return Ok(());
+    }
+    let (name, width) = if cols.is_multiple_of(4) {
+        ("bag_mean4_f32", 4)
+    } else {
+        ("bag_mean_f32", 1)
+    };
+    let launch = Launch {
+        grid: ((nidx / bag) as u32, cols.div_ceil(64 * width) as u32, 1),
+        block: (64, 4, 1),
+        shared: 0,
+    };
+    let (b, r, c) = (bag as u64, rows as u64, cols as u64);
+    let scale = (1.0 / bag as f64) as f32;
+    let flag = gpu.flag_ptr()?;
+    let mut args = kernel_args![b, r, c, scale, table, idx, out, flag];
+    // SAFETY: matches `bag_mean[4]_f32(u64 x3, float, const float*, const int*, float*, int*)`; the grid covers
+    // the bags and columns the caller's buffers hold.
+    unsafe { gpu.launch(&SRC, name, launch, &mut args) }
+}
+
 /// `dst[o, idx[i], :] += src[o, i / repeat, :]`: `repeat` consecutive indices share a row of `src` (1: a row
 /// each). Repeated indices accumulate: in f32 in no fixed order, or in index order as the CPU does in deterministic
 /// mode, [`crate::determinism`].

@@ -26,6 +26,61 @@ INDEX_SELECT(u32, u32)
 INDEX_SELECT(u16, u16)
 INDEX_SELECT(u8, u8)
 
+// An embedding bag's lookup in one pass: out[b, c] = (sum over t < bag of table[idx[b * bag + t], c]) * scale, for
+// a table [rows, cols] (f32) and bags of `bag` consecutive ids, where an index_select and a mean write and read every
+// looked-up row. A block covers 64·W columns of one bag (grid (bags, column blocks)) with 4 rows of threads, row y
+// summing the bag's ids y, y + 4, ..., W columns at a time (4: float4 loads, where cols is a multiple of 4); the
+// rows' sums meet in shared memory in a fixed order, so the bits do not vary from run to run. An id outside the
+// table adds nothing and is reported.
+template <u32 W>
+__device__ void bag_mean(u64 bag, u64 rows, u64 cols, float scale, const float* table, const int* idx, float* out,
+                         int* flag) {
+    __shared__ float part[3][64 * W];
+    const u64 b = blockIdx.x, c = ((u64)blockIdx.y * 64 + threadIdx.x) * W;
+    const bool live = c < cols;
+    float acc[W];
+#pragma unroll
+    for (u32 w = 0; w < W; ++w) acc[w] = 0.0f;
+#pragma unroll 4
+    for (u64 t = threadIdx.y; t < bag; t += 4) {
+        const int k = idx[b * bag + t];
+        if (k < 0 || (u64)k >= rows) {
+            if (threadIdx.x == 0 && blockIdx.y == 0) report_index_error(flag, OP_BAG_MEAN, k, (i64)rows);
+        } else if (live) {
+            const float* row = table + (u64)k * cols + c;
+            if constexpr (W == 4) {
+                const float4 v = *reinterpret_cast<const float4*>(row);
+                acc[0] += v.x;
+                acc[1] += v.y;
+                acc[2] += v.z;
+                acc[3] += v.w;
+            } else {
+                acc[0] += *row;
+            }
+        }
+    }
+    if (threadIdx.y > 0) {
+#pragma unroll
+        for (u32 w = 0; w < W; ++w) part[threadIdx.y - 1][threadIdx.x * W + w] = acc[w];
+    }
+    __syncthreads();
+    if (threadIdx.y == 0 && live) {
+#pragma unroll
+        for (u32 w = 0; w < W; ++w) {
+            const u32 j = threadIdx.x * W + w;
+            out[b * cols + c + w] = (((acc[w] + part[0][j]) + part[1][j]) + part[2][j]) * scale;
+        }
+    }
+}
+extern "C" __global__ void bag_mean_f32(u64 bag, u64 rows, u64 cols, float scale, const float* table, const int* idx,
+                                        float* out, int* flag) {
+    bag_mean<1>(bag, rows, cols, scale, table, idx, out, flag);
+}
+extern "C" __global__ void bag_mean4_f32(u64 bag, u64 rows, u64 cols, float scale, const float* table,
+                                         const int* idx, float* out, int* flag) {
+    bag_mean<4>(bag, rows, cols, scale, table, idx, out, flag);
+}
+
 // dst[o, idx[i], r] += src[o, i / repeat, r]; dst is [outer, dim, inner], src [outer, nidx / repeat, inner]
 // (`repeat` consecutive indices share a row of src: the ids of a bag its gradient). Repeated indices add into one
 // element in whatever order their threads arrive: f32 bits vary from run to run (i32 sums do not).

@@ -458,6 +458,15 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// [`Error::NotCompiledWithCuda`].
+    fn bag_mean(&self, idx: &CudaStorage, bag: usize, dims: [usize; 2]) -> Result<CudaStorage> {
+        let _ = (idx, bag, dims);
+        Err(unavailable("bag_mean", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
     fn relu_backward_channel_bias(
         &self,
         y: &CudaStorage,

@@ -114,7 +114,7 @@ fn clear_flag(flag: u64) -> Result<()> {
 }
 
 /// Names of the ops that can report an index error through the device flag (`OP_*` in `common.cuh`).
-const FLAG_OPS: [&str; 7] = [
+const FLAG_OPS: [&str; 8] = [
     "index_select",
     "index_add",
     "gather_last",
@@ -122,6 +122,7 @@ const FLAG_OPS: [&str; 7] = [
     "max_pool2d_backward",
     "scatter_add_last",
     "cross_entropy",
+    "bag_mean",
 ];
 
 /// One CUDA device as the kernels see it.

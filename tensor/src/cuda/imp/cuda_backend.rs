@@ -6,6 +6,7 @@ use cohort_kernels::batchnorm::{BatchNormShape, cuda as batchnorm_cuda};
 use cohort_kernels::conv::{ConvParams, ConvPass, cuda as conv_cuda};
 use cohort_kernels::copy::cuda as copy_cuda;
 use cohort_kernels::cuda::CudaType;
+use cohort_kernels::index::cuda as index_cuda;
 use cohort_kernels::matmul::{MatmulShape, cuda as matmul_cuda};
 use cohort_kernels::optim::{AdamParams, SgdParams, cuda as optim_cuda};
 use cohort_kernels::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
@@ -292,6 +293,34 @@ impl CudaBackend for CudaStorage {
                 ty,
                 &shape,
                 self.device_ptr(),
+                out.device_ptr(),
+            )?
+        };
+        Ok(out)
+    }
+
+    /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self`, in one kernel.
+    ///
+    /// # Errors
+    /// Not f32, indices not i32, different devices, out of memory, or a launch failure.
+    fn bag_mean(
+        &self,
+        idx: &CudaStorage,
+        bag: usize,
+        [rows, cols]: [usize; 2],
+    ) -> Result<CudaStorage> {
+        const OP: &str = "bag_mean";
+        want(OP, self, &[DType::F32])?;
+        want(OP, idx, &[DType::I32])?;
+        same_device(OP, self, idx)?;
+        let out = self.sibling(idx.len / bag * cols, DType::F32)?;
+        // SAFETY: self holds rows·cols f32 (checked by the tensor), idx idx.len i32 in bags of `bag`, out a row
+        // of `cols` per bag.
+        unsafe {
+            index_cuda::bag_mean(
+                &self.gpu,
+                (self.device_ptr(), rows, cols),
+                (idx.device_ptr(), idx.len, bag),
                 out.device_ptr(),
             )?
         };
