@@ -280,11 +280,7 @@ fn layout_index_and_cast_ops_agree() {
         let ids = Tensor::from_vec(vec![3i32, 0, 49, 3, 7], &[5], dev)?;
         let emb = table.index_select(&ids, 0)?;
         // Embedding bags in one kernel: 64 columns four at a time, and 130 one at a time over three blocks.
-        let bags = Tensor::from_vec(
-            (0..35).map(|i| (i * 17 % 50) as i32).collect(),
-            &[5, 7],
-            dev,
-        )?;
+        let bags = Tensor::from_vec((0..35).map(|i: i32| i * 17 % 50).collect(), &[5, 7], dev)?;
         let bag_means = [
             rand(&[50, 64], 35, dev)?.bag_mean(&bags, 7)?,
             rand(&[50, 130], 36, dev)?.bag_mean(&bags, 5)?,

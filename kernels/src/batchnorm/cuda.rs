@@ -295,7 +295,7 @@ pub unsafe fn relu_channel_sums(
             s.len()
         )));
     }
-    let (width, names) = if inner.is_multiple_of(4) {
+    let (width, names) = if inner % 4 == 0 {
         (4, float_kernels!("relu_channel_sums4"))
     } else {
         (1, float_kernels!("relu_channel_sums"))

@@ -66,7 +66,7 @@ pub unsafe fn bag_mean(
     if nidx == 0 || cols == 0 {
         return Ok(());
     }
-    let (name, width) = if cols.is_multiple_of(4) {
+    let (name, width) = if cols % 4 == 0 {
         ("bag_mean4_f32", 4)
     } else {
         ("bag_mean_f32", 1)
