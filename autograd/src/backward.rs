@@ -46,6 +46,13 @@ pub(crate) enum Op {
     ChannelBiasRelu {
         y: Tensor,
     },
+    /// A max pool (as `MaxPool2d`), then a bias per channel and a ReLU (as `ChannelBiasRelu`).
+    MaxPool2dBiasRelu {
+        indices: Tensor,
+        shape: Vec<usize>,
+        window: (usize, usize),
+        y: Tensor,
+    },
     /// `x · w + bias`, then a ReLU when `relu` (the output `y` is kept for it).
     Linear {
         x: Tensor,
@@ -323,6 +330,18 @@ impl Op {
                 } else {
                     one(need, || Ok(g.relu_backward(y)?))
                 }
+            }
+            Op::MaxPool2dBiasRelu {
+                indices,
+                shape,
+                window,
+                y,
+            } => {
+                let (gp, gb) = g.relu_backward_channel_bias(y)?;
+                let gx = need[0]
+                    .then(|| Tensor::max_pool2d_backward(&gp, indices, shape, *window))
+                    .transpose()?;
+                Ok(vec![gx, need[1].then_some(gb)])
             }
             Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),

@@ -680,6 +680,26 @@ impl Var {
         })
     }
 
+    /// [`max_pool2d`](Var::max_pool2d) then [`channel_bias_relu`](Var::channel_bias_relu) with `bias`, forward in
+    /// one pass where the windows tile ([`Tensor::max_pool2d_bias_relu`]); its backward makes the bias's gradient
+    /// with the ReLU's in one pass, then routes the pool's.
+    ///
+    /// # Errors
+    /// When the shapes do not fit.
+    pub fn max_pool2d_bias_relu(&self, kernel: usize, stride: usize, bias: &Var) -> Result<Var> {
+        let (y, indices) = self
+            .value()
+            .max_pool2d_bias_relu(kernel, stride, bias.value())?;
+        Var::record("max_pool2d_bias_relu", y.clone(), &[self, bias], || {
+            Op::MaxPool2dBiasRelu {
+                indices,
+                shape: self.shape().to_vec(),
+                window: (kernel, stride),
+                y,
+            }
+        })
+    }
+
     /// Picks `on_true` where `mask != 0`, else `on_false`.
     ///
     /// # Errors

@@ -351,6 +351,12 @@ fn convolution_and_pooling() {
     check("max_pool2d", &[spread(&[2, 3, 4, 6], 47)], |v| {
         v[0].max_pool2d(2, 2)
     });
+    // A bias that sends some pooled maxima below 0, so that the ReLU's gradient is 0 there.
+    check(
+        "max_pool2d_bias_relu",
+        &[spread(&[2, 3, 4, 6], 48), rand(&[3], -0.5, 0.5, 49)],
+        |v| v[0].max_pool2d_bias_relu(2, 2, &v[1]),
+    );
 }
 
 #[test]

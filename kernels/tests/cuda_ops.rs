@@ -909,7 +909,8 @@ fn max_pool_matches_the_cpu() {
         let (dx, out, idx) = (up(&g, &x), zeros(&g, no * 4), zeros(&g, no * 4));
         // SAFETY: sizes from p.
         unsafe {
-            pool_cuda::max_pool2d(&g, CudaType::F32, &p, dx.ptr(), out.ptr(), idx.ptr()).unwrap()
+            pool_cuda::max_pool2d(&g, CudaType::F32, &p, None, dx.ptr(), out.ptr(), idx.ptr())
+                .unwrap()
         };
         let (want, want_idx) = pool_cpu::max_pool2d(&x, &p);
         assert_eq!(down::<f32>(&g, &out, no), want);

@@ -506,6 +506,20 @@ pub trait CudaBackend: BackendStorage {
     /// Not bf16 or f16, out of memory, or a launch failure.
     fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<Self>;
 
+    /// Max pooling over windows that tile the planes (`p`'s stride its kernel, dividing h and w), each max then
+    /// given its channel's `bias` (f32, `channels` of them, the planes cycling through them) and a ReLU, in one
+    /// pass: the pooled output in `self`'s type and the maxima's indices (i32).
+    ///
+    /// # Errors
+    /// Not f32, bf16 or f16, a bias not f32, windows that do not tile, different devices, out of memory, or a
+    /// launch failure.
+    fn max_pool2d_bias_relu(
+        &self,
+        bias: &Self,
+        channels: usize,
+        p: &PoolParams,
+    ) -> Result<(Self, Self)>;
+
     /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self` (`[rows, cols]`): an
     /// embedding bag's lookup in one pass, `[idx.len / bag, cols]`.
     ///

@@ -382,6 +382,55 @@ impl Tensor {
         ))
     }
 
+    /// [`max_pool2d`](Tensor::max_pool2d) of image features `[N, C, H, W]` then
+    /// [`channel_bias_relu`](Tensor::channel_bias_relu) with `bias` (`[C]`): the pooled, biased and rectified
+    /// features and the maxima's indices. One pass on CUDA where the windows tile the planes (stride = kernel,
+    /// dividing H and W), with no pooled tensor written out and read back; elsewhere the two ops.
+    ///
+    /// # Errors
+    /// As the two ops: `self` not image features, a window larger than them, a bias of another shape or device.
+    pub fn max_pool2d_bias_relu(
+        &self,
+        kernel: usize,
+        stride: usize,
+        bias: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "max_pool2d_bias_relu";
+        let &[n, c, h, w] = &self.shape[..] else {
+            return Err(Error::InvalidShape {
+                op: OP,
+                shape: self.shape.clone(),
+                reason: "expected image features [N, C, H, W]".into(),
+            });
+        };
+        let p = PoolParams {
+            planes: n * c,
+            h,
+            w,
+            kernel,
+            stride,
+        };
+        if !self.device().is_cuda() || !p.tiles() {
+            let (pooled, idx) = self.max_pool2d(kernel, stride)?;
+            return Ok((pooled.channel_bias_relu(Some(bias))?, idx));
+        }
+        self.require_float(OP)?;
+        self.same_device(OP, bias)?;
+        if bias.shape != [c] {
+            return Err(self.shape_mismatch(OP, bias));
+        }
+        let bias = bias.to_dtype(DType::F32)?;
+        let (o, i) = Tensor::read_all(&[self, &bias], |st| match st {
+            [Storage::Cuda(x), Storage::Cuda(b)] => x.max_pool2d_bias_relu(b, c, &p),
+            _ => Err(self.device_mismatch(OP, &bias)),
+        })?;
+        let shape = vec![n, c, p.out_h(), p.out_w()];
+        Ok((
+            Tensor::from_storage(Storage::Cuda(o), shape.clone()),
+            Tensor::from_storage(Storage::Cuda(i), shape),
+        ))
+    }
+
     /// Gradient of [`Tensor::max_pool2d`] over `kernel × kernel` windows at `stride`: each output gradient goes
     /// to its window's max.
     ///

@@ -240,8 +240,15 @@ fn conv_net_pieces_agree() {
         let (gmoved, gbias) = rand(moved.shape(), 26, dev)?.relu_backward_channel_bias(&moved)?;
         let y5 = p3.channel_bias_relu(Some(&bias))?;
         let (g5, gbias5) = rand(y5.shape(), 27, dev)?.relu_backward_channel_bias(&y5)?;
+        // The pool, bias and ReLU in one pass (2x2 windows that tile), and apart (3x3 ones that leave a row out).
+        let (fused, fused_idx) = y.max_pool2d_bias_relu(2, 2, &bias)?;
+        let (apart, _) = y.max_pool2d_bias_relu(3, 3, &bias)?;
+        let fused_idx = fused_idx.to_dtype(DType::F32)?;
         Ok(vec![
             moved,
+            fused,
+            fused_idx,
+            apart,
             gmoved,
             gbias,
             g5,

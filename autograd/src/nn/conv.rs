@@ -114,15 +114,20 @@ impl Conv2d {
 
     /// The convolution, a ReLU and `pool` as the convolution without its bias, the pool, then the bias and the
     /// ReLU at the pooled size: the same values (see `Tensor::channel_bias_relu`) with no full-size pass after the
-    /// convolution's own, forward or backward.
+    /// convolution's own, forward or backward. With a bias, the pool, bias and ReLU are one op
+    /// ([`Var::max_pool2d_bias_relu`]).
     fn run_pooled(&self, tape: &Tape, x: Features, pool: &MaxPool2d) -> Result<Features> {
         let o = self.operands(tape, x)?;
         let y = o
             .input
             .conv2d(&o.weight, None, self.stride, self.padding, o.groups)?;
-        let pooled = pool.forward(tape, Features::packed(y))?;
+        let Some(bias) = o.bias else {
+            let pooled = pool.forward(tape, Features::packed(y))?;
+            return Ok(Features::packed(pooled.var.channel_bias_relu(None)?));
+        };
+        let (kernel, stride) = pool.window();
         Ok(Features::packed(
-            pooled.var.channel_bias_relu(o.bias.as_ref())?,
+            y.max_pool2d_bias_relu(kernel, stride, &bias)?,
         ))
     }
 

@@ -52,6 +52,11 @@ impl MaxPool2d {
     pub fn new(kernel: usize, stride: usize) -> MaxPool2d {
         MaxPool2d { kernel, stride }
     }
+
+    /// The window's size and the stride between windows.
+    pub(crate) fn window(&self) -> (usize, usize) {
+        (self.kernel, self.stride)
+    }
 }
 
 impl Module for MaxPool2d {

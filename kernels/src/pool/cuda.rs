@@ -7,17 +7,21 @@ use crate::cuda::{
 use crate::{Error, Result};
 
 /// Max over each window of `x` (`[planes, h, w]`, f32, bf16 or f16) into `out` (the same type), with the flat
-/// in-plane index of each maximum (the first one on ties) in `idx` (i32).
+/// in-plane index of each maximum (the first one on ties) in `idx` (i32). With `bias` (`(f32 pointer,
+/// channels)`, planes cycling through the channels), each max then gets its channel's bias and a ReLU, in the
+/// same pass: windows that tile ([`PoolParams::tiles`]) only.
 ///
 /// # Safety
-/// `x` holds `planes·h·w` elements of `ty`; `out` and `idx` `planes·out_h·out_w` elements each.
+/// `x` holds `planes·h·w` elements of `ty`; `out` and `idx` `planes·out_h·out_w` elements each; a bias
+/// `channels` f32.
 ///
 /// # Errors
-/// Another type, or a launch failure.
+/// Another type, a bias for windows that do not tile, or a launch failure.
 pub unsafe fn max_pool2d(
     gpu: &Gpu,
     ty: CudaType,
     p: &PoolParams,
+    bias: Option<(u64, usize)>,
     x: u64,
     out: u64,
     idx: u64,
@@ -28,9 +32,16 @@ pub unsafe fn max_pool2d(
     }
     if let Some([n, w, k, ow, ohw]) = tiling(p) {
         let name = float_kernel("max_pool2d_tiled", ty, float_kernels!("max_pool2d_tiled"))?;
-        let mut args = kernel_args![n, w, k, ow, ohw, x, out, idx];
-        // SAFETY: matches `max_pool2d_tiled_<ty>(u32 x5, const T*, T*, int*)`.
+        let (b, channels) = bias.map_or((0, 1), |(b, c)| (b, c.max(1) as u32));
+        let mut args = kernel_args![n, w, k, ow, ohw, channels, b, x, out, idx];
+        // SAFETY: matches `max_pool2d_tiled_<ty>(u32 x6, const float*, const T*, T*, int*)`.
         return unsafe { gpu.launch(&SRC, name, gpu.grid(n as usize, 256), &mut args) };
+    }
+    if bias.is_some() {
+        return Err(Error::Cuda(format!(
+            "max_pool2d with a bias: {}x{} windows {} apart do not tile {}x{} planes",
+            p.kernel, p.kernel, p.stride, p.h, p.w
+        )));
     }
     let name = float_kernel("max_pool2d", ty, float_kernels!("max_pool2d"))?;
     let [pl, h, w, k, s, oh, ow] = geometry(p);
@@ -44,28 +55,19 @@ fn geometry(p: &PoolParams) -> [u64; 7] {
     [p.planes, p.h, p.w, p.kernel, p.stride, p.out_h(), p.out_w()].map(|v| v as u64)
 }
 
-/// `[windows, w, kernel, out_w, out_h·out_w]` for the tiled kernels, where `p`'s windows tile its planes (stride =
-/// kernel, dividing h and w) and its elements count in 32 bits.
+/// `[windows, w, kernel, out_w, out_h·out_w]` for the tiled kernels, where `p`'s windows tile its planes
+/// ([`PoolParams::tiles`]).
 fn tiling(p: &PoolParams) -> Option<[u32; 5]> {
-    let k = p.kernel;
-    let tiles = k > 0 && p.stride == k && p.h % k == 0 && p.w % k == 0;
-    let fits = u32::try_from(p.planes * p.h * p.w).is_ok();
-    (tiles && fits).then(|| {
+    p.tiles().then(|| {
         let (ow, ohw) = (p.out_w(), p.out_h() * p.out_w());
-        [p.planes * ohw, p.w, k, ow, ohw].map(|v| v as u32)
+        [p.planes * ohw, p.w, p.kernel, ow, ohw].map(|v| v as u32)
     })
 }
 
-/// Whether the windows of `p` tile its planes (stride = kernel, dividing h and w) with 32-bit indices: then each
-/// input element has exactly one window, and [`max_pool2d_backward_gather`] takes every float type.
-pub fn tiles(p: &PoolParams) -> bool {
-    tiling(p).is_some()
-}
-
 /// The backward of [`max_pool2d`] for windows that do not overlap (`stride >= kernel`, where each input element has
-/// at most one window), on 16-bit (bf16 or f16) gradients, or on f32 ones where the windows [`tiles`]: every element
-/// of `grad_in` (`[planes, h, w]`) gathers its window's gradient from `grad_out` where it was the window's max, else
-/// 0; in a fixed order, so deterministic mode needs nothing more.
+/// at most one window), on 16-bit (bf16 or f16) gradients, or on f32 ones where the windows tile
+/// ([`PoolParams::tiles`]): every element of `grad_in` (`[planes, h, w]`) gathers its window's gradient from
+/// `grad_out` where it was the window's max, else 0; in a fixed order, so deterministic mode needs nothing more.
 ///
 /// # Safety
 /// `grad_out` and `idx` hold `planes·out_h·out_w` elements, `grad_in` `planes·h·w`, of `ty` (`idx` i32).

@@ -32,8 +32,12 @@ __device__ __forceinline__ void max_pool(u64 planes, u64 h, u64 w, u64 k, u64 st
 // kernels' 64-bit divisions per element cost them most of their time.
 #define FOR_WINDOW(t, n) for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < (n); t += gridDim.x * blockDim.x)
 
+// With a bias (f32, one per channel of `channels`; null: none), each max then gets its channel's bias and a ReLU
+// (NaN gives 0), as conv_epilogue would make them in a pass of its own: a convolution's bias and ReLU moved after
+// the pool that follows it.
 template <typename T>
-__device__ __forceinline__ void max_pool_tiled(u32 n, u32 w, u32 k, u32 ow, u32 ohw, const T* x, T* out, int* idx) {
+__device__ __forceinline__ void max_pool_tiled(u32 n, u32 w, u32 k, u32 ow, u32 ohw, u32 channels, const float* bias,
+                                               const T* x, T* out, int* idx) {
     FOR_WINDOW(t, n) {
         const u32 pl = t / ohw, oy = (t - pl * ohw) / ow, ox = t - pl * ohw - oy * ow;
         const T* src = x + (u64)pl * ohw * k * k;
@@ -50,6 +54,10 @@ __device__ __forceinline__ void max_pool_tiled(u32 n, u32 w, u32 k, u32 ow, u32 
                 }
             }
         }
+        if (bias) {
+            const float v = best + bias[pl % channels];
+            best = v > 0.0f ? v : 0.0f;
+        }
         out[t] = from_f32<T>(best);
         idx[t] = (int)bi;
     }
@@ -60,9 +68,9 @@ __device__ __forceinline__ void max_pool_tiled(u32 n, u32 w, u32 k, u32 ow, u32 
                                                    const T* x, T* out, int* idx) {                             \
         max_pool<T>(planes, h, w, k, stride, oh, ow, x, out, idx);                                              \
     }                                                                                                         \
-    extern "C" __global__ void max_pool2d_tiled_##SUFFIX(u32 n, u32 w, u32 k, u32 ow, u32 ohw, const T* x,      \
-                                                         T* out, int* idx) {                                   \
-        max_pool_tiled<T>(n, w, k, ow, ohw, x, out, idx);                                                       \
+    extern "C" __global__ void max_pool2d_tiled_##SUFFIX(u32 n, u32 w, u32 k, u32 ow, u32 ohw, u32 channels,    \
+                                                         const float* bias, const T* x, T* out, int* idx) {    \
+        max_pool_tiled<T>(n, w, k, ow, ohw, channels, bias, x, out, idx);                                       \
     }
 MAX_POOL(f32, float)
 MAX_POOL(bf16, bf16_t)

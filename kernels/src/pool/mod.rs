@@ -26,6 +26,17 @@ pub struct PoolParams {
 
 impl PoolParams {
     /// Output height.
+    /// Whether the windows tile the planes (stride = kernel, dividing h and w) and every element's index fits in
+    /// 32 bits: the kernels' fast case, in which each input element lies in exactly one window.
+    pub fn tiles(&self) -> bool {
+        let k = self.kernel;
+        k > 0
+            && self.stride == k
+            && self.h % k == 0
+            && self.w % k == 0
+            && u32::try_from(self.planes * self.h * self.w).is_ok()
+    }
+
     pub fn out_h(&self) -> usize {
         (self.h - self.kernel) / self.stride + 1
     }

@@ -458,6 +458,20 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// [`Error::NotCompiledWithCuda`].
+    fn max_pool2d_bias_relu(
+        &self,
+        bias: &CudaStorage,
+        channels: usize,
+        p: &PoolParams,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (bias, channels, p);
+        Err(unavailable("max_pool2d_bias_relu", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
     fn bag_mean(&self, idx: &CudaStorage, bag: usize, dims: [usize; 2]) -> Result<CudaStorage> {
         let _ = (idx, bag, dims);
         Err(unavailable("bag_mean", self.ordinal))

@@ -156,6 +156,7 @@ impl Convolutions for CudaStorage {
                 &self.gpu,
                 ty,
                 p,
+                None,
                 self.device_ptr(),
                 out.device_ptr(),
                 idx.device_ptr(),
@@ -182,7 +183,7 @@ impl Convolutions for CudaStorage {
                 .cast(self.dtype);
         }
         let out = self.sibling(p.planes * p.h * p.w, self.dtype)?;
-        if ty != CudaType::F32 || pool_cuda::tiles(p) {
+        if ty != CudaType::F32 || p.tiles() {
             // SAFETY: self and indices hold planes·out_h·out_w elements, out planes·h·w, of ty.
             unsafe {
                 pool_cuda::max_pool2d_backward_gather(
