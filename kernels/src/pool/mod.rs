@@ -46,3 +46,30 @@ impl PoolParams {
         (self.w - self.kernel) / self.stride + 1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PoolParams;
+
+    fn pool(planes: usize, h: usize, w: usize, kernel: usize, stride: usize) -> PoolParams {
+        PoolParams {
+            planes,
+            h,
+            w,
+            kernel,
+            stride,
+        }
+    }
+
+    /// Windows tile only where they are their own stride apart and divide both sides, with 32-bit indices.
+    #[test]
+    fn windows_tile_where_they_cover_each_element_once() {
+        assert!(pool(8, 64, 64, 2, 2).tiles());
+        assert!(pool(8, 12, 9, 3, 3).tiles());
+        assert!(!pool(8, 13, 12, 2, 2).tiles(), "a row left out");
+        assert!(!pool(8, 12, 12, 3, 2).tiles(), "overlapping windows");
+        assert!(!pool(8, 12, 12, 2, 3).tiles(), "gaps between windows");
+        assert!(!pool(8, 12, 12, 0, 0).tiles(), "no window");
+        assert!(!pool(1 << 20, 64, 64, 2, 2).tiles(), "indices past 32 bits");
+    }
+}
