@@ -248,7 +248,7 @@ fn sixteen_bit_activations_stay_in_their_type_through_a_conv_nets_ops() {
         let (fused, _) = y.max_pool2d_bias_relu(2, 2, &bias).unwrap();
         let (pooled, _) = y.max_pool2d(2, 2).unwrap();
         let apart = pooled.channel_bias_relu(Some(&bias)).unwrap();
-        let e = off_in(low, &fused, &apart);
+        let e = off_in(low, &fused, &host(&apart));
         assert!(e == 0.0, "{}: {e:.2e}", what("max_pool2d_bias_relu"));
 
         // Windows that tile the planes (a thread per window), apart with gaps (gathered in the type) and overlapping
