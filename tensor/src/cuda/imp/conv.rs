@@ -57,6 +57,44 @@ impl<'a> ConvWorkspace<'a> {
     }
 }
 
+impl CudaStorage {
+    /// The pooled output and the maxima's indices, each max then given its channel's bias (f32, `channels` of
+    /// them) and a ReLU where `bias` is given.
+    ///
+    /// # Errors
+    /// Not f32, bf16 or f16, a bias not f32 or on another device, windows that do not tile under a bias, out of
+    /// memory, or a launch failure.
+    pub(super) fn max_pool(
+        &self,
+        op: &'static str,
+        p: &PoolParams,
+        bias: Option<(&CudaStorage, usize)>,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let ty = want(op, self, &[DType::F32, DType::BF16, DType::F16])?;
+        if let Some((b, _)) = bias {
+            want(op, b, &[DType::F32])?;
+            same_device(op, self, b)?;
+        }
+        let n = p.planes * p.out_h() * p.out_w();
+        let out = self.sibling(n, self.dtype)?;
+        let idx = self.sibling(n, DType::I32)?;
+        // SAFETY: self holds planes·h·w elements of ty, a bias `channels` f32 (checked by the tensor); out and idx
+        // n elements.
+        unsafe {
+            pool_cuda::max_pool2d(
+                &self.gpu,
+                ty,
+                p,
+                bias.map(|(b, c)| (b.device_ptr(), c)),
+                self.device_ptr(),
+                out.device_ptr(),
+                idx.device_ptr(),
+            )?
+        };
+        Ok((out, idx))
+    }
+}
+
 impl Convolutions for CudaStorage {
     /// # Errors
     /// Not f32, different dtypes or devices, out of memory (output or workspace), or a failure.
@@ -146,23 +184,7 @@ impl Convolutions for CudaStorage {
     /// # Errors
     /// Not f32, bf16 or f16, out of memory, or a launch failure.
     fn max_pool2d(&self, p: &PoolParams) -> Result<(CudaStorage, CudaStorage)> {
-        let ty = want("max_pool2d", self, &[DType::F32, DType::BF16, DType::F16])?;
-        let n = p.planes * p.out_h() * p.out_w();
-        let out = self.sibling(n, self.dtype)?;
-        let idx = self.sibling(n, DType::I32)?;
-        // SAFETY: self holds planes·h·w elements of ty; out and idx n elements.
-        unsafe {
-            pool_cuda::max_pool2d(
-                &self.gpu,
-                ty,
-                p,
-                None,
-                self.device_ptr(),
-                out.device_ptr(),
-                idx.device_ptr(),
-            )?
-        };
-        Ok((out, idx))
+        self.max_pool("max_pool2d", p, None)
     }
 
     /// Gradients of bf16 and f16 windows that do not overlap are gathered in their type; those of overlapping

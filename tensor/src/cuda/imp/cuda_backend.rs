@@ -9,7 +9,7 @@ use cohort_kernels::cuda::CudaType;
 use cohort_kernels::index::cuda as index_cuda;
 use cohort_kernels::matmul::{MatmulShape, cuda as matmul_cuda};
 use cohort_kernels::optim::{AdamParams, SgdParams, cuda as optim_cuda};
-use cohort_kernels::pool::{PoolParams, cuda as pool_cuda};
+use cohort_kernels::pool::PoolParams;
 use cohort_kernels::reduce::{ReduceOp, ReduceShape, cuda as reduce_cuda};
 use cohort_kernels::softmax::cuda as softmax_cuda;
 use cohort_kernels::unary::cuda as unary_cuda;
@@ -311,27 +311,7 @@ impl CudaBackend for CudaStorage {
         channels: usize,
         p: &PoolParams,
     ) -> Result<(CudaStorage, CudaStorage)> {
-        const OP: &str = "max_pool2d_bias_relu";
-        let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
-        want(OP, bias, &[DType::F32])?;
-        same_device(OP, self, bias)?;
-        let n = p.planes * p.out_h() * p.out_w();
-        let out = self.sibling(n, self.dtype)?;
-        let idx = self.sibling(n, DType::I32)?;
-        // SAFETY: self holds planes·h·w elements of ty, bias `channels` f32 (checked by the tensor); out and idx
-        // n elements.
-        unsafe {
-            pool_cuda::max_pool2d(
-                &self.gpu,
-                ty,
-                p,
-                Some((bias.device_ptr(), channels)),
-                self.device_ptr(),
-                out.device_ptr(),
-                idx.device_ptr(),
-            )?
-        };
-        Ok((out, idx))
+        self.max_pool("max_pool2d_bias_relu", p, Some((bias, channels)))
     }
 
     /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self`, in one kernel.
