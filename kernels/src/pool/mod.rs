@@ -25,18 +25,21 @@ pub struct PoolParams {
 }
 
 impl PoolParams {
-    /// Output height.
-    /// Whether the windows tile the planes (stride = kernel, dividing h and w) and every element's index fits in
-    /// 32 bits: the kernels' fast case, in which each input element lies in exactly one window.
+    /// Whether the windows tile the planes (stride = kernel, dividing h and w, which hold at least one window) and
+    /// every element's index fits in 32 bits: the kernels' fast case, in which each input element lies in exactly
+    /// one window.
     pub fn tiles(&self) -> bool {
         let k = self.kernel;
         k > 0
             && self.stride == k
+            && self.h >= k
+            && self.w >= k
             && self.h % k == 0
             && self.w % k == 0
             && u32::try_from(self.planes * self.h * self.w).is_ok()
     }
 
+    /// Output height.
     pub fn out_h(&self) -> usize {
         (self.h - self.kernel) / self.stride + 1
     }
@@ -70,6 +73,7 @@ mod tests {
         assert!(!pool(8, 12, 12, 3, 2).tiles(), "overlapping windows");
         assert!(!pool(8, 12, 12, 2, 3).tiles(), "gaps between windows");
         assert!(!pool(8, 12, 12, 0, 0).tiles(), "no window");
+        assert!(!pool(8, 0, 12, 2, 2).tiles(), "empty planes");
         assert!(!pool(1 << 20, 64, 64, 2, 2).tiles(), "indices past 32 bits");
     }
 }
