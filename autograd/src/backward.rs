@@ -320,7 +320,7 @@ impl Op {
                     let (gx, gb) = g.relu_backward_bias(y, bias)?;
                     two(need, || Ok(gx), || Ok(gb))
                 } else {
-                    Ok(vec![need[0].then(|| g.relu_backward(y)).transpose()?, None])
+                    one(need, || Ok(g.relu_backward(y)?))
                 }
             }
             Op::ChannelBiasRelu { y } => {
