@@ -94,14 +94,14 @@ fn architectures() -> (Vec<String>, bool) {
     (archs, false)
 }
 
-/// The modules built in: the common ones, and batch norm's (1.6-1.9 s on an H100 machine's CPU: the first CNN step's
+/// The modules built in: the common ones, the pooled convolution's, and batch norm's (1.6-1.9 s on an H100 machine's CPU: the first CNN step's
 /// wait where it is compiled). Attention's take seconds to minutes per operand type and width on a small machine, and
 /// are compiled when first used.
 #[cfg(feature = "cuda")]
 fn built_ahead() -> impl Iterator<Item = &'static sources::KernelSource> {
     sources::COMMON_SOURCES
         .into_iter()
-        .chain([&sources::BATCHNORM])
+        .chain([&sources::BATCHNORM, &sources::CONV_POOLED])
 }
 
 #[cfg(not(feature = "cuda"))]

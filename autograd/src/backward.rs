@@ -53,6 +53,16 @@ pub(crate) enum Op {
         window: (usize, usize),
         y: Tensor,
     },
+    /// A convolution (stride 1, one group, no bias) of `x` with `w`, then a max pool of `pool` x `pool` windows
+    /// of stride `pool`, a bias per channel and a ReLU (as `MaxPool2dBiasRelu`).
+    Conv2dMaxPoolBiasRelu {
+        x: Tensor,
+        w: Tensor,
+        padding: usize,
+        pool: usize,
+        indices: Tensor,
+        y: Tensor,
+    },
     /// `x · w + bias`, then a ReLU when `relu` (the output `y` is kept for it).
     Linear {
         x: Tensor,
@@ -342,6 +352,42 @@ impl Op {
                     .then(|| Tensor::max_pool2d_backward(&gp, indices, shape, *window))
                     .transpose()?;
                 Ok(vec![gx, need[1].then_some(gb)])
+            }
+            Op::Conv2dMaxPoolBiasRelu {
+                x,
+                w,
+                padding,
+                pool,
+                indices,
+                y,
+            } => {
+                let (gp, gb) = g.relu_backward_channel_bias(y)?;
+                let gx = need[0]
+                    .then(|| {
+                        let s = x.shape();
+                        let (oh, ow) = (
+                            s[2] + 2 * padding + 1 - w.shape()[2],
+                            s[3] + 2 * padding + 1 - w.shape()[3],
+                        );
+                        let conv = [s[0], w.shape()[0], oh, ow];
+                        let full =
+                            Tensor::max_pool2d_backward(&gp, indices, &conv, (*pool, *pool))?;
+                        Tensor::conv2d_backward_input(&full, w, s, 1, *padding, 1)
+                    })
+                    .transpose()?;
+                let gw = need[1]
+                    .then(|| {
+                        Tensor::conv2d_max_pool_backward_weight(
+                            x,
+                            &gp,
+                            indices,
+                            w.shape(),
+                            *padding,
+                            *pool,
+                        )
+                    })
+                    .transpose()?;
+                Ok(vec![gx, gw, need[2].then_some(gb)])
             }
             Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),

@@ -700,6 +700,35 @@ impl Var {
         })
     }
 
+    /// A convolution of `self` (`[N, C, H, W]`) with `weight` (`[O, C, k, k]`; stride 1, one group), then
+    /// [`max_pool2d_bias_relu`](Var::max_pool2d_bias_relu) over `pool` x `pool` windows with `bias`, as one op
+    /// ([`Tensor::conv2d_max_pool_bias_relu`]): where it runs as one pass, the weight's gradient comes from the
+    /// pooled gradient in one pass too, and no full-size tensor is made either way.
+    ///
+    /// # Errors
+    /// When the shapes do not fit.
+    pub fn conv2d_max_pool_bias_relu(
+        &self,
+        weight: &Var,
+        bias: &Var,
+        padding: usize,
+        pool: usize,
+    ) -> Result<Var> {
+        let (x, w) = (self.value(), weight.value());
+        let (y, indices) = x.conv2d_max_pool_bias_relu(w, bias.value(), padding, pool)?;
+        let inputs = [self, weight, bias];
+        Var::record("conv2d_max_pool_bias_relu", y.clone(), &inputs, || {
+            Op::Conv2dMaxPoolBiasRelu {
+                x: x.clone(),
+                w: w.clone(),
+                padding,
+                pool,
+                indices,
+                y,
+            }
+        })
+    }
+
     /// Picks `on_true` where `mask != 0`, else `on_false`.
     ///
     /// # Errors

@@ -357,6 +357,17 @@ fn convolution_and_pooling() {
         &[spread(&[2, 3, 4, 6], 48), rand(&[3], -0.5, 0.5, 49)],
         |v| v[0].max_pool2d_bias_relu(2, 2, &v[1]),
     );
+    // The convolution joined to its pool, bias and ReLU (one op; the ops apart on the CPU): 6x6 outputs in 2x2
+    // windows, gradients of the input, the weight and the bias.
+    check(
+        "conv2d_max_pool_bias_relu",
+        &[
+            rand(&[2, 3, 4, 4], -1.0, 1.0, 53),
+            rand(&[5, 3, 3, 3], -1.0, 1.0, 54),
+            rand(&[5], -0.5, 0.5, 55),
+        ],
+        |v| v[0].conv2d_max_pool_bias_relu(&v[1], &v[2], 2, 2),
+    );
 }
 
 #[test]

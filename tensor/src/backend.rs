@@ -33,6 +33,7 @@ use cohort_kernels::Math;
 use cohort_kernels::attention::AttentionShape;
 use cohort_kernels::batchnorm::BatchNormShape;
 use cohort_kernels::binary::BinaryOp;
+use cohort_kernels::conv::pooled::PooledConv;
 use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::copy::Copy2d;
 use cohort_kernels::layernorm::LayerNormShape;
@@ -519,6 +520,28 @@ pub trait CudaBackend: BackendStorage {
         channels: usize,
         p: &PoolParams,
     ) -> Result<(Self, Self)>;
+
+    /// A convolution of few input channels, then its max pool, bias and ReLU, in one pass ([`PooledConv::fuses`]):
+    /// `self` the input (`[n, c, h, w]`, f32, bf16 or f16), `weight` and `bias` f32; the pooled output in `self`'s
+    /// type and the maxima's indices in the convolution's planes (i32), as `max_pool2d` records them.
+    ///
+    /// # Errors
+    /// A geometry the kernel does not take, another type, different devices, out of memory, or a launch failure.
+    fn conv2d_max_pool_bias_relu(
+        &self,
+        weight: &Self,
+        bias: &Self,
+        p: &PooledConv,
+    ) -> Result<(Self, Self)>;
+
+    /// The weight's gradient of [`conv2d_max_pool_bias_relu`](CudaBackend::conv2d_max_pool_bias_relu) (f32) from
+    /// the pooled output's gradient `self` after the ReLU's mask (the input's type), the forward's `idx` and its
+    /// input `x`.
+    ///
+    /// # Errors
+    /// As the forward; an index outside its window is reported at the next synchronisation.
+    fn conv2d_max_pool_backward_weight(&self, idx: &Self, x: &Self, p: &PooledConv)
+    -> Result<Self>;
 
     /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self` (`[rows, cols]`): an
     /// embedding bag's lookup in one pass, `[idx.len / bag, cols]`.

@@ -11,7 +11,7 @@ use crate::tensor::{elem_count, map2};
 use crate::{DType, Error, Precision, Result, Tensor};
 
 impl Tensor {
-    fn conv_params(
+    pub(crate) fn conv_params(
         op: &'static str,
         input: &[usize],
         weight: &[usize],

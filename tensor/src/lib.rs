@@ -45,6 +45,7 @@ mod layernorm;
 pub mod memory;
 mod ops;
 mod optim;
+mod pooled_conv;
 mod precision;
 mod products;
 mod random;

@@ -269,6 +269,89 @@ fn conv_net_pieces_agree() {
     });
 }
 
+/// Values that are multiples of 1/8 in [-1, 1], from `seed`: a convolution of them is exact in f32 in any order, so
+/// both devices find the same maxima (ties included) and differ only in how they sum gradients.
+fn eighths(shape: &[usize], seed: usize, dev: &Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 + seed * 11 + i / 7) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    Tensor::from_vec(v, shape, dev)
+}
+
+/// A first layer's convolution, pool, bias and ReLU as one op (one pass on CUDA, the ops apart on the CPU) and the
+/// weight's gradient from the pooled one: several forward tiles a side (35 pooled columns, 11 rows), a backward
+/// band cut short (11 rows in bands of 4), 20 output channels (a group of 16 cut short), 5x5 kernels on one
+/// channel as LeNet's, and no padding.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pooled_convolution_agrees() {
+    for (c, h, w, k, pad) in [(3, 22, 70, 3, 1), (1, 12, 12, 5, 2), (4, 18, 10, 3, 0)] {
+        agree(
+            &format!("pooled conv c{c} {h}x{w} k{k} p{pad}"),
+            1e-4,
+            |dev| {
+                let x = eighths(&[3, c, h, w], 1, dev)?;
+                let wt = eighths(&[20, c, k, k], 2, dev)?;
+                let bias = eighths(&[20], 3, dev)?.mul_scalar(2.0)?;
+                assert_eq!(x.conv2d_max_pool_fuses(&wt, pad, 2), dev.is_cuda());
+                let (y, idx) = x.conv2d_max_pool_bias_relu(&wt, &bias, pad, 2)?;
+                let (gp, gb) = rand(y.shape(), 4, dev)?.relu_backward_channel_bias(&y)?;
+                let gw =
+                    Tensor::conv2d_max_pool_backward_weight(&x, &gp, &idx, wt.shape(), pad, 2)?;
+                Ok(vec![y, idx.to_dtype(DType::F32)?, gb, gw])
+            },
+        );
+    }
+}
+
+/// The pooled convolution on bf16 and f16 inputs (a mixed policy's activations): f32 math on the f32 weights, so
+/// the output differs from the f32 input's only by its own rounding, and the weight's gradient by the 16-bit
+/// gradient's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pooled_convolution_takes_16bit_inputs() {
+    let x = eighths(&[4, 3, 16, 16], 5, &GPU).unwrap();
+    let wt = eighths(&[24, 3, 3, 3], 6, &GPU).unwrap();
+    let bias = eighths(&[24], 7, &GPU).unwrap();
+    let run = |x: &Tensor| {
+        let (y, idx) = x.conv2d_max_pool_bias_relu(&wt, &bias, 1, 2).unwrap();
+        let g = rand(y.shape(), 8, &GPU)
+            .unwrap()
+            .to_dtype(x.dtype())
+            .unwrap();
+        let (gp, _) = g.relu_backward_channel_bias(&y).unwrap();
+        let gw = Tensor::conv2d_max_pool_backward_weight(x, &gp, &idx, wt.shape(), 1, 2).unwrap();
+        assert_eq!(y.dtype(), x.dtype());
+        assert_eq!(gw.dtype(), DType::F32);
+        let host = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        (
+            host(&y),
+            host(&idx.to_dtype(DType::F32).unwrap()),
+            host(&gw),
+        )
+    };
+    let (y, idx, gw) = run(&x);
+    let scale = gw.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for dtype in [DType::BF16, DType::F16] {
+        let (y16, idx16, gw16) = run(&x.to_dtype(dtype).unwrap());
+        assert_eq!(
+            idx16, idx,
+            "{dtype:?}: the same maxima (the inputs are exact in 16 bits)"
+        );
+        let tol = if dtype == DType::BF16 { 8e-3 } else { 1e-3 };
+        for (a, b) in y16.iter().zip(&y) {
+            assert!((a - b).abs() <= tol * b.abs(), "{dtype:?}: {a} against {b}");
+        }
+        for (a, b) in gw16.iter().zip(&gw) {
+            assert!(
+                (a - b).abs() <= 4.0 * tol * scale,
+                "{dtype:?}: gradient {a} against {b}"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn layout_index_and_cast_ops_agree() {

@@ -115,9 +115,24 @@ impl Conv2d {
     /// The convolution, a ReLU and `pool` as the convolution without its bias, the pool, then the bias and the
     /// ReLU at the pooled size: the same values (see `Tensor::channel_bias_relu`) with no full-size pass after the
     /// convolution's own, forward or backward. With a bias, the pool, bias and ReLU are one op
-    /// ([`Var::max_pool2d_bias_relu`]).
+    /// ([`Var::max_pool2d_bias_relu`]), and where the convolution too can join them (a first layer's few input
+    /// channels on CUDA, [`Tensor::conv2d_max_pool_fuses`]) all four are ([`Var::conv2d_max_pool_bias_relu`]).
     fn run_pooled(&self, tape: &Tape, x: Features, pool: &MaxPool2d) -> Result<Features> {
         let o = self.operands(tape, x)?;
+        let (kernel, stride) = pool.window();
+        if let Some(bias) = &o.bias {
+            let (x, w) = (o.input.value(), o.weight.value());
+            if self.stride == 1
+                && o.groups == 1
+                && kernel == stride
+                && x.conv2d_max_pool_fuses(w, self.padding, kernel)
+            {
+                let y = o
+                    .input
+                    .conv2d_max_pool_bias_relu(&o.weight, bias, self.padding, kernel)?;
+                return Ok(Features::packed(y));
+            }
+        }
         let y = o
             .input
             .conv2d(&o.weight, None, self.stride, self.padding, o.groups)?;
@@ -125,7 +140,6 @@ impl Conv2d {
             let pooled = pool.forward(tape, Features::packed(y))?;
             return Ok(Features::packed(pooled.var.channel_bias_relu(None)?));
         };
-        let (kernel, stride) = pool.window();
         Ok(Features::packed(
             y.max_pool2d_bias_relu(kernel, stride, &bias)?,
         ))

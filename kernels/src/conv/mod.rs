@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cudnn;
+pub mod pooled;
 
 pub use choices::{ConvChoice, ConvChoices, ConvDecision, ConvPass};
 

@@ -49,6 +49,7 @@ __device__ __forceinline__ void strided_offsets(const Strided& st, u64 i, u64* o
 #define OP_SCATTER_ADD_LAST 5
 #define OP_CROSS_ENTROPY 6
 #define OP_BAG_MEAN 7
+#define OP_CONV_POOLED 8
 __device__ __forceinline__ void report_index_error(int* flag, int op, i64 index, i64 size) {
     if (atomicCAS(flag, 0, 1) == 0) {
         flag[1] = op;

@@ -104,6 +104,7 @@ pub static MAX_POOL: KernelSource = module!("max_pool", "../pool/max_pool.cu");
 pub static OPTIM: KernelSource = module!("optim", "../optim/optim.cu");
 pub static MATMUL_THIN: KernelSource = module!("matmul_thin", "../matmul/thin.cu");
 pub static BATCHNORM: KernelSource = module!("batchnorm", "../batchnorm/batchnorm.cu");
+pub static CONV_POOLED: KernelSource = module!("conv_pooled", "../conv/pooled.cu");
 
 /// The modules nearly every job uses, small enough for NVRTC to make in about a second each: where none is built in,
 /// all are started side by side as a device opens (`modules::prefetch`), so that a machine's first run compiles while

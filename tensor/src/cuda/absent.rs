@@ -6,6 +6,7 @@ use cohort_kernels::Math;
 use cohort_kernels::attention::AttentionShape;
 use cohort_kernels::batchnorm::BatchNormShape;
 use cohort_kernels::binary::BinaryOp;
+use cohort_kernels::conv::pooled::PooledConv;
 use cohort_kernels::conv::{ConvParams, ConvPass};
 use cohort_kernels::copy::Copy2d;
 use cohort_kernels::layernorm::LayerNormShape;
@@ -452,6 +453,34 @@ impl CudaBackend for CudaStorage {
     fn conv_bias_grad(&self, dims: [usize; 3]) -> Result<CudaStorage> {
         let _ = dims;
         Err(unavailable("conv2d_backward_bias", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn conv2d_max_pool_bias_relu(
+        &self,
+        weight: &CudaStorage,
+        bias: &CudaStorage,
+        p: &PooledConv,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (weight, bias, p);
+        Err(unavailable("conv2d_max_pool_bias_relu", self.ordinal))
+    }
+
+    /// Always fails: this build has no CUDA support.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiledWithCuda`].
+    fn conv2d_max_pool_backward_weight(
+        &self,
+        idx: &CudaStorage,
+        x: &CudaStorage,
+        p: &PooledConv,
+    ) -> Result<CudaStorage> {
+        let _ = (idx, x, p);
+        Err(unavailable("conv2d_max_pool_backward_weight", self.ordinal))
     }
 
     /// Always fails: this build has no CUDA support.

@@ -114,7 +114,7 @@ fn clear_flag(flag: u64) -> Result<()> {
 }
 
 /// Names of the ops that can report an index error through the device flag (`OP_*` in `common.cuh`).
-const FLAG_OPS: [&str; 8] = [
+const FLAG_OPS: [&str; 9] = [
     "index_select",
     "index_add",
     "gather_last",
@@ -123,6 +123,7 @@ const FLAG_OPS: [&str; 8] = [
     "scatter_add_last",
     "cross_entropy",
     "bag_mean",
+    "conv2d_max_pool_backward_weight",
 ];
 
 /// One CUDA device as the kernels see it.

@@ -3,6 +3,7 @@
 
 use cohort_kernels::Math;
 use cohort_kernels::batchnorm::{BatchNormShape, cuda as batchnorm_cuda};
+use cohort_kernels::conv::pooled::{PooledConv, cuda as pooled_cuda};
 use cohort_kernels::conv::{ConvParams, ConvPass, cuda as conv_cuda};
 use cohort_kernels::copy::cuda as copy_cuda;
 use cohort_kernels::cuda::CudaType;
@@ -312,6 +313,60 @@ impl CudaBackend for CudaStorage {
         p: &PoolParams,
     ) -> Result<(CudaStorage, CudaStorage)> {
         self.max_pool("max_pool2d_bias_relu", p, Some((bias, channels)))
+    }
+
+    /// A few-channel convolution, its max pool, bias and ReLU in one kernel.
+    ///
+    /// # Errors
+    /// A geometry the kernel does not take, the input not f32, bf16 or f16, a weight or bias not f32, different
+    /// devices, out of memory, or a launch failure.
+    fn conv2d_max_pool_bias_relu(
+        &self,
+        weight: &CudaStorage,
+        bias: &CudaStorage,
+        p: &PooledConv,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        const OP: &str = "conv2d_max_pool_bias_relu";
+        let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
+        for s in [weight, bias] {
+            want(OP, s, &[DType::F32])?;
+            same_device(OP, self, s)?;
+        }
+        let n = p.conv.batch * p.conv.c_out * p.out_h() * p.out_w();
+        let out = self.sibling(n, self.dtype)?;
+        let idx = self.sibling(n, DType::I32)?;
+        let ptrs = [self, weight, bias].map(CudaStorage::device_ptr);
+        // SAFETY: the tensor checked every shape against `p`; out and idx hold n elements.
+        unsafe {
+            pooled_cuda::forward(&self.gpu, ty, p, ptrs, [out.device_ptr(), idx.device_ptr()])?
+        };
+        Ok((out, idx))
+    }
+
+    /// The pooled convolution's weight gradient in one kernel and an ordered sum of its partials.
+    ///
+    /// # Errors
+    /// A geometry the kernel does not take, the gradient and input of different types or not float, indices not
+    /// i32, different devices, out of memory, or a launch failure.
+    fn conv2d_max_pool_backward_weight(
+        &self,
+        idx: &CudaStorage,
+        x: &CudaStorage,
+        p: &PooledConv,
+    ) -> Result<CudaStorage> {
+        const OP: &str = "conv2d_max_pool_backward_weight";
+        let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
+        if x.dtype != self.dtype {
+            return Err(mismatch(OP, self.dtype, x.dtype));
+        }
+        indices(OP, idx)?;
+        same_device(OP, self, idx)?;
+        same_device(OP, self, x)?;
+        let dw = self.sibling(p.conv.weight_len(), DType::F32)?;
+        let ptrs = [self, idx, x].map(CudaStorage::device_ptr);
+        // SAFETY: the tensor checked every shape against `p`; dw holds the weight's elements.
+        unsafe { pooled_cuda::backward_weight(&self.gpu, ty, p, ptrs, dw.device_ptr())? };
+        Ok(dw)
     }
 
     /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self`, in one kernel.
