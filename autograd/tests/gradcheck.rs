@@ -368,6 +368,16 @@ fn convolution_and_pooling() {
         ],
         |v| v[0].conv2d_max_pool_bias_relu(&v[1], &v[2], 2, 2),
     );
+    // An input that needs no gradient (a first layer's images): the weight's and bias's from the pooled gradient.
+    let images = Var::constant(rand(&[2, 3, 4, 4], -1.0, 1.0, 56));
+    check(
+        "conv2d_max_pool_bias_relu on constant images",
+        &[
+            rand(&[5, 3, 3, 3], -1.0, 1.0, 57),
+            rand(&[5], -0.5, 0.5, 58),
+        ],
+        |v| images.conv2d_max_pool_bias_relu(&v[0], &v[1], 2, 2),
+    );
 }
 
 #[test]

@@ -534,14 +534,19 @@ pub trait CudaBackend: BackendStorage {
         p: &PooledConv,
     ) -> Result<(Self, Self)>;
 
-    /// The weight's gradient of [`conv2d_max_pool_bias_relu`](CudaBackend::conv2d_max_pool_bias_relu) (f32) from
-    /// the pooled output's gradient `self` after the ReLU's mask (the input's type), the forward's `idx` and its
-    /// input `x`.
+    /// The weight's and the bias's gradients of
+    /// [`conv2d_max_pool_bias_relu`](CudaBackend::conv2d_max_pool_bias_relu) (f32) from the pooled output's
+    /// gradient `self` and the output `y` (the input's type), the forward's `idx` and its input `x`.
     ///
     /// # Errors
     /// As the forward; an index outside its window is reported at the next synchronisation.
-    fn conv2d_max_pool_backward_weight(&self, idx: &Self, x: &Self, p: &PooledConv)
-    -> Result<Self>;
+    fn conv2d_max_pool_backward(
+        &self,
+        y: &Self,
+        idx: &Self,
+        x: &Self,
+        p: &PooledConv,
+    ) -> Result<(Self, Self)>;
 
     /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self` (`[rows, cols]`): an
     /// embedding bag's lookup in one pass, `[idx.len / bag, cols]`.

@@ -82,23 +82,24 @@ impl Tensor {
         ))
     }
 
-    /// Gradient of [`conv2d_max_pool_bias_relu`](Tensor::conv2d_max_pool_bias_relu) with respect to its weight
-    /// (shape `weight_shape`), from `grad`, the pooled output's gradient after the ReLU's mask (as
-    /// [`relu_backward_channel_bias`](Tensor::relu_backward_channel_bias) gives it), the forward's `indices` and
-    /// its `input`. One pass where the forward was one, summed in a fixed order (the same bits every run); else
-    /// the pool's backward then the convolution's.
+    /// Gradients of [`conv2d_max_pool_bias_relu`](Tensor::conv2d_max_pool_bias_relu) with respect to its weight
+    /// (shape `weight_shape`) and its bias, from `grad`, the pooled output's gradient, the output `y`, the
+    /// forward's `indices` and its `input`. One pass where the forward was one (the ReLU's mask, the bias's sums and
+    /// the weight's from the pooled gradient, in a fixed order: the same bits every run); else
+    /// [`relu_backward_channel_bias`](Tensor::relu_backward_channel_bias), the pool's backward and the
+    /// convolution's.
     ///
     /// # Errors
     /// Shape, dtype or device mismatches; indices outside their windows (on CUDA at the next synchronisation).
-    pub fn conv2d_max_pool_backward_weight(
+    pub fn conv2d_max_pool_backward(
         input: &Tensor,
         grad: &Tensor,
+        y: &Tensor,
         indices: &Tensor,
         weight_shape: &[usize],
-        padding: usize,
-        pool: usize,
-    ) -> Result<Tensor> {
-        const OP: &str = "conv2d_max_pool_backward_weight";
+        (padding, pool): (usize, usize),
+    ) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "conv2d_max_pool_backward";
         let p = Tensor::pooled_conv(OP, &input.shape, weight_shape, padding, pool)?;
         let pooled = [p.conv.batch, p.conv.c_out, p.out_h(), p.out_w()];
         if grad.shape != pooled {
@@ -108,26 +109,33 @@ impl Tensor {
                 rhs: pooled.to_vec(),
             });
         }
+        grad.same_shape(OP, y)?;
         grad.same_shape(OP, indices)?;
         if !(input.device().is_cuda() && p.fuses()) {
+            let (gp, gb) = grad.relu_backward_channel_bias(y)?;
             let conv = [p.conv.batch, p.conv.c_out, p.conv.out_h(), p.conv.out_w()];
-            let full = Tensor::max_pool2d_backward(grad, indices, &conv, (pool, pool))?;
-            return Tensor::conv2d_backward_weight(input, &full, weight_shape, 1, padding, 1);
+            let full = Tensor::max_pool2d_backward(&gp, indices, &conv, (pool, pool))?;
+            let gw = Tensor::conv2d_backward_weight(input, &full, weight_shape, 1, padding, 1)?;
+            return Ok((gw, gb));
         }
         input.require_float(OP)?;
         indices.require_i32(OP)?;
-        input.same_device(OP, grad)?;
-        input.same_device(OP, indices)?;
-        let grad = grad.to_dtype(input.dtype())?;
-        let dw = Tensor::read_all(&[&grad, indices, input], |st| match st {
-            [Storage::Cuda(g), Storage::Cuda(i), Storage::Cuda(x)] => {
-                g.conv2d_max_pool_backward_weight(i, x, &p)
-            }
+        for t in [grad, y, indices] {
+            input.same_device(OP, t)?;
+        }
+        let (grad, y) = (grad.to_dtype(input.dtype())?, y.to_dtype(input.dtype())?);
+        let (dw, db) = Tensor::read_all(&[&grad, &y, indices, input], |st| match st {
+            [
+                Storage::Cuda(g),
+                Storage::Cuda(y),
+                Storage::Cuda(i),
+                Storage::Cuda(x),
+            ] => g.conv2d_max_pool_backward(y, i, x, &p),
             _ => Err(input.device_mismatch(OP, &grad)),
         })?;
-        Ok(Tensor::from_storage(
-            Storage::Cuda(dw),
-            weight_shape.to_vec(),
+        Ok((
+            Tensor::from_storage(Storage::Cuda(dw), weight_shape.to_vec()),
+            Tensor::from_storage(Storage::Cuda(db), vec![p.conv.c_out]),
         ))
     }
 }

@@ -280,9 +280,8 @@ fn eighths(shape: &[usize], seed: usize, dev: &Device) -> Result<Tensor> {
 }
 
 /// A first layer's convolution, pool, bias and ReLU as one op (one pass on CUDA, the ops apart on the CPU) and the
-/// weight's gradient from the pooled one: several forward tiles a side (35 pooled columns, 11 rows), a backward
-/// band cut short (11 rows in bands of 4), 20 output channels (a group of 16 cut short), 5x5 kernels on one
-/// channel as LeNet's, and no padding.
+/// weight's and bias's gradients from the pooled one: several tiles a side each way (35 pooled columns, 11 rows), 20
+/// output channels (a group of 16, or of 32, cut short), 5x5 kernels on one channel as LeNet's, and no padding.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn pooled_convolution_agrees() {
@@ -296,9 +295,9 @@ fn pooled_convolution_agrees() {
                 let bias = eighths(&[20], 3, dev)?.mul_scalar(2.0)?;
                 assert_eq!(x.conv2d_max_pool_fuses(&wt, pad, 2), dev.is_cuda());
                 let (y, idx) = x.conv2d_max_pool_bias_relu(&wt, &bias, pad, 2)?;
-                let (gp, gb) = rand(y.shape(), 4, dev)?.relu_backward_channel_bias(&y)?;
-                let gw =
-                    Tensor::conv2d_max_pool_backward_weight(&x, &gp, &idx, wt.shape(), pad, 2)?;
+                let g = rand(y.shape(), 4, dev)?;
+                let (gw, gb) =
+                    Tensor::conv2d_max_pool_backward(&x, &g, &y, &idx, wt.shape(), (pad, 2))?;
                 Ok(vec![y, idx.to_dtype(DType::F32)?, gb, gw])
             },
         );
@@ -306,8 +305,8 @@ fn pooled_convolution_agrees() {
 }
 
 /// The pooled convolution on bf16 and f16 inputs (a mixed policy's activations): f32 math on the f32 weights, so
-/// the output differs from the f32 input's only by its own rounding, and the weight's gradient by the 16-bit
-/// gradient's.
+/// the output differs from the f32 input's only by its own rounding, and the weight's and bias's gradients by the
+/// 16-bit gradient's.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn pooled_convolution_takes_16bit_inputs() {
@@ -320,16 +319,13 @@ fn pooled_convolution_takes_16bit_inputs() {
             .unwrap()
             .to_dtype(x.dtype())
             .unwrap();
-        let (gp, _) = g.relu_backward_channel_bias(&y).unwrap();
-        let gw = Tensor::conv2d_max_pool_backward_weight(x, &gp, &idx, wt.shape(), 1, 2).unwrap();
+        let (gw, gb) =
+            Tensor::conv2d_max_pool_backward(x, &g, &y, &idx, wt.shape(), (1, 2)).unwrap();
         assert_eq!(y.dtype(), x.dtype());
-        assert_eq!(gw.dtype(), DType::F32);
+        assert_eq!((gw.dtype(), gb.dtype()), (DType::F32, DType::F32));
         let host = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-        (
-            host(&y),
-            host(&idx.to_dtype(DType::F32).unwrap()),
-            host(&gw),
-        )
+        let idx = host(&idx.to_dtype(DType::F32).unwrap());
+        (host(&y), idx, [host(&gw), host(&gb)].concat())
     };
     let (y, idx, gw) = run(&x);
     let scale = gw.iter().fold(0f32, |m, v| m.max(v.abs()));

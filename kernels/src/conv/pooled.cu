@@ -7,7 +7,8 @@
 #define POOLED_TILE_H 8   // pooled rows of a forward block
 #define POOLED_TILE_W 32  // pooled columns of a forward block: a warp
 #define POOLED_GROUP 16   // output channels a forward thread computes
-#define POOLED_BAND 4     // pooled rows a backward block covers
+#define POOLED_BAND 2     // pooled rows of a backward block
+#define POOLED_COLS 32    // pooled columns of a backward block
 #define POOLED_MAX_C 4    // input channels at most (the host checks)
 
 // Grid (tiles, ceil(cout / POOLED_GROUP), n), block (POOLED_TILE_W, POOLED_TILE_H); dynamic shared memory: the
@@ -29,11 +30,14 @@ __device__ __forceinline__ void conv_pooled(u32 c, u32 h, u32 w, u32 cout, u32 p
     const u32 co0 = blockIdx.y * G, n = blockIdx.z, tid = threadIdx.y * POOLED_TILE_W + threadIdx.x;
     const int iy0 = (int)(py0 * S) - (int)pad, ix0 = (int)(px0 * S) - (int)pad;
     const T* xn = x + (u64)n * c * h * w;
-    for (u32 i = tid; i < c * IH * IW; i += THREADS) {
-        const u32 ci = i / (IH * IW), r = i - ci * (IH * IW);
-        const int yy = iy0 + (int)(r / IW), xx = ix0 + (int)(r % IW);
-        const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
-        xs[i] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
+    for (u32 r = threadIdx.y; r < c * IH; r += POOLED_TILE_H) {
+        const u32 ci = r / IH;
+        const int yy = iy0 + (int)(r - ci * IH);
+        for (u32 col = threadIdx.x; col < IW; col += POOLED_TILE_W) {
+            const int xx = ix0 + (int)col;
+            const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
+            xs[r * IW + col] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
+        }
     }
     const u32 ckk = c * K * K;
     for (u32 i = tid; i < G * ckk; i += THREADS) {
@@ -90,88 +94,120 @@ __device__ __forceinline__ void conv_pooled(u32 c, u32 h, u32 w, u32 cout, u32 p
     }
 }
 
-// The weight's gradient from the pooled output's gradient g (after the ReLU's mask: [n, cout, ph, pw], T) and the
-// maxima's indices: each window's gradient times the input patch under its max. Grid (ceil(ph / POOLED_BAND),
-// ceil(cout / 8), chunks), block (32, 8): a warp per output channel, a lane per pooled column, over POOLED_BAND
-// pooled rows of `chunk` images, with the band's input rows of each image in shared memory (c x BH x IW floats).
-// Each lane keeps its c x K x K sums over every window it visits; the warp's sums go to
-// partial[(chunk_index * bands + band) * cout + co][c * K * K], which conv_pooled_filter_finalize adds up in order:
-// the same bits every run. An index outside its window is reported (the weight's gradient is then wrong).
+// The weight's and the bias's gradients from the pooled output's gradient g and the output y ([n, cout, ph, pw], T:
+// the ReLU's mask is y > 0) and the maxima's indices: each window's masked gradient times the input patch under its
+// max, and each channel's sum of them. Grid (bands x column tiles, ceil(cout / 32), chunks), block 256: a block
+// covers POOLED_BAND x POOLED_COLS windows of 32 output channels in `chunk` images, a lane per channel (so that
+// a warp's lanes read one window's patch, at most four distinct addresses a load, which fall in distinct banks) and
+// a warp per window at a time. Per image the block stages the tile's masked gradients and indices, channel-major,
+// and the input under the tile. Each lane keeps its channel's c x K x K + 1 sums over every window it visits; the
+// block's eight warps are added up in order into partial[(chunk_index * tiles + tile) * cout + co][c * K * K + 1],
+// which conv_pooled_filter_finalize adds up in order: the same bits every run. An index outside its window is
+// reported (the weight's gradient is then wrong).
 template <int K, int S, typename T>
 __device__ __forceinline__ void conv_pooled_filter(u32 c, u32 h, u32 w, u32 cout, u32 pad, u32 ph, u32 pw, u32 n,
-                                                   u32 chunk, const T* g, const int* idx, const T* x, float* partial,
-                                                   int* flag) {
-    constexpr int BH = POOLED_BAND * S + K - 1;
-    const u32 iw = pw * S + K - 1, ow = pw * S;
-    extern __shared__ float xs[];
-    const u32 band = blockIdx.x, co = blockIdx.y * 8 + threadIdx.y, tid = threadIdx.y * 32 + threadIdx.x;
-    const u32 py0 = band * POOLED_BAND, n0 = blockIdx.z * chunk, n1 = min(n0 + chunk, n);
-    const int iy0 = (int)(py0 * S) - (int)pad;
-    float acc[POOLED_MAX_C][K][K];
+                                                   u32 chunk, const T* g, const T* y, const int* idx, const T* x,
+                                                   float* partial, int* flag) {
+    constexpr int BH = POOLED_BAND * S + K - 1, BW = POOLED_COLS * S + K - 1;
+    constexpr int POS = POOLED_BAND * POOLED_COLS, PS = POS + 1;  // a channel's row of the staged tiles, padded
+    constexpr int SUMS = POOLED_MAX_C * K * K + 1;
+    extern __shared__ float smem[];
+    float* gs = smem;
+    int* is = (int*)(smem + 32 * PS);
+    float* xs = smem + 2 * 32 * PS;
+    const u32 col_tiles = (pw + POOLED_COLS - 1) / POOLED_COLS;
+    const u32 band = blockIdx.x / col_tiles, py0 = band * POOLED_BAND;
+    const u32 px0 = (blockIdx.x - band * col_tiles) * POOLED_COLS;
+    const u32 co0 = blockIdx.y * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, co = co0 + lane;
+    const u32 ow = pw * S, len = c * K * K + 1, n1 = min(blockIdx.z * chunk + chunk, n);
+    const int iy0 = (int)(py0 * S) - (int)pad, ix0 = (int)(px0 * S) - (int)pad;
+    float acc[SUMS];
 #pragma unroll
-    for (int ci = 0; ci < POOLED_MAX_C; ++ci)
-#pragma unroll
-        for (int ky = 0; ky < K; ++ky)
-#pragma unroll
-            for (int kx = 0; kx < K; ++kx) acc[ci][ky][kx] = 0.0f;
-    for (u32 img = n0; img < n1; ++img) {
+    for (int j = 0; j < SUMS; ++j) acc[j] = 0.0f;
+    for (u32 img = blockIdx.z * chunk; img < n1; ++img) {
         __syncthreads();
+        for (u32 r = warp; r < 32 * POOLED_BAND; r += 8) {
+            const u32 ch = r / POOLED_BAND, row = r % POOLED_BAND, py = py0 + row, px = px0 + lane;
+            float gv = 0.0f;
+            int iv = -1;
+            if (co0 + ch < cout && py < ph && px < pw) {
+                const u64 o = (((u64)img * cout + co0 + ch) * ph + py) * pw + px;
+                gv = to_f32(y[o]) > 0.0f ? to_f32(g[o]) : 0.0f;
+                iv = idx[o];
+            }
+            gs[ch * PS + row * POOLED_COLS + lane] = gv;
+            is[ch * PS + row * POOLED_COLS + lane] = iv;
+        }
         const T* xn = x + (u64)img * c * h * w;
-        for (u32 i = tid; i < c * BH * iw; i += 256) {
-            const u32 ci = i / (BH * iw), r = i - ci * (BH * iw);
-            const int yy = iy0 + (int)(r / iw), xx = (int)(r % iw) - (int)pad;
-            const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
-            xs[i] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
+        for (u32 r = warp; r < c * BH; r += 8) {
+            const u32 ci = r / BH;
+            const int yy = iy0 + (int)(r - ci * BH);
+            for (u32 col = lane; col < BW; col += 32) {
+                const int xx = ix0 + (int)col;
+                const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
+                xs[r * BW + col] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
+            }
         }
         __syncthreads();
         if (co >= cout) continue;
-        for (u32 r = 0; r < POOLED_BAND && py0 + r < ph; ++r) {
-            const u32 py = py0 + r;
-            for (u32 px = threadIdx.x; px < pw; px += 32) {
-                const u64 o = (((u64)img * cout + co) * ph + py) * pw + px;
-                const float gv = to_f32(g[o]);
-                if (gv == 0.0f) continue;
-                const int i = idx[o];
-                const u32 oy = (u32)i / ow, ox = (u32)i - oy * ow;
-                if (i < 0 || oy / S != py || ox / S != px) {
-                    report_index_error(flag, OP_CONV_POOLED, i, (i64)ph * S * ow);
-                    continue;
-                }
-                const float* src = xs + (oy - py0 * S) * iw + ox;
+        for (u32 pos = warp; pos < POS; pos += 8) {
+            const float gv = gs[lane * PS + pos];
+            if (gv == 0.0f) continue;
+            acc[SUMS - 1] += gv;
+            const int i = is[lane * PS + pos];
+            const u32 py = py0 + pos / POOLED_COLS, px = px0 + pos % POOLED_COLS;
+            const u32 oy = (u32)i / ow, ox = (u32)i - oy * ow;
+            if (i < 0 || oy / S != py || ox / S != px) {
+                report_index_error(flag, OP_CONV_POOLED, i, (i64)ph * S * ow);
+                continue;
+            }
+            const float* src = xs + (oy - py0 * S) * BW + (ox - px0 * S);
 #pragma unroll
-                for (int ci = 0; ci < POOLED_MAX_C; ++ci) {
-                    if (ci >= (int)c) break;
+            for (int ci = 0; ci < POOLED_MAX_C; ++ci) {
+                if (ci >= (int)c) break;
 #pragma unroll
-                    for (int ky = 0; ky < K; ++ky)
+                for (int ky = 0; ky < K; ++ky)
 #pragma unroll
-                        for (int kx = 0; kx < K; ++kx)
-                            acc[ci][ky][kx] = fmaf(gv, src[(ci * BH + ky) * iw + kx], acc[ci][ky][kx]);
-                }
+                    for (int kx = 0; kx < K; ++kx)
+                        acc[(ci * K + ky) * K + kx] = fmaf(gv, src[(ci * BH + ky) * BW + kx], acc[(ci * K + ky) * K + kx]);
             }
         }
     }
-    if (co >= cout) return;
-    float* dst = partial + ((u64)(blockIdx.z * gridDim.x + band) * cout + co) * (c * K * K);
+    // The warps' sums, eight at a time through shared memory: sums j0..j0+7 of warp v, lane l at red[(j * 8 + v) *
+    // 32 + l]; thread (j, l) then adds the eight warps' in order. The bias's sum is the last.
+    float* red = smem;
+    float* dst = partial + ((u64)(blockIdx.z * gridDim.x + blockIdx.x) * cout + co0) * len;
 #pragma unroll
-    for (int ci = 0; ci < POOLED_MAX_C; ++ci) {
-        if (ci >= (int)c) break;
+    for (int j0 = 0; j0 < SUMS; j0 += 8) {
+        __syncthreads();
 #pragma unroll
-        for (int ky = 0; ky < K; ++ky)
-#pragma unroll
-            for (int kx = 0; kx < K; ++kx) {
-                const float s = warp_sum(acc[ci][ky][kx]);
-                if (threadIdx.x == 0) dst[(ci * K + ky) * K + kx] = s;
-            }
+        for (int jj = 0; jj < 8; ++jj) {
+            const int j = j0 + jj;
+            if (j < SUMS) red[(jj * 8 + warp) * 32 + lane] = acc[j];
+        }
+        __syncthreads();
+        const int j = j0 + (int)warp;
+        if (j < SUMS && co < cout) {
+            float s = 0.0f;
+            for (int v = 0; v < 8; ++v) s += red[(warp * 8 + v) * 32 + lane];
+            // The sum's place: the weight's (ci, ky, kx) while ci < c, the bias's last.
+            const int ci = j / (K * K);
+            if (j == SUMS - 1) dst[(u64)lane * len + len - 1] = s;
+            else if (ci < (int)c) dst[(u64)lane * len + j] = s;
+        }
     }
 }
 
-// dw[j] = the sum over parts of partial[part][j], in order (len = cout * c * K * K).
-extern "C" __global__ void conv_pooled_filter_finalize(u32 parts, u32 len, const float* partial, float* dw) {
-    const u32 j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= len) return;
+// dw[co][j] and db[co] from the sums of every part in order (partial [parts][cout][ckk + 1]).
+extern "C" __global__ void conv_pooled_filter_finalize(u32 parts, u32 cout, u32 ckk, const float* partial, float* dw,
+                                                      float* db) {
+    const u32 t = blockIdx.x * blockDim.x + threadIdx.x, len = ckk + 1;
+    if (t >= cout * len) return;
     float s = 0.0f;
-    for (u32 p = 0; p < parts; ++p) s += partial[(u64)p * len + j];
-    dw[j] = s;
+    for (u32 p = 0; p < parts; ++p) s += partial[(u64)p * cout * len + t];
+    const u32 co = t / len, j = t - co * len;
+    if (j < ckk) dw[co * ckk + j] = s;
+    else db[co] = s;
 }
 
 #define CONV_POOLED(KS, K, S, TN, T)                                                                                \
@@ -182,8 +218,9 @@ extern "C" __global__ void conv_pooled_filter_finalize(u32 parts, u32 len, const
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256)                                                              \
         conv_pooled_filter_##KS##_##TN(u32 c, u32 h, u32 w, u32 cout, u32 pad, u32 ph, u32 pw, u32 n, u32 chunk,  \
-                                       const T* g, const int* idx, const T* x, float* partial, int* flag) {        \
-        conv_pooled_filter<K, S, T>(c, h, w, cout, pad, ph, pw, n, chunk, g, idx, x, partial, flag);                \
+                                       const T* g, const T* y, const int* idx, const T* x, float* partial,         \
+                                       int* flag) {                                                                \
+        conv_pooled_filter<K, S, T>(c, h, w, cout, pad, ph, pw, n, chunk, g, y, idx, x, partial, flag);             \
     }
 #define CONV_POOLED_TYPES(KS, K, S)        \
     CONV_POOLED(KS, K, S, f32, float)      \

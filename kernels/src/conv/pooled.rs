@@ -10,10 +10,9 @@ use super::ConvParams;
 
 /// Input channels the one-pass kernels take at most (`POOLED_MAX_C`): beyond a few, cuDNN's products win.
 pub const MAX_CHANNELS: usize = 4;
-/// Pooled rows a backward block covers (`POOLED_BAND`).
-const BAND: usize = 4;
-/// Shared memory a block may take without asking for more.
-const SHARED_BYTES: usize = 48 << 10;
+/// Pooled rows and columns of a backward block (`POOLED_BAND`, `POOLED_COLS`).
+const BAND: usize = 2;
+const COLS: usize = 32;
 
 /// A convolution (`conv`) and the `pool` x `pool` max pool of stride `pool` after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,8 +33,8 @@ impl PooledConv {
     }
 
     /// Whether the one-pass kernels run it: stride 1, one group, a square 3x3 or 5x5 kernel, at most
-    /// [`MAX_CHANNELS`] input channels, 2x2 windows that tile the convolution's output (at least one a side), u32
-    /// indices, and each block's input rows within [`SHARED_BYTES`].
+    /// [`MAX_CHANNELS`] input channels, 2x2 windows that tile the convolution's output (at least one a side), and
+    /// u32 indices.
     pub fn fuses(&self) -> bool {
         let c = &self.conv;
         let (oh, ow) = (c.out_h(), c.out_w());
@@ -51,13 +50,19 @@ impl PooledConv {
             && c.batch > 0
             && c.c_out > 0
             && c.input_len().max(c.batch * c.c_out * oh * ow) < u32::MAX as usize
-            && self.band_shared_bytes() <= SHARED_BYTES
     }
 
-    /// Shared memory of a backward block: a band's input rows, every channel.
-    fn band_shared_bytes(&self) -> usize {
+    /// Shared memory of a backward block: a tile's gradients and indices for 32 channels (rows padded by one),
+    /// then the input under it, every channel.
+    fn filter_shared_bytes(&self) -> usize {
         let c = &self.conv;
-        c.c_in * (BAND * self.pool + c.kh - 1) * (self.out_w() * self.pool + c.kw - 1) * 4
+        let input = c.c_in * (BAND * self.pool + c.kh - 1) * (COLS * self.pool + c.kw - 1);
+        (2 * 32 * (BAND * COLS + 1) + input) * 4
+    }
+
+    /// Backward blocks per chunk of images: the tiles of [`BAND`] x [`COLS`] windows.
+    fn filter_tiles(&self) -> usize {
+        self.out_h().div_ceil(BAND) * self.out_w().div_ceil(COLS)
     }
 }
 

@@ -473,14 +473,15 @@ impl CudaBackend for CudaStorage {
     ///
     /// # Errors
     /// [`Error::NotCompiledWithCuda`].
-    fn conv2d_max_pool_backward_weight(
+    fn conv2d_max_pool_backward(
         &self,
+        y: &CudaStorage,
         idx: &CudaStorage,
         x: &CudaStorage,
         p: &PooledConv,
-    ) -> Result<CudaStorage> {
-        let _ = (idx, x, p);
-        Err(unavailable("conv2d_max_pool_backward_weight", self.ordinal))
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let _ = (y, idx, x, p);
+        Err(unavailable("conv2d_max_pool_backward", self.ordinal))
     }
 
     /// Always fails: this build has no CUDA support.

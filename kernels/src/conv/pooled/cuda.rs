@@ -1,6 +1,6 @@
 //! The pooled convolution's launches (`pooled.cu`).
 
-use super::{BAND, PooledConv};
+use super::PooledConv;
 use crate::cuda::{
     CudaType, Gpu, Launch, float_kernel, float_kernels, kernel_args, sources::CONV_POOLED as SRC,
 };
@@ -9,8 +9,6 @@ use crate::{Error, Result};
 /// Forward block shape (`POOLED_TILE_W` x `POOLED_TILE_H`) and output channels per thread (`POOLED_GROUP`).
 const TILE: (usize, usize) = (32, 8);
 const GROUP: usize = 16;
-/// Output channels of a backward block: a warp each.
-const WARPS: usize = 8;
 
 /// `p`'s kernel names for `ty`: forward, then the weight's gradient.
 fn kernels(op: &str, p: &PooledConv, ty: CudaType) -> Result<(&'static str, &'static str)> {
@@ -76,9 +74,10 @@ pub unsafe fn forward(
     unsafe { gpu.launch(&SRC, name, cfg, &mut args) }
 }
 
-/// The weight's gradient (f32 `[cout, c, k, k]`, into `dw`) from `grad` (`[n, cout, ph, pw]`, `ty`: the pooled
-/// output's gradient after the ReLU's mask), the forward's `idx` and its input `x`. Partial sums per band of rows
-/// and chunk of images, added up in order: the same bits every run.
+/// The weight's and the bias's gradients (f32 `[cout, c, k, k]` into `dw`, `[cout]` into `db`) from `grad`, the
+/// pooled output's gradient, the output `y` (the ReLU's mask is `y > 0`; both `[n, cout, ph, pw]`, `ty`), the
+/// forward's `idx` and its input `x`. Partial sums per tile of windows and chunk of images, added up in order: the
+/// same bits every run.
 ///
 /// # Safety
 /// Every pointer holds what its shape says, on this device.
@@ -86,42 +85,43 @@ pub unsafe fn forward(
 /// # Errors
 /// A geometry the kernels do not take, another type, out of scratch memory, or a launch failure (an index outside
 /// its window is reported at the next synchronisation).
-pub unsafe fn backward_weight(
+pub unsafe fn backward(
     gpu: &Gpu,
     ty: CudaType,
     p: &PooledConv,
-    [grad, idx, x]: [u64; 3],
-    dw: u64,
+    [grad, y, idx, x]: [u64; 4],
+    [dw, db]: [u64; 2],
 ) -> Result<()> {
-    let (_, name) = kernels("conv2d_max_pool_backward_weight", p, ty)?;
+    let (_, name) = kernels("conv2d_max_pool_backward", p, ty)?;
     let [c, h, w, cout, pad, ph, pw] = dims(p);
     let n = p.conv.batch;
-    let bands = p.out_h().div_ceil(BAND);
-    let groups = p.conv.c_out.div_ceil(WARPS);
+    let tiles = p.filter_tiles();
+    let groups = p.conv.c_out.div_ceil(32);
     // About four blocks a multiprocessor: images are split into chunks until there are.
     let chunks = (gpu.sm_count() as usize * 4)
-        .div_ceil(bands * groups)
+        .div_ceil(tiles * groups)
         .clamp(1, n);
     let chunk = n.div_ceil(chunks);
     let chunks = n.div_ceil(chunk);
-    let len = p.conv.weight_len();
-    let parts = chunks * bands;
+    let ckk = p.conv.weight_len() / p.conv.c_out;
+    let len = p.conv.c_out * (ckk + 1);
     let flag = gpu.flag_ptr()?;
     let cfg = Launch {
-        grid: (bands as u32, groups as u32, chunks as u32),
-        block: (32, WARPS as u32, 1),
-        shared: p.band_shared_bytes() as u32,
+        grid: (tiles as u32, groups as u32, chunks as u32),
+        block: (256, 1, 1),
+        shared: p.filter_shared_bytes() as u32,
     };
-    let (nn, chunk32, parts32, len32) = (n as u32, chunk as u32, parts as u32, len as u32);
-    gpu.with_scratch(parts * len * 4, |partial| {
+    let (nn, chunk32, parts, ckk32) = (n as u32, chunk as u32, (chunks * tiles) as u32, ckk as u32);
+    gpu.with_scratch(chunks * tiles * len * 4, |partial| {
         let mut args = kernel_args![
-            c, h, w, cout, pad, ph, pw, nn, chunk32, grad, idx, x, partial, flag
+            c, h, w, cout, pad, ph, pw, nn, chunk32, grad, y, idx, x, partial, flag
         ];
-        // SAFETY: matches `conv_pooled_filter_k*s2_<ty>(u32 x9, const T*, const int*, const T*, float*, int*)`;
-        // the scratch holds parts·len f32.
+        // SAFETY: matches `conv_pooled_filter_k*s2_<ty>(u32 x9, const T*, const T*, const int*, const T*, float*,
+        // int*)`; the scratch holds a part's sums for every tile and chunk.
         unsafe { gpu.launch(&SRC, name, cfg, &mut args)? };
-        let mut args = kernel_args![parts32, len32, partial, dw];
-        // SAFETY: matches `conv_pooled_filter_finalize(u32, u32, const float*, float*)`; dw holds len f32.
+        let mut args = kernel_args![parts, cout, ckk32, partial, dw, db];
+        // SAFETY: matches `conv_pooled_filter_finalize(u32 x3, const float*, float*, float*)`; dw and db hold
+        // cout·ckk and cout f32.
         unsafe {
             gpu.launch(
                 &SRC,

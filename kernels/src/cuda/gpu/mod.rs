@@ -123,7 +123,7 @@ const FLAG_OPS: [&str; 9] = [
     "scatter_add_last",
     "cross_entropy",
     "bag_mean",
-    "conv2d_max_pool_backward_weight",
+    "conv2d_max_pool_backward",
 ];
 
 /// One CUDA device as the kernels see it.

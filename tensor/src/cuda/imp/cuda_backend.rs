@@ -343,30 +343,36 @@ impl CudaBackend for CudaStorage {
         Ok((out, idx))
     }
 
-    /// The pooled convolution's weight gradient in one kernel and an ordered sum of its partials.
+    /// The pooled convolution's weight and bias gradients in one kernel and an ordered sum of its partials.
     ///
     /// # Errors
-    /// A geometry the kernel does not take, the gradient and input of different types or not float, indices not
-    /// i32, different devices, out of memory, or a launch failure.
-    fn conv2d_max_pool_backward_weight(
+    /// A geometry the kernel does not take, the gradient, output and input of different types or not float,
+    /// indices not i32, different devices, out of memory, or a launch failure.
+    fn conv2d_max_pool_backward(
         &self,
+        y: &CudaStorage,
         idx: &CudaStorage,
         x: &CudaStorage,
         p: &PooledConv,
-    ) -> Result<CudaStorage> {
-        const OP: &str = "conv2d_max_pool_backward_weight";
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        const OP: &str = "conv2d_max_pool_backward";
         let ty = want(OP, self, &[DType::F32, DType::BF16, DType::F16])?;
-        if x.dtype != self.dtype {
-            return Err(mismatch(OP, self.dtype, x.dtype));
+        for s in [y, x] {
+            if s.dtype != self.dtype {
+                return Err(mismatch(OP, self.dtype, s.dtype));
+            }
+            same_device(OP, self, s)?;
         }
         indices(OP, idx)?;
         same_device(OP, self, idx)?;
-        same_device(OP, self, x)?;
         let dw = self.sibling(p.conv.weight_len(), DType::F32)?;
-        let ptrs = [self, idx, x].map(CudaStorage::device_ptr);
-        // SAFETY: the tensor checked every shape against `p`; dw holds the weight's elements.
-        unsafe { pooled_cuda::backward_weight(&self.gpu, ty, p, ptrs, dw.device_ptr())? };
-        Ok(dw)
+        let db = self.sibling(p.conv.c_out, DType::F32)?;
+        let ptrs = [self, y, idx, x].map(CudaStorage::device_ptr);
+        // SAFETY: the tensor checked every shape against `p`; dw and db hold the weight's and the bias's elements.
+        unsafe {
+            pooled_cuda::backward(&self.gpu, ty, p, ptrs, [dw.device_ptr(), db.device_ptr()])?
+        };
+        Ok((dw, db))
     }
 
     /// The mean of each bag of `bag` consecutive ids' rows of the f32 table `self`, in one kernel.
