@@ -30,14 +30,12 @@ __device__ __forceinline__ void conv_pooled(u32 c, u32 h, u32 w, u32 cout, u32 p
     const u32 co0 = blockIdx.y * G, n = blockIdx.z, tid = threadIdx.y * POOLED_TILE_W + threadIdx.x;
     const int iy0 = (int)(py0 * S) - (int)pad, ix0 = (int)(px0 * S) - (int)pad;
     const T* xn = x + (u64)n * c * h * w;
-    for (u32 r = threadIdx.y; r < c * IH; r += POOLED_TILE_H) {
-        const u32 ci = r / IH;
-        const int yy = iy0 + (int)(r - ci * IH);
-        for (u32 col = threadIdx.x; col < IW; col += POOLED_TILE_W) {
-            const int xx = ix0 + (int)col;
-            const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
-            xs[r * IW + col] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
-        }
+    // The input under the tile (the divisions are by constants).
+    for (u32 i = tid; i < c * IH * IW; i += THREADS) {
+        const u32 ci = i / (IH * IW), r = i - ci * (IH * IW);
+        const int yy = iy0 + (int)(r / IW), xx = ix0 + (int)(r % IW);
+        const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
+        xs[i] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
     }
     const u32 ckk = c * K * K;
     for (u32 i = tid; i < G * ckk; i += THREADS) {
@@ -126,42 +124,58 @@ __device__ __forceinline__ void conv_pooled_filter(u32 c, u32 h, u32 w, u32 cout
     for (int j = 0; j < SUMS; ++j) acc[j] = 0.0f;
     for (u32 img = blockIdx.z * chunk; img < n1; ++img) {
         __syncthreads();
-        for (u32 r = warp; r < 32 * POOLED_BAND; r += 8) {
-            const u32 ch = r / POOLED_BAND, row = r % POOLED_BAND, py = py0 + row, px = px0 + lane;
-            float gv = 0.0f;
-            int iv = -1;
+        // Every load of the image's share is issued before any is stored: the loop is latency-bound otherwise.
+        constexpr int ROWS = 32 * POOLED_BAND / 8, XS = (POOLED_MAX_C * BH * BW + 255) / 256;
+        float gv[ROWS], yv[ROWS], xv[XS];
+        int iv[ROWS];
+#pragma unroll
+        for (int k = 0; k < ROWS; ++k) {
+            const u32 r = warp + 8 * k, ch = r / POOLED_BAND, py = py0 + r % POOLED_BAND, px = px0 + lane;
+            gv[k] = 0.0f;
+            yv[k] = 0.0f;
+            iv[k] = -1;
             if (co0 + ch < cout && py < ph && px < pw) {
                 const u64 o = (((u64)img * cout + co0 + ch) * ph + py) * pw + px;
-                gv = to_f32(y[o]) > 0.0f ? to_f32(g[o]) : 0.0f;
-                iv = idx[o];
+                gv[k] = to_f32(g[o]);
+                yv[k] = to_f32(y[o]);
+                iv[k] = idx[o];
             }
-            gs[ch * PS + row * POOLED_COLS + lane] = gv;
-            is[ch * PS + row * POOLED_COLS + lane] = iv;
         }
         const T* xn = x + (u64)img * c * h * w;
-        for (u32 r = warp; r < c * BH; r += 8) {
-            const u32 ci = r / BH;
-            const int yy = iy0 + (int)(r - ci * BH);
-            for (u32 col = lane; col < BW; col += 32) {
-                const int xx = ix0 + (int)col;
-                const bool inside = yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
-                xs[r * BW + col] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
-            }
+#pragma unroll
+        for (int k = 0; k < XS; ++k) {
+            const u32 i = threadIdx.x + 256 * k, ci = i / (BH * BW), r = i - ci * (BH * BW);
+            const int yy = iy0 + (int)(r / BW), xx = ix0 + (int)(r % BW);
+            const bool inside = ci < c && yy >= 0 && yy < (int)h && xx >= 0 && xx < (int)w;
+            xv[k] = inside ? to_f32(xn[((u64)ci * h + yy) * w + xx]) : 0.0f;
         }
+#pragma unroll
+        for (int k = 0; k < ROWS; ++k) {
+            const u32 r = warp + 8 * k, at = r / POOLED_BAND * PS + r % POOLED_BAND * POOLED_COLS + lane;
+            gs[at] = yv[k] > 0.0f ? gv[k] : 0.0f;
+            is[at] = iv[k];
+        }
+#pragma unroll
+        for (int k = 0; k < XS; ++k)
+            if (threadIdx.x + 256 * k < c * BH * BW) xs[threadIdx.x + 256 * k] = xv[k];
         __syncthreads();
         if (co >= cout) continue;
         for (u32 pos = warp; pos < POS; pos += 8) {
             const float gv = gs[lane * PS + pos];
             if (gv == 0.0f) continue;
             acc[SUMS - 1] += gv;
-            const int i = is[lane * PS + pos];
-            const u32 py = py0 + pos / POOLED_COLS, px = px0 + pos % POOLED_COLS;
-            const u32 oy = (u32)i / ow, ox = (u32)i - oy * ow;
-            if (i < 0 || oy / S != py || ox / S != px) {
+            // The max's place in its window, (dy, dx), from its flat index: no division by the row's length.
+            const int i = is[lane * PS + pos], row = (int)(pos / POOLED_COLS), col = (int)(pos % POOLED_COLS);
+            const int off = i - (int)(((py0 + row) * S * ow + (px0 + col) * S));
+            int dy = 0;
+#pragma unroll
+            for (int s = 1; s < S; ++s) dy += off >= s * (int)ow ? 1 : 0;
+            const int dx = off - dy * (int)ow;
+            if (off < 0 || dx < 0 || dx >= S) {
                 report_index_error(flag, OP_CONV_POOLED, i, (i64)ph * S * ow);
                 continue;
             }
-            const float* src = xs + (oy - py0 * S) * BW + (ox - px0 * S);
+            const float* src = xs + (row * S + dy) * BW + col * S + dx;
 #pragma unroll
             for (int ci = 0; ci < POOLED_MAX_C; ++ci) {
                 if (ci >= (int)c) break;
