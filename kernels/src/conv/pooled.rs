@@ -10,9 +10,6 @@ use super::ConvParams;
 
 /// Input channels the one-pass kernels take at most (`POOLED_MAX_C`): beyond a few, cuDNN's products win.
 pub const MAX_CHANNELS: usize = 4;
-/// Pooled rows and columns of a backward block (`POOLED_BAND`, `POOLED_COLS`).
-const BAND: usize = 2;
-const COLS: usize = 32;
 
 /// A convolution (`conv`) and the `pool` x `pool` max pool of stride `pool` after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,26 +48,13 @@ impl PooledConv {
             && c.c_out > 0
             && c.input_len().max(c.batch * c.c_out * oh * ow) < u32::MAX as usize
     }
-
-    /// Shared memory of a backward block: a tile's gradients and indices for 32 channels (rows padded by one),
-    /// then the input under it, every channel.
-    fn filter_shared_bytes(&self) -> usize {
-        let c = &self.conv;
-        let input = c.c_in * (BAND * self.pool + c.kh - 1) * (COLS * self.pool + c.kw - 1);
-        (2 * 32 * (BAND * COLS + 1) + input) * 4
-    }
-
-    /// Backward blocks per chunk of images: the tiles of [`BAND`] x [`COLS`] windows.
-    fn filter_tiles(&self) -> usize {
-        self.out_h().div_ceil(BAND) * self.out_w().div_ceil(COLS)
-    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn first_layer(c_in: usize, side: usize, k: usize, padding: usize) -> PooledConv {
+    pub(crate) fn first_layer(c_in: usize, side: usize, k: usize, padding: usize) -> PooledConv {
         PooledConv {
             conv: ConvParams {
                 batch: 128,

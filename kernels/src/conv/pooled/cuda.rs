@@ -9,6 +9,22 @@ use crate::{Error, Result};
 /// Forward block shape (`POOLED_TILE_W` x `POOLED_TILE_H`) and output channels per thread (`POOLED_GROUP`).
 const TILE: (usize, usize) = (32, 8);
 const GROUP: usize = 16;
+/// Pooled rows and columns of a backward block (`POOLED_BAND`, `POOLED_COLS`).
+const BAND: usize = 2;
+const COLS: usize = 32;
+
+/// Shared memory of a backward block: a tile's gradients and indices for 32 channels (rows padded by one), then
+/// the input under it, every channel.
+fn filter_shared_bytes(p: &PooledConv) -> usize {
+    let c = &p.conv;
+    let input = c.c_in * (BAND * p.pool + c.kh - 1) * (COLS * p.pool + c.kw - 1);
+    (2 * 32 * (BAND * COLS + 1) + input) * 4
+}
+
+/// Backward blocks per chunk of images: the tiles of [`BAND`] x [`COLS`] windows.
+fn filter_tiles(p: &PooledConv) -> usize {
+    p.out_h().div_ceil(BAND) * p.out_w().div_ceil(COLS)
+}
 
 /// `p`'s kernel names for `ty`: forward, then the weight's gradient.
 fn kernels(op: &str, p: &PooledConv, ty: CudaType) -> Result<(&'static str, &'static str)> {
@@ -95,7 +111,7 @@ pub unsafe fn backward(
     let (_, name) = kernels("conv2d_max_pool_backward", p, ty)?;
     let [c, h, w, cout, pad, ph, pw] = dims(p);
     let n = p.conv.batch;
-    let tiles = p.filter_tiles();
+    let tiles = filter_tiles(p);
     let groups = p.conv.c_out.div_ceil(32);
     // About four blocks a multiprocessor: images are split into chunks until there are.
     let chunks = (gpu.sm_count() as usize * 4)
@@ -109,7 +125,7 @@ pub unsafe fn backward(
     let cfg = Launch {
         grid: (tiles as u32, groups as u32, chunks as u32),
         block: (256, 1, 1),
-        shared: p.filter_shared_bytes() as u32,
+        shared: filter_shared_bytes(p) as u32,
     };
     let (nn, chunk32, parts, ckk32) = (n as u32, chunk as u32, (chunks * tiles) as u32, ckk as u32);
     gpu.with_scratch(chunks * tiles * len * 4, |partial| {
@@ -131,4 +147,36 @@ pub unsafe fn backward(
             )
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::pooled::tests::first_layer;
+
+    #[test]
+    fn a_backward_block_fits_the_default_shared_memory_at_any_width() {
+        for (c, h, w, k) in [(3, 64, 64, 3), (4, 8, 4096, 5), (1, 28, 28, 5)] {
+            let mut p = first_layer(c, w, k, k / 2);
+            p.conv.h = h;
+            assert!(p.fuses());
+            assert!(
+                filter_shared_bytes(&p) <= 48 << 10,
+                "{}",
+                filter_shared_bytes(&p)
+            );
+        }
+        let mut wide = first_layer(4, 4096, 5, 2);
+        wide.conv.h = 8;
+        assert_eq!(
+            filter_tiles(&wide),
+            2 * 64,
+            "2 bands of 2 rows, 64 tiles of 32 columns"
+        );
+        assert_eq!(
+            filter_tiles(&first_layer(3, 64, 3, 1)),
+            16,
+            "the CNN's: 16 bands of 2 rows, 32 columns"
+        );
+    }
 }
