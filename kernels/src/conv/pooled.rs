@@ -10,6 +10,8 @@ use super::ConvParams;
 
 /// Input channels the one-pass kernels take at most (`POOLED_MAX_C`): beyond a few, cuDNN's products win.
 pub const MAX_CHANNELS: usize = 4;
+/// Images a forward launch takes: a grid's third dimension.
+const MAX_GRID_Z: usize = 65_535;
 
 /// A convolution (`conv`) and the `pool` x `pool` max pool of stride `pool` after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,8 +32,8 @@ impl PooledConv {
     }
 
     /// Whether the one-pass kernels run it: stride 1, one group, a square 3x3 or 5x5 kernel, at most
-    /// [`MAX_CHANNELS`] input channels, 2x2 windows that tile the convolution's output (at least one a side), and
-    /// u32 indices.
+    /// [`MAX_CHANNELS`] input channels, 2x2 windows that tile the convolution's output (at least one a side), a
+    /// batch of at most 65,535 images (a grid's third dimension), and u32 indices.
     pub fn fuses(&self) -> bool {
         let c = &self.conv;
         let (oh, ow) = (c.out_h(), c.out_w());
@@ -44,7 +46,7 @@ impl PooledConv {
             && ow >= self.pool
             && oh % self.pool == 0
             && ow % self.pool == 0
-            && c.batch > 0
+            && (1..=MAX_GRID_Z).contains(&c.batch)
             && c.c_out > 0
             && c.input_len().max(c.batch * c.c_out * oh * ow) < u32::MAX as usize
     }
@@ -101,5 +103,8 @@ pub(crate) mod tests {
         let mut empty = first_layer(3, 64, 3, 1);
         empty.conv.batch = 0;
         assert!(!empty.fuses());
+        let mut many = first_layer(1, 4, 3, 1);
+        many.conv.batch = 65_536;
+        assert!(!many.fuses(), "more images than a grid's third dimension");
     }
 }
