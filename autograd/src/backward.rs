@@ -361,27 +361,14 @@ impl Op {
                 indices,
                 y,
             } => {
-                let window = (*padding, *pool);
-                if !need[0] {
-                    let (gw, gb) =
-                        Tensor::conv2d_max_pool_backward(x, g, y, indices, w.shape(), window)?;
-                    return Ok(vec![None, need[1].then_some(gw), need[2].then_some(gb)]);
-                }
-                // The input's gradient needs the convolution's full-size one, which the weight's then takes too.
-                let (gp, gb) = g.relu_backward_channel_bias(y)?;
-                let (s, k) = (x.shape(), w.shape());
-                let conv = [
-                    s[0],
-                    k[0],
-                    s[2] + 2 * padding + 1 - k[2],
-                    s[3] + 2 * padding + 1 - k[3],
-                ];
-                let full = Tensor::max_pool2d_backward(&gp, indices, &conv, (*pool, *pool))?;
-                let gx = Tensor::conv2d_backward_input(&full, w, s, 1, *padding, 1)?;
-                let gw = need[1]
-                    .then(|| Tensor::conv2d_backward_weight(x, &full, k, 1, *padding, 1))
-                    .transpose()?;
-                Ok(vec![Some(gx), gw, need[2].then_some(gb)])
+                let (gx, gw, gb) = Tensor::conv2d_max_pool_backward(
+                    x,
+                    w,
+                    (g, y, indices),
+                    (*padding, *pool),
+                    need[0],
+                )?;
+                Ok(vec![gx, need[1].then_some(gw), need[2].then_some(gb)])
             }
             Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),

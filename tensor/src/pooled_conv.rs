@@ -36,9 +36,13 @@ impl Tensor {
     /// one pass (on CUDA, for geometries [`PooledConv::fuses`] takes), where the two ops apart would write and
     /// read a full-size tensor each way.
     pub fn conv2d_max_pool_fuses(&self, weight: &Tensor, padding: usize, pool: usize) -> bool {
-        self.device().is_cuda()
-            && Tensor::pooled_conv("conv2d", &self.shape, &weight.shape, padding, pool)
-                .is_ok_and(|p| p.fuses())
+        Tensor::pooled_conv("conv2d", &self.shape, &weight.shape, padding, pool)
+            .is_ok_and(|p| self.runs_in_one_pass(&p))
+    }
+
+    /// Whether `p` on `self`'s device runs on the one-pass kernels.
+    fn runs_in_one_pass(&self, p: &PooledConv) -> bool {
+        self.device().is_cuda() && p.fuses()
     }
 
     /// [`conv2d`](Tensor::conv2d) of `self` (`[N, C, H, W]`) with `weight` (`[O, C, k, k]`), stride 1, one group,
@@ -61,7 +65,7 @@ impl Tensor {
         if bias.shape != [p.conv.c_out] {
             return Err(weight.shape_mismatch(OP, bias));
         }
-        if !self.conv2d_max_pool_fuses(weight, padding, pool) {
+        if !self.runs_in_one_pass(&p) {
             let y = self.conv2d(weight, None, 1, padding, 1)?;
             return y.max_pool2d_bias_relu(pool, pool, bias);
         }
@@ -82,25 +86,24 @@ impl Tensor {
         ))
     }
 
-    /// Gradients of [`conv2d_max_pool_bias_relu`](Tensor::conv2d_max_pool_bias_relu) with respect to its weight
-    /// (shape `weight_shape`) and its bias, from `grad`, the pooled output's gradient, the output `y`, the
-    /// forward's `indices` and its `input`. One pass where the forward was one (the ReLU's mask, the bias's sums and
-    /// the weight's from the pooled gradient, in a fixed order: the same bits every run); else
-    /// [`relu_backward_channel_bias`](Tensor::relu_backward_channel_bias), the pool's backward and the
-    /// convolution's.
+    /// Gradients of [`conv2d_max_pool_bias_relu`](Tensor::conv2d_max_pool_bias_relu) with respect to its input
+    /// (where `input_grad`), its `weight` and its bias, from `grad`, the pooled output's gradient, the output `y`,
+    /// the forward's `indices` and its `input`. Without the input's, one pass where the forward was one (the ReLU's
+    /// mask, the bias's sums and the weight's from the pooled gradient, in a fixed order: the same bits every run);
+    /// else [`relu_backward_channel_bias`](Tensor::relu_backward_channel_bias), the pool's backward into the
+    /// convolution's full-size gradient, and the convolution's backward passes from it.
     ///
     /// # Errors
     /// Shape, dtype or device mismatches; indices outside their windows (on CUDA at the next synchronisation).
     pub fn conv2d_max_pool_backward(
         input: &Tensor,
-        grad: &Tensor,
-        y: &Tensor,
-        indices: &Tensor,
-        weight_shape: &[usize],
+        weight: &Tensor,
+        (grad, y, indices): (&Tensor, &Tensor, &Tensor),
         (padding, pool): (usize, usize),
-    ) -> Result<(Tensor, Tensor)> {
+        input_grad: bool,
+    ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
         const OP: &str = "conv2d_max_pool_backward";
-        let p = Tensor::pooled_conv(OP, &input.shape, weight_shape, padding, pool)?;
+        let p = Tensor::pooled_conv(OP, &input.shape, &weight.shape, padding, pool)?;
         let pooled = [p.conv.batch, p.conv.c_out, p.out_h(), p.out_w()];
         if grad.shape != pooled {
             return Err(Error::ShapeMismatch {
@@ -111,12 +114,15 @@ impl Tensor {
         }
         grad.same_shape(OP, y)?;
         grad.same_shape(OP, indices)?;
-        if !(input.device().is_cuda() && p.fuses()) {
+        if input_grad || !input.runs_in_one_pass(&p) {
             let (gp, gb) = grad.relu_backward_channel_bias(y)?;
             let conv = [p.conv.batch, p.conv.c_out, p.conv.out_h(), p.conv.out_w()];
             let full = Tensor::max_pool2d_backward(&gp, indices, &conv, (pool, pool))?;
-            let gw = Tensor::conv2d_backward_weight(input, &full, weight_shape, 1, padding, 1)?;
-            return Ok((gw, gb));
+            let gx = input_grad
+                .then(|| Tensor::conv2d_backward_input(&full, weight, &input.shape, 1, padding, 1))
+                .transpose()?;
+            let gw = Tensor::conv2d_backward_weight(input, &full, &weight.shape, 1, padding, 1)?;
+            return Ok((gx, gw, gb));
         }
         input.require_float(OP)?;
         indices.require_i32(OP)?;
@@ -134,7 +140,8 @@ impl Tensor {
             _ => Err(input.device_mismatch(OP, &grad)),
         })?;
         Ok((
-            Tensor::from_storage(Storage::Cuda(dw), weight_shape.to_vec()),
+            None,
+            Tensor::from_storage(Storage::Cuda(dw), weight.shape.clone()),
             Tensor::from_storage(Storage::Cuda(db), vec![p.conv.c_out]),
         ))
     }

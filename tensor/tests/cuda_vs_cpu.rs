@@ -296,8 +296,8 @@ fn pooled_convolution_agrees() {
                 assert_eq!(x.conv2d_max_pool_fuses(&wt, pad, 2), dev.is_cuda());
                 let (y, idx) = x.conv2d_max_pool_bias_relu(&wt, &bias, pad, 2)?;
                 let g = rand(y.shape(), 4, dev)?;
-                let (gw, gb) =
-                    Tensor::conv2d_max_pool_backward(&x, &g, &y, &idx, wt.shape(), (pad, 2))?;
+                let (_, gw, gb) =
+                    Tensor::conv2d_max_pool_backward(&x, &wt, (&g, &y, &idx), (pad, 2), false)?;
                 Ok(vec![y, idx.to_dtype(DType::F32)?, gb, gw])
             },
         );
@@ -319,8 +319,8 @@ fn pooled_convolution_takes_16bit_inputs() {
             .unwrap()
             .to_dtype(x.dtype())
             .unwrap();
-        let (gw, gb) =
-            Tensor::conv2d_max_pool_backward(x, &g, &y, &idx, wt.shape(), (1, 2)).unwrap();
+        let (_, gw, gb) =
+            Tensor::conv2d_max_pool_backward(x, &wt, (&g, &y, &idx), (1, 2), false).unwrap();
         assert_eq!(y.dtype(), x.dtype());
         assert_eq!((gw.dtype(), gb.dtype()), (DType::F32, DType::F32));
         let host = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();

@@ -73,9 +73,8 @@ pub struct GemmTuning {
 /// The modules only some models use, each made alone when one of its kernels is first launched (where the build did
 /// not build it in), so that a job without them never waits for NVRTC over them: batch norm (1.9 s on an H100
 /// machine's CPU, the slowest module of the rest; built in with the common ones), the pooled convolution's (built in
-/// too) and attention's, which take seconds
-/// each (on a 2-core machine 3-15 s per tensor-core type and width; on an H100 machine's CPU the fp32 multiply-add
-/// module took 8 s).
+/// too) and attention's, which take seconds each (on a 2-core machine 3-15 s per tensor-core type and width; on an
+/// H100 machine's CPU the fp32 multiply-add module took 8 s).
 #[cfg(feature = "cuda")]
 fn first_use_sources() -> impl Iterator<Item = &'static KernelSource> {
     use crate::attention::cuda::{BF16_SRC, F16_SRC, SRC, TF32_SRC, TF32X3_SRC};
