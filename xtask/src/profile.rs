@@ -1,8 +1,8 @@
 //! `cargo xtask profile`: where the time and memory of one fused cohort training step go, per phase (forward, loss,
 //! backward, optimizer; wall time with the device drained between phases, and on a GPU each phase's peak over the
 //! memory held before the step) and, on a GPU with `COHORT_CUDA_PROFILE=1`, per kernel (GPU time from timing events
-//! around every launch and cuBLAS call). The model is the cohort benchmark's MLP, or the `cnn`, `resnet` or
-//! `cotrain` part's (the text classifier) on its batch, in any precision.
+//! around every launch and cuBLAS call). The model is the cohort benchmark's MLP, or the `cnn`, `resnet`,
+//! `cotrain` (the text classifier) or `transformer` (its widest member) part's on its batch, in any precision.
 
 use anyhow::Result;
 use std::time::{Duration, Instant};
@@ -23,6 +23,8 @@ enum Model {
     Resnet,
     /// The `cotrain` part's text classifier on its batch of 128 documents of 200 tokens.
     Text,
+    /// The `transformer` part's widest language model (4 heads, width 256) on its batch of 32 sequences of 128.
+    Transformer,
 }
 
 #[derive(clap::Args)]
@@ -53,8 +55,11 @@ impl Model {
                 let (x, y) = cohort::batches(device)?.swap_remove(0);
                 return Ok((Trainee::new(members, 0, device, tenant)?, x, y));
             }
-            Model::Text => {
-                let (spec, input, x, y) = crate::cotrain::text_model(device)?;
+            Model::Text | Model::Transformer => {
+                let (spec, input, x, y) = match self {
+                    Model::Text => crate::cotrain::text_model(device)?,
+                    _ => crate::transformer::widest_model(device)?,
+                };
                 let t = Trainee::from_spec(&spec, &input, members, 0, device, tenant)?;
                 return Ok((t, x, y));
             }

@@ -79,6 +79,18 @@ impl Workload {
         )
     }
 
+    /// The fixed batch: token ids spread over the vocabulary, the labels another such sequence (the rate does not
+    /// depend on them).
+    fn batch_on(&self, device: Device) -> Result<(Tensor, Tensor)> {
+        let tokens = self.batch * self.seq;
+        let ids: Vec<i32> = (0..tokens)
+            .map(|i| ((i * 7919 + 13) % self.vocab) as i32)
+            .collect();
+        let x = Tensor::from_vec(ids, &[self.batch, self.seq], &device)?;
+        let y = cohort::labels(tokens, self.vocab, device)?.reshape(&[self.batch, self.seq])?;
+        Ok((x, y))
+    }
+
     fn script_args(&self) -> Vec<String> {
         let list = |f: fn(&Member) -> usize| {
             let mut v: Vec<usize> = self.grid.iter().map(f).collect();
@@ -97,6 +109,17 @@ impl Workload {
         args.extend(self.timing.script_args());
         args
     }
+}
+
+/// The grid's widest member with 4 heads (h4-d256), its input shape and the part's batch, for `xtask profile`.
+pub(crate) fn widest_model(device: Device) -> Result<(ModelSpec, Vec<usize>, Tensor, Tensor)> {
+    let w = Workload::new(true);
+    let m = Member {
+        heads: 4,
+        width: 256,
+    };
+    let (x, y) = w.batch_on(device)?;
+    Ok((ModelSpec::from_toml(&w.spec(m))?, vec![w.seq], x, y))
 }
 
 /// The part's report: our rows, and the reference's JSON (or why there is none); `script` as [`crate::cnn::run`]'s.
@@ -153,17 +176,7 @@ fn measure(
     let tag = format!("transformer-{precision}-{model}-{form}");
     let data = cohort::tenant(device, &format!("{tag}-data"))?;
     let tokens = w.batch * w.seq;
-    let (x, y) = memory::with_tenant(data, || -> Result<_> {
-        // ids spread over the vocabulary; the labels another such sequence (the rate does not depend on them)
-        let ids: Vec<i32> = (0..tokens)
-            .map(|i| ((i * 7919 + 13) % w.vocab) as i32)
-            .collect();
-        let x = Tensor::from_vec(ids, &[w.batch, w.seq], &device)?;
-        Ok((
-            x,
-            cohort::labels(tokens, w.vocab, device)?.reshape(&[w.batch, w.seq])?,
-        ))
-    })?;
+    let (x, y) = memory::with_tenant(data, || w.batch_on(device))?;
     let jobs: Vec<Job> = specs
         .iter()
         .enumerate()
