@@ -2,7 +2,10 @@
 # The device runs of #16 items 3, 5 and 7, from the repository root on the GPU machine with gpu-bundle.tar.xz
 # carried. `bash bench/gpu-workloads.sh tests` runs every test binary with its GPU tests (the fragmentation soak
 # left out) and the fused-attention test again with libcudnn hidden; `bash bench/gpu-workloads.sh bench PARTS`
-# runs `xtask bench` parts (comma-separated, e.g. transformer,attention) beside PyTorch in the same call.
+# runs `xtask bench` parts (comma-separated, e.g. transformer,attention) beside PyTorch in the same call;
+# `bash bench/gpu-workloads.sh profile MODEL PRECISIONS` runs `xtask profile` of one member of MODEL (mlp, cnn,
+# resnet, text, transformer) in each precision (comma-separated): once plain, for the host's issue time against the
+# device's, then with COHORT_CUDA_PROFILE=1 for GPU time per kernel (its events slow the host).
 set -u
 [ -d gpu-bundle ] || tar xJf gpu-bundle.tar.xz
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -34,5 +37,14 @@ bench)
   for p in ${2//,/ }; do skip=$(echo ",$skip," | sed "s/,$p,/,/; s/^,//; s/,$//"); done
   timeout ${3:-560} $B/bin/xtask bench --bundle gpu-bundle --gpu --reference --quick --rounds 1 --skip $skip --out $OUT/bench 2>&1 \
     | grep -vE "^torch .*MiB$|^cohort .*(model-steps/s|calls/s)" ;;
+profile)
+  for p in ${3//,/ }; do
+    for timed in 0 1; do
+      COHORT_CUDA_PROFILE=$timed timeout 120 $B/bin/xtask profile --model ${2:-transformer} --n 1 --steps 30 \
+        --precision $p > $L/profile-$p-$timed.log 2>&1
+      if [ $timed = 0 ]; then grep -E "^profile|host|graph:" $L/profile-$p-$timed.log
+      else grep -E "GPU time|µs/step +[0-9.]+/step" $L/profile-$p-$timed.log | head -16; fi
+    done
+  done ;;
 esac
 echo "total $(( $(date +%s)-t0 )) s"
