@@ -79,6 +79,15 @@ impl Workload {
         )
     }
 
+    /// The widest member, with the most heads of that width (h4-d256).
+    fn widest(&self) -> Member {
+        *self
+            .grid
+            .iter()
+            .max_by_key(|m| (m.width, m.heads))
+            .expect("the grid has members")
+    }
+
     /// The fixed batch: token ids spread over the vocabulary, the labels another such sequence (the rate does not
     /// depend on them).
     fn batch_on(&self, device: Device) -> Result<(Tensor, Tensor)> {
@@ -111,13 +120,11 @@ impl Workload {
     }
 }
 
-/// The grid's widest member with 4 heads (h4-d256), its input shape and the part's batch, for `xtask profile`.
+/// The grid's widest member, with the most heads of that width (h4-d256), its input shape and the part's batch, for
+/// `xtask profile`.
 pub(crate) fn widest_model(device: Device) -> Result<(ModelSpec, Vec<usize>, Tensor, Tensor)> {
     let w = Workload::new(true);
-    let m = Member {
-        heads: 4,
-        width: 256,
-    };
+    let m = w.widest();
     let (x, y) = w.batch_on(device)?;
     Ok((ModelSpec::from_toml(&w.spec(m))?, vec![w.seq], x, y))
 }
@@ -216,6 +223,18 @@ mod tests {
             "--batch 32 --seq 128 --vocab 256 --layers 4 --heads 2,4 --widths 128,256 --warmup 5 --windows 3 \
              --window-s 0.25"
         );
+    }
+
+    #[test]
+    fn the_profiled_member_is_h4_d256_on_the_parts_batch() {
+        let (spec, input, x, y) = widest_model(Device::Cpu).unwrap();
+        assert_eq!(Workload::new(true).widest().name(), "h4-d256");
+        assert_eq!(input, [128]);
+        assert_eq!(
+            spec.shapes(&input).unwrap().last().unwrap().dims(),
+            [128, 256]
+        );
+        assert_eq!((x.shape(), y.shape()), (&[32, 128][..], &[32, 128][..]));
     }
 
     #[test]
