@@ -50,25 +50,21 @@ impl Model {
     /// `members` fused members of the model, and the batch they train on.
     fn trainee(self, members: usize, device: Device) -> Result<(Trainee, Tensor, Tensor)> {
         let tenant = cohort_alloc::TenantId::DEFAULT;
-        let (spec, side) = match self {
+        let images = |spec: &str, side: usize| -> Result<_> {
+            let (x, y) = cohort::images(128, side, device)?;
+            Ok((ModelSpec::from_toml(spec)?, vec![3, side, side], x, y))
+        };
+        let (spec, input, x, y) = match self {
             Model::Mlp => {
                 let (x, y) = cohort::batches(device)?.swap_remove(0);
                 return Ok((Trainee::new(members, 0, device, tenant)?, x, y));
             }
-            Model::Text | Model::Transformer => {
-                let (spec, input, x, y) = match self {
-                    Model::Text => crate::cotrain::text_model(device)?,
-                    _ => crate::transformer::widest_model(device)?,
-                };
-                let t = Trainee::from_spec(&spec, &input, members, 0, device, tenant)?;
-                return Ok((t, x, y));
-            }
-            Model::Cnn => (crate::cnn::CNN, 64),
-            Model::Resnet => (crate::resnet::RESNET, 32),
+            Model::Text => crate::cotrain::text_model(device)?,
+            Model::Transformer => crate::transformer::widest_model(device)?,
+            Model::Cnn => images(crate::cnn::CNN, 64)?,
+            Model::Resnet => images(crate::resnet::RESNET, 32)?,
         };
-        let (x, y) = cohort::images(128, side, device)?;
-        let spec = ModelSpec::from_toml(spec)?;
-        let t = Trainee::from_spec(&spec, &[3, side, side], members, 0, device, tenant)?;
+        let t = Trainee::from_spec(&spec, &input, members, 0, device, tenant)?;
         Ok((t, x, y))
     }
 }
