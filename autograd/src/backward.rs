@@ -366,9 +366,9 @@ impl Op {
                     w,
                     (g, y, indices),
                     (*padding, *pool),
-                    need[0],
+                    (need[0], need[1]),
                 )?;
-                Ok(vec![gx, need[1].then_some(gw), need[2].then_some(gb)])
+                Ok(vec![gx, gw, need[2].then_some(gb)])
             }
             Op::Gelu { x } => one(need, || Ok(g.gelu_backward(x)?)),
             Op::Tanh { y } => one(need, || Ok(g.mul(&y.square()?.neg()?.add_scalar(1.0)?)?)),

@@ -378,6 +378,16 @@ fn convolution_and_pooling() {
         ],
         |v| images.conv2d_max_pool_bias_relu(&v[0], &v[1], 2, 2),
     );
+    // A frozen weight (the input's gradient of a trained model): the input's and bias's, and no weight's.
+    let frozen = Var::constant(rand(&[5, 3, 3, 3], -1.0, 1.0, 59));
+    check(
+        "conv2d_max_pool_bias_relu with a frozen weight",
+        &[
+            rand(&[2, 3, 4, 4], -1.0, 1.0, 60),
+            rand(&[5], -0.5, 0.5, 61),
+        ],
+        |v| v[0].conv2d_max_pool_bias_relu(&frozen, &v[1], 2, 2),
+    );
 }
 
 #[test]

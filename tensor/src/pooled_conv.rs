@@ -87,10 +87,10 @@ impl Tensor {
     }
 
     /// Gradients of [`conv2d_max_pool_bias_relu`](Tensor::conv2d_max_pool_bias_relu) with respect to its input
-    /// (where `input_grad`), its `weight` and its bias, from `grad`, the pooled output's gradient, the output `y`,
-    /// the forward's `indices` and its `input`. Without the input's, one pass where the forward was one (the ReLU's
-    /// mask, the bias's sums and the weight's from the pooled gradient, in a fixed order: the same bits every run);
-    /// else [`relu_backward_channel_bias`](Tensor::relu_backward_channel_bias), the pool's backward into the
+    /// and its `weight` (each where asked for) and its bias, from `grad`, the pooled output's gradient, the output
+    /// `y`, the forward's `indices` and its `input`. Without the input's, one pass where the forward was one (the
+    /// ReLU's mask, the bias's sums and the weight's from the pooled gradient, in a fixed order: the same bits every
+    /// run); else [`relu_backward_channel_bias`](Tensor::relu_backward_channel_bias), the pool's backward into the
     /// convolution's full-size gradient, and the convolution's backward passes from it.
     ///
     /// # Errors
@@ -100,8 +100,8 @@ impl Tensor {
         weight: &Tensor,
         (grad, y, indices): (&Tensor, &Tensor, &Tensor),
         (padding, pool): (usize, usize),
-        input_grad: bool,
-    ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+        (input_grad, weight_grad): (bool, bool),
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Tensor)> {
         const OP: &str = "conv2d_max_pool_backward";
         let p = Tensor::pooled_conv(OP, &input.shape, &weight.shape, padding, pool)?;
         let pooled = [p.conv.batch, p.conv.c_out, p.out_h(), p.out_w()];
@@ -121,7 +121,9 @@ impl Tensor {
             let gx = input_grad
                 .then(|| Tensor::conv2d_backward_input(&full, weight, &input.shape, 1, padding, 1))
                 .transpose()?;
-            let gw = Tensor::conv2d_backward_weight(input, &full, &weight.shape, 1, padding, 1)?;
+            let gw = weight_grad
+                .then(|| Tensor::conv2d_backward_weight(input, &full, &weight.shape, 1, padding, 1))
+                .transpose()?;
             return Ok((gx, gw, gb));
         }
         input.require_float(OP)?;
@@ -141,7 +143,7 @@ impl Tensor {
         })?;
         Ok((
             None,
-            Tensor::from_storage(Storage::Cuda(dw), weight.shape.clone()),
+            weight_grad.then(|| Tensor::from_storage(Storage::Cuda(dw), weight.shape.clone())),
             Tensor::from_storage(Storage::Cuda(db), vec![p.conv.c_out]),
         ))
     }

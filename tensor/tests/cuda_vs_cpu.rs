@@ -296,9 +296,14 @@ fn pooled_convolution_agrees() {
                 assert_eq!(x.conv2d_max_pool_fuses(&wt, pad, 2), dev.is_cuda());
                 let (y, idx) = x.conv2d_max_pool_bias_relu(&wt, &bias, pad, 2)?;
                 let g = rand(y.shape(), 4, dev)?;
-                let (_, gw, gb) =
-                    Tensor::conv2d_max_pool_backward(&x, &wt, (&g, &y, &idx), (pad, 2), false)?;
-                Ok(vec![y, idx.to_dtype(DType::F32)?, gb, gw])
+                let (_, gw, gb) = Tensor::conv2d_max_pool_backward(
+                    &x,
+                    &wt,
+                    (&g, &y, &idx),
+                    (pad, 2),
+                    (false, true),
+                )?;
+                Ok(vec![y, idx.to_dtype(DType::F32)?, gb, gw.unwrap()])
             },
         );
     }
@@ -320,7 +325,9 @@ fn pooled_convolution_takes_16bit_inputs() {
             .to_dtype(x.dtype())
             .unwrap();
         let (_, gw, gb) =
-            Tensor::conv2d_max_pool_backward(x, &wt, (&g, &y, &idx), (1, 2), false).unwrap();
+            Tensor::conv2d_max_pool_backward(x, &wt, (&g, &y, &idx), (1, 2), (false, true))
+                .unwrap();
+        let gw = gw.unwrap();
         assert_eq!(y.dtype(), x.dtype());
         assert_eq!((gw.dtype(), gb.dtype()), (DType::F32, DType::F32));
         let host = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
